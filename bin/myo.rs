@@ -1,0 +1,172 @@
+//! `myo`: benchmark (and, in later versions, train and evaluate) myosotis models.
+//! A thin shell over the library: argument parsing and printing only.
+
+use anyhow::{Context, Result};
+use candle_core::DType;
+use clap::{Args, Parser, Subcommand};
+use myosotis::bench::{copy_bandwidth, describe, parse_device, BenchReport, ScanBench};
+
+#[derive(Parser)]
+#[command(
+    name = "myo",
+    version,
+    about = "Structured state-space sequence models on candle"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Benchmark a kernel against its plain-candle reference.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// The linear scan h_t = a_t ⊙ h_{t-1} + b_t over (batch, len, channels).
+    Scan(ScanArgs),
+    /// The device's copy bandwidth (bytes read + written per second).
+    Copy {
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Millions of f32 elements copied.
+        #[arg(long, default_value_t = 64)]
+        mega_elems: usize,
+    },
+}
+
+#[derive(Args)]
+struct ScanArgs {
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    #[arg(long, default_value_t = 256)]
+    channels: usize,
+    #[arg(long, default_value_t = 4096)]
+    len: usize,
+    /// Complex values (trailing dimension 2).
+    #[arg(long)]
+    complex: bool,
+    /// Gate shared over batch and length, shape (channels), as in S5.
+    #[arg(long)]
+    shared_a: bool,
+    /// Time forward + backward.
+    #[arg(long)]
+    backward: bool,
+    /// f32, f64, f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    #[arg(long, default_value_t = 15)]
+    repeats: usize,
+    /// Skip the plain-candle reference (it is a slow loop over the length).
+    #[arg(long)]
+    no_reference: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_dtype(s: &str) -> Result<DType> {
+    Ok(match s {
+        "f32" => DType::F32,
+        "f64" => DType::F64,
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        _ => anyhow::bail!("--dtype {s}: expected f32, f64, f16 or bf16"),
+    })
+}
+
+fn print_report(r: &BenchReport) {
+    let c = &r.config;
+    println!(
+        "scan {}  device={}  (batch {}, len {}, channels {}) {} {}  a: {}",
+        if c.backward {
+            "forward+backward"
+        } else {
+            "forward"
+        },
+        r.device,
+        c.batch,
+        c.len,
+        c.channels,
+        c.dtype.as_str(),
+        if c.complex { "complex" } else { "real" },
+        if c.shared_a {
+            "shared (channels)"
+        } else {
+            "full"
+        },
+    );
+    println!(
+        "  myosotis   median {:>10.3} ms  (min {:.3}, {} samples)  {:>8.1} GB/s = {:.0}% of copy ({:.1} GB/s)",
+        r.median_ms, r.min_ms, r.repeats, r.gbps, r.pct_of_copy, r.copy_gbps
+    );
+    if let (Some(ref_ms), Some(s)) = (r.reference_median_ms, r.speedup) {
+        println!("  reference  median {ref_ms:>10.3} ms  (candle ops, loop over length)  speed-up {s:.1}x");
+    }
+}
+
+/// Keeps large freed blocks in the heap for reuse. By default glibc serves every tensor of
+/// 32 MiB or more with a fresh `mmap`, so each op's output is page-faulted and zeroed by the
+/// kernel again on every call; in a training or benchmark loop that costs more than the op.
+fn keep_large_allocations() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only adjusts allocator parameters; called before any other thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
+fn main() -> Result<()> {
+    keep_large_allocations();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Bench { which } => match which {
+            BenchCmd::Scan(a) => {
+                let device = parse_device(&a.device)?;
+                let bench = ScanBench {
+                    batch: a.batch,
+                    channels: a.channels,
+                    len: a.len,
+                    complex: a.complex,
+                    shared_a: a.shared_a,
+                    backward: a.backward,
+                    dtype: parse_dtype(&a.dtype)?,
+                    warmup: a.warmup,
+                    repeats: a.repeats,
+                    reference: !a.no_reference,
+                };
+                let report = bench.run(&device).context("scan benchmark failed")?;
+                if a.json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    print_report(&report);
+                }
+            }
+            BenchCmd::Copy { device, mega_elems } => {
+                let dev = parse_device(&device)?;
+                let gbps = copy_bandwidth(&dev, mega_elems << 20, 20)?;
+                println!(
+                    "copy  device={}  {} MiB f32  {gbps:.1} GB/s (read + write)",
+                    describe(&dev),
+                    (mega_elems << 20) * 4 >> 20
+                );
+            }
+        },
+    }
+    Ok(())
+}

@@ -1,0 +1,30 @@
+//! Compiles `kernels/*.cu` to PTX with nvcc when the `cuda` feature is on, the way candle's
+//! own kernels are built (cudaforge: `CUDA_COMPUTE_CAP` if set, else nvidia-smi; nvcc from
+//! `CUDA_ROOT`/`CUDA_PATH`/`PATH`). Without the feature it does nothing.
+
+fn main() {
+    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-changed=kernels");
+    #[cfg(feature = "cuda")]
+    if let Err(e) = cuda::build() {
+        eprintln!("error: building kernels/*.cu failed: {e}");
+        eprintln!(
+            "hint: the `cuda` feature needs nvcc (CUDA 12.x for sm_70, 12.x or 13.x for sm_80+) and \
+             CUDA_COMPUTE_CAP on a machine without a GPU; scripts/cuda-toolchain.sh installs one"
+        );
+        std::process::exit(1);
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    pub fn build() -> Result<(), Box<dyn std::error::Error>> {
+        cudaforge::KernelBuilder::new()
+            .source_dir("kernels")
+            .arg("-std=c++17")
+            .arg("-O3")
+            .arg("--use_fast_math")
+            .build_ptx()?;
+        Ok(())
+    }
+}

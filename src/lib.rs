@@ -1,0 +1,9 @@
+//! myosotis: structured state-space sequence models on candle.
+//!
+//! The core is two differentiable custom ops with CPU and CUDA implementations:
+//! [`ops::linear_scan`] (S5, minGRU, 2-D SSM rows) and the Myo tree solve.
+
+pub mod bench;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod ops;

@@ -1,0 +1,158 @@
+//! Scalar arithmetic shared by the CPU twins: real numbers and complex numbers stored as
+//! (re, im) pairs, so one generic kernel body serves both (as the CUDA templates do).
+
+use candle_core::WithDType;
+
+/// A field element the CPU kernels compute with: a real `F`, or a complex number over `F`.
+pub(crate) trait Value<F: WithDType>: Copy + Send + Sync {
+    /// Scalars per element in storage: 1 for real, 2 for complex (re, im).
+    const WIDTH: usize;
+    fn zero() -> Self;
+    fn one() -> Self;
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn conj(self) -> Self;
+    /// Reads element `e` (not scalar `e`) of a storage slice.
+    fn load(s: &[F], e: usize) -> Self;
+    /// Writes element `e` through a raw pointer (see `SharedOut`).
+    ///
+    /// # Safety
+    /// `p` must point to at least `(e + 1) * WIDTH` scalars and no other thread may write there.
+    unsafe fn store(p: *mut F, e: usize, v: Self);
+    /// Element `e` of a slice, conjugated when `CONJ`.
+    #[inline(always)]
+    fn load_c<const CONJ: bool>(s: &[F], e: usize) -> Self {
+        let v = Self::load(s, e);
+        if CONJ {
+            v.conj()
+        } else {
+            v
+        }
+    }
+    /// `a * x + b`, the step of the recurrence.
+    #[inline(always)]
+    fn fma(self, x: Self, b: Self) -> Self {
+        self.mul(x).add(b)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Complex<F> {
+    pub re: F,
+    pub im: F,
+}
+
+/// Real numbers. `Re` wraps the scalar so that the two impls do not overlap.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Re<F>(pub F);
+
+impl<F: WithDType> Value<F> for Re<F> {
+    const WIDTH: usize = 1;
+    #[inline(always)]
+    fn zero() -> Self {
+        Re(F::zero())
+    }
+    #[inline(always)]
+    fn one() -> Self {
+        Re(F::one())
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        Re(self.0 + o.0)
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        Re(self.0 * o.0)
+    }
+    #[inline(always)]
+    fn conj(self) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn load(s: &[F], e: usize) -> Self {
+        Re(s[e])
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut F, e: usize, v: Self) {
+        *p.add(e) = v.0;
+    }
+}
+
+impl<F: WithDType> Value<F> for Complex<F> {
+    const WIDTH: usize = 2;
+    #[inline(always)]
+    fn zero() -> Self {
+        Complex {
+            re: F::zero(),
+            im: F::zero(),
+        }
+    }
+    #[inline(always)]
+    fn one() -> Self {
+        Complex {
+            re: F::one(),
+            im: F::zero(),
+        }
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        Complex {
+            re: self.re + o.re,
+            im: self.im + o.im,
+        }
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        Complex {
+            re: self.re * o.re - self.im * o.im,
+            im: self.re * o.im + self.im * o.re,
+        }
+    }
+    #[inline(always)]
+    fn conj(self) -> Self {
+        Complex {
+            re: self.re,
+            im: F::zero() - self.im,
+        }
+    }
+    #[inline(always)]
+    fn load(s: &[F], e: usize) -> Self {
+        Complex {
+            re: s[2 * e],
+            im: s[2 * e + 1],
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut F, e: usize, v: Self) {
+        *p.add(2 * e) = v.re;
+        *p.add(2 * e + 1) = v.im;
+    }
+}
+
+/// An output buffer written concurrently by rayon tasks that own disjoint sets of elements
+/// (one (batch, channel-tile) sequence each, like one CUDA thread block).
+#[derive(Clone, Copy)]
+pub(crate) struct SharedOut<F>(pub *mut F);
+// SAFETY: every user writes only the elements of its own (batch, channel tile); the sets are
+// disjoint, and the buffer outlives the parallel loop.
+unsafe impl<F> Send for SharedOut<F> {}
+unsafe impl<F> Sync for SharedOut<F> {}
+
+impl<F> SharedOut<F> {
+    /// The pointer. A method rather than the field, so closures capture the `Sync` wrapper.
+    #[inline(always)]
+    pub fn get(self) -> *mut F {
+        self.0
+    }
+}
+
+/// A vector of `n` scalars for a kernel to fill completely before it is read.
+///
+/// # Safety
+/// The caller must write every element before the vector is used.
+pub(crate) unsafe fn uninit_vec<F: WithDType>(n: usize) -> Vec<F> {
+    let mut v = Vec::with_capacity(n);
+    // SAFETY: WithDType types are plain numbers without drop glue; the caller writes all of it.
+    v.set_len(n);
+    v
+}
