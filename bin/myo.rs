@@ -163,7 +163,7 @@ fn main() -> Result<()> {
                 println!(
                     "copy  device={}  {} MiB f32  {gbps:.1} GB/s (read + write)",
                     describe(&dev),
-                    (mega_elems << 20) * 4 >> 20
+                    mega_elems * 4
                 );
             }
         },

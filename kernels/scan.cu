@@ -209,12 +209,12 @@ __device__ void scan_bwd(const T *__restrict__ a, const T *__restrict__ h,
 }
 
 #define SCAN_KERNELS(SUFFIX, T, OPS)                                                            \
-    extern "C" __global__ void __launch_bounds__(SCAN_TILE *SCAN_SEGMENTS)                      \
+    extern "C" __global__ void __launch_bounds__(SCAN_TILE *SCAN_SEGMENTS, 3)                      \
         scan_fwd_##SUFFIX(const T *a, const T *b, const T *h0, T *out, int batch, int len,      \
                           int chans, int gate_shape, int reverse) {                             \
         scan_fwd<T, OPS>(a, b, h0, out, len, chans, gate_shape, reverse);                       \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(SCAN_TILE *SCAN_SEGMENTS)                      \
+    extern "C" __global__ void __launch_bounds__(SCAN_TILE *SCAN_SEGMENTS, 3)                      \
         scan_bwd_##SUFFIX(const T *a, const T *h, const T *h0, const T *g, T *db, T *da,        \
                           T *dh0, int batch, int len, int chans, int gate_shape, int reverse) { \
         scan_bwd<T, OPS>(a, h, h0, g, db, da, dh0, len, chans, gate_shape, reverse);            \

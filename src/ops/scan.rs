@@ -24,7 +24,7 @@ use candle_core::{
 };
 use rayon::prelude::*;
 
-use super::value::{uninit_vec, Complex, Re, SharedOut, Value};
+use super::value::{filled_vec, Complex, Re, SharedOut, Value};
 
 /// Channels per sequence tile: one warp's lanes on the GPU.
 pub const TILE: usize = 32;
@@ -231,12 +231,15 @@ impl ScanOp {
         let h0 = cpu_slice::<F>(h0.0, h0.1)?;
         let n = self.dims.batch * self.dims.len * self.dims.chans * width(self.opts);
         // SAFETY: the scan writes every element of its output.
-        let mut out = unsafe { uninit_vec::<F>(n) };
-        if self.opts.complex {
-            forward_cpu::<F, Complex<F>>(self, a, b, h0, &mut out);
-        } else {
-            forward_cpu::<F, Re<F>>(self, a, b, h0, &mut out);
-        }
+        let out = unsafe {
+            filled_vec(n, |out| {
+                if self.opts.complex {
+                    forward_cpu::<F, Complex<F>>(self, a, b, h0, out)
+                } else {
+                    forward_cpu::<F, Re<F>>(self, a, b, h0, out)
+                }
+            })
+        };
         Ok(F::to_cpu_storage_owned(out))
     }
 
@@ -263,19 +266,22 @@ impl ScanOp {
             g: cpu_slice::<F>(sg, lg)?,
         };
         let da_shape = self.da_partial_shape();
-        // SAFETY: the adjoint scan writes every element of all three.
-        let (mut db, mut da, mut dh0) = unsafe {
-            (
-                uninit_vec::<F>(g.elem_count()),
-                uninit_vec::<F>(da_shape.iter().product()),
-                uninit_vec::<F>(h0.elem_count()),
-            )
+        let (mut da, mut dh0) = (None, None);
+        // SAFETY: the adjoint scan writes every element of all three outputs.
+        let db = unsafe {
+            filled_vec(g.elem_count(), |db| {
+                da = Some(filled_vec(da_shape.iter().product(), |da| {
+                    dh0 = Some(filled_vec(h0.elem_count(), |dh0| {
+                        if self.opts.complex {
+                            backward_cpu::<F, Complex<F>>(self, &bufs, db, da, dh0)
+                        } else {
+                            backward_cpu::<F, Re<F>>(self, &bufs, db, da, dh0)
+                        }
+                    }))
+                }))
+            })
         };
-        if self.opts.complex {
-            backward_cpu::<F, Complex<F>>(self, &bufs, &mut db, &mut da, &mut dh0);
-        } else {
-            backward_cpu::<F, Re<F>>(self, &bufs, &mut db, &mut da, &mut dh0);
-        }
+        let (da, dh0) = (da.expect("filled"), dh0.expect("filled"));
         Ok((
             Tensor::from_vec(db, g.shape(), &Device::Cpu)?,
             Tensor::from_vec(da, da_shape, &Device::Cpu)?,
@@ -483,20 +489,20 @@ fn chunked_scan<'s, F: WithDType, V: Value<F>, const CONJ: bool>(
             carry[l] = h;
         }
         // Pass 2: every segment re-runs its steps from its incoming state.
-        for s in 0..SEGMENTS {
-            let h = &mut h_in[s][..lanes];
+        for (s, h) in h_in.iter_mut().enumerate() {
+            let h = &mut h[..lanes];
             for p in (c0 + s * SEG_LEN)..(c0 + (s + 1) * SEG_LEN).min(len) {
                 let x = &input(p)[..w];
                 match gate(p) {
                     Some(g) => {
                         let g = &g[..w];
-                        for l in 0..lanes {
-                            h[l] = V::load_c::<CONJ>(g, l).fma(h[l], V::load(x, l));
+                        for (l, hl) in h.iter_mut().enumerate() {
+                            *hl = V::load_c::<CONJ>(g, l).fma(*hl, V::load(x, l));
                         }
                     }
                     None => {
-                        for l in 0..lanes {
-                            h[l] = V::load(x, l);
+                        for (l, hl) in h.iter_mut().enumerate() {
+                            *hl = V::load(x, l);
                         }
                     }
                 }
@@ -552,9 +558,14 @@ impl Rows {
     }
 }
 
-fn forward_cpu<F: WithDType, V: Value<F>>(op: &ScanOp, a: &[F], b: &[F], h0: &[F], out: &mut [F]) {
+fn forward_cpu<F: WithDType, V: Value<F>>(
+    op: &ScanOp,
+    a: &[F],
+    b: &[F],
+    h0: &[F],
+    out: SharedOut<F>,
+) {
     let (dims, w) = (op.dims, V::WIDTH);
-    let out = SharedOut(out.as_mut_ptr());
     for_each_tile(dims, |bi, d0, lanes| {
         let r = Rows {
             dims,
@@ -596,16 +607,11 @@ struct BwdIn<'a, F> {
 fn backward_cpu<F: WithDType, V: Value<F>>(
     op: &ScanOp,
     x: &BwdIn<F>,
-    db: &mut [F],
-    da: &mut [F],
-    dh0: &mut [F],
+    db: SharedOut<F>,
+    da: SharedOut<F>,
+    dh0: SharedOut<F>,
 ) {
     let (dims, w, len) = (op.dims, V::WIDTH, op.dims.len);
-    let (db, da, dh0) = (
-        SharedOut(db.as_mut_ptr()),
-        SharedOut(da.as_mut_ptr()),
-        SharedOut(dh0.as_mut_ptr()),
-    );
     for_each_tile(dims, |bi, d0, lanes| {
         let r = Rows {
             dims,

@@ -146,13 +146,15 @@ impl<F> SharedOut<F> {
     }
 }
 
-/// A vector of `n` scalars for a kernel to fill completely before it is read.
+/// A vector of `n` scalars filled by `fill`, which gets the pointer to its (uninitialised)
+/// buffer; the vector is only given its length after `fill` returns.
 ///
 /// # Safety
-/// The caller must write every element before the vector is used.
-pub(crate) unsafe fn uninit_vec<F: WithDType>(n: usize) -> Vec<F> {
+/// `fill` must write all `n` elements.
+pub(crate) unsafe fn filled_vec<F: WithDType>(n: usize, fill: impl FnOnce(SharedOut<F>)) -> Vec<F> {
     let mut v = Vec::with_capacity(n);
-    // SAFETY: WithDType types are plain numbers without drop glue; the caller writes all of it.
+    fill(SharedOut(v.as_mut_ptr()));
+    // SAFETY: the capacity is n and the caller guarantees that `fill` initialised all of it.
     v.set_len(n);
     v
 }

@@ -80,7 +80,7 @@ pub fn random_inputs(case: &Case, rng: &mut StdRng) -> Inputs {
         (0..n_a / 2)
             .flat_map(|_| {
                 let r = rng.random_range(0.5..0.999f64);
-                let th = rng.random_range(-3.14..3.14f64);
+                let th = rng.random_range(-std::f64::consts::PI..std::f64::consts::PI);
                 [r * th.cos(), r * th.sin()]
             })
             .collect()
@@ -202,7 +202,7 @@ pub fn scan_cases() -> Vec<Case> {
                         gate,
                         complex,
                         reverse,
-                        with_h0: (i + g + reverse as usize) % 2 == 0,
+                        with_h0: (i + g + reverse as usize).is_multiple_of(2),
                     });
                 }
             }

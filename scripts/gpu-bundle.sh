@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the cuda-featured test binaries and `myo` in release and packs them, with a runner,
+# into gpu-bundle/ (git-ignored, well under 64 MiB), to carry to a GPU machine that has the CUDA
+# libraries but no Rust toolchain. There:   bash gpu-bundle/run.sh [REPORT_DIR]
+#
+# Uses nvcc from PATH if present, else scripts/cuda-toolchain.sh. CUDA_COMPUTE_CAP defaults to
+# 90 (H100/H200).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+if ! command -v nvcc >/dev/null; then
+  eval "$(scripts/cuda-toolchain.sh)"
+fi
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+target=target/cuda
+
+cargo build --release --features cuda --target-dir "$target" --bin myo
+tests=$(cargo test --release --features cuda --target-dir "$target" --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])')
+[ -n "$tests" ] || { echo "gpu-bundle: no test binaries were built" >&2; exit 1; }
+
+out=$repo/gpu-bundle
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin"
+cp "$target/release/myo" "$stage/bin/myo"
+while read -r name exe; do cp "$exe" "$stage/bin/test-$name"; done <<<"$tests"
+strip "$stage"/bin/*
+git rev-parse --short HEAD >"$stage/COMMIT" 2>/dev/null || echo unknown >"$stage/COMMIT"
+echo "$CUDA_COMPUTE_CAP" >"$stage/COMPUTE_CAP"
+
+rm -rf "$out"
+mkdir -p "$out"
+tar -C "$stage" -cJf "$out/bundle.tar.xz" .
+cp scripts/gpu-run.sh "$out/run.sh"
+chmod +x "$out/run.sh"
+du -h "$out"/* >&2
+echo "gpu-bundle: ready in $out (commit $(cat "$stage/COMMIT"), sm_$CUDA_COMPUTE_CAP)" >&2

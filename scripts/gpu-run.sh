@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runner packed into gpu-bundle/ by scripts/gpu-bundle.sh; runs on the GPU machine:
+#   bash gpu-bundle/run.sh [REPORT_DIR]
+# Unpacks the binaries, finds the CUDA 13 libraries, runs the CUDA tests and the kernel
+# benchmarks, and writes REPORT_DIR/report.md plus raw logs (default: ./gpu-report).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
+work=$(mktemp -d)
+tar -C "$work" -xJf "$here/bundle.tar.xz"
+bin=$work/bin
+
+# The libraries the binaries link: driver, cuBLAS(Lt), cuRAND, NVRTC, cudart.
+libdirs=()
+for lib in libcuda.so.1 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13 libcudart.so.13; do
+  if ! ldconfig -p 2>/dev/null | grep -q "$lib"; then
+    d=$(find /usr/local /usr/lib /usr/lib64 /opt -name "$lib" -print -quit 2>/dev/null | xargs -r dirname)
+    [ -n "$d" ] && libdirs+=("$d") || echo "warning: $lib not found" | tee -a "$report/run.log"
+  fi
+done
+export LD_LIBRARY_PATH=$(IFS=:; echo "${libdirs[*]:-}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+{
+  echo "# GPU report"
+  echo
+  echo "- commit: $(cat "$work/COMMIT"), built for sm_$(cat "$work/COMPUTE_CAP")"
+  echo "- device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo unknown)"
+  echo "- date: $(date -u +%F)"
+  echo
+  echo "## Tests"
+} >"$report/report.md"
+
+status=0
+for t in "$bin"/test-*; do
+  name=$(basename "$t")
+  "$t" --test-threads=1 --nocapture >"$report/$name.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  echo "- $name: exit $rc; $(grep -E '^test result' "$report/$name.log" | tail -1)" >>"$report/report.md"
+  grep -h "SKIPPED" "$report/$name.log" | sed 's/^/  - /' >>"$report/report.md"
+done
+
+{
+  echo
+  echo "## Benchmarks (median; GB/s = bytes that must move / time)"
+  echo
+  echo '```'
+  "$bin/myo" bench copy --device cuda --mega-elems 256 2>&1
+} >>"$report/report.md"
+shapes=(
+  "--batch 8 --channels 1536 --len 4096"
+  "--batch 8 --channels 1536 --len 4096 --backward"
+  "--batch 8 --channels 1536 --len 4096 --shared-a"
+  "--batch 8 --channels 1536 --len 4096 --shared-a --backward"
+  "--batch 8 --channels 768 --len 4096 --complex --shared-a"
+  "--batch 8 --channels 768 --len 4096 --complex --shared-a --backward"
+  "--batch 8 --channels 1536 --len 4096 --dtype bf16"
+)
+for s in "${shapes[@]}"; do
+  # shellcheck disable=SC2086
+  "$bin/myo" bench scan --device cuda $s >>"$report/report.md" 2>&1 || status=1
+  # shellcheck disable=SC2086
+  "$bin/myo" bench scan --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
+done
+echo '```' >>"$report/report.md"
+cat "$report/report.md"
+rm -rf "$work"
+exit $status
