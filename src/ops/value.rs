@@ -14,11 +14,8 @@ pub(crate) trait Value<F: WithDType>: Copy + Send + Sync {
     fn conj(self) -> Self;
     /// Reads element `e` (not scalar `e`) of a storage slice.
     fn load(s: &[F], e: usize) -> Self;
-    /// Writes element `e` through a raw pointer (see `SharedOut`).
-    ///
-    /// # Safety
-    /// `p` must point to at least `(e + 1) * WIDTH` scalars and no other thread may write there.
-    unsafe fn store(p: *mut F, e: usize, v: Self);
+    /// Writes element `e` (not scalar `e`) of a storage slice.
+    fn put(s: &mut [F], e: usize, v: Self);
     /// Element `e` of a slice, conjugated when `CONJ`.
     #[inline(always)]
     fn load_c<const CONJ: bool>(s: &[F], e: usize) -> Self {
@@ -73,8 +70,8 @@ impl<F: WithDType> Value<F> for Re<F> {
         Re(s[e])
     }
     #[inline(always)]
-    unsafe fn store(p: *mut F, e: usize, v: Self) {
-        *p.add(e) = v.0;
+    fn put(s: &mut [F], e: usize, v: Self) {
+        s[e] = v.0;
     }
 }
 
@@ -123,9 +120,9 @@ impl<F: WithDType> Value<F> for Complex<F> {
         }
     }
     #[inline(always)]
-    unsafe fn store(p: *mut F, e: usize, v: Self) {
-        *p.add(2 * e) = v.re;
-        *p.add(2 * e + 1) = v.im;
+    fn put(s: &mut [F], e: usize, v: Self) {
+        s[2 * e] = v.re;
+        s[2 * e + 1] = v.im;
     }
 }
 
@@ -139,10 +136,15 @@ unsafe impl<F> Send for SharedOut<F> {}
 unsafe impl<F> Sync for SharedOut<F> {}
 
 impl<F> SharedOut<F> {
-    /// The pointer. A method rather than the field, so closures capture the `Sync` wrapper.
+    /// The scalars `start..start + len` as a slice, so that the compiler sees an unaliased
+    /// row (and vectorises the loop that fills it).
+    ///
+    /// # Safety
+    /// The range must lie in the buffer and belong to the calling task alone while the slice
+    /// lives.
     #[inline(always)]
-    pub fn get(self) -> *mut F {
-        self.0
+    pub unsafe fn row<'a>(self, start: usize, len: usize) -> &'a mut [F] {
+        std::slice::from_raw_parts_mut(self.0.add(start), len)
     }
 }
 
