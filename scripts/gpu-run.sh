@@ -14,11 +14,16 @@ bin=$work/bin
 libdirs=()
 for lib in libcuda.so.1 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13 libcudart.so.13; do
   if ! ldconfig -p 2>/dev/null | grep -q "$lib"; then
-    d=$(find /usr/local /usr/lib /usr/lib64 /opt -name "$lib" -print -quit 2>/dev/null | xargs -r dirname)
-    [ -n "$d" ] && libdirs+=("$d") || echo "warning: $lib not found" | tee -a "$report/run.log"
+    f=$(find /usr/local /usr/lib /usr/lib64 /opt -name "$lib" -print -quit 2>/dev/null)
+    if [ -n "$f" ]; then
+      libdirs+=("$(dirname "$f")")
+    else
+      echo "warning: $lib not found" | tee -a "$report/run.log"
+    fi
   fi
 done
-export LD_LIBRARY_PATH=$(IFS=:; echo "${libdirs[*]:-}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+found=$(IFS=:; echo "${libdirs[*]:-}")
+export LD_LIBRARY_PATH=$found${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 {
   echo "# GPU report"

@@ -7,3 +7,4 @@ pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod ops;
+pub mod tree;
