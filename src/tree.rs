@@ -149,7 +149,7 @@ impl Tree {
     /// The perfect k-ary tree over `leaves` = k^m leaves.
     pub fn perfect(leaves: usize, arity: usize) -> Result<Tree, TreeError> {
         let mut m = leaves;
-        while arity >= 2 && m > 1 && m % arity == 0 {
+        while arity >= 2 && m > 1 && m.is_multiple_of(arity) {
             m /= arity;
         }
         if arity >= 2 && m != 1 {
