@@ -24,7 +24,7 @@ use candle_core::{
 };
 use rayon::prelude::*;
 
-use super::value::{filled_vec, Complex, Re, SharedOut, Value};
+use super::value::{Complex, OutBuf, Re, SharedOut, Value};
 
 /// Channels per sequence tile: one warp's lanes on the GPU.
 pub const TILE: usize = 32;
@@ -230,17 +230,14 @@ impl ScanOp {
         let a = cpu_slice::<F>(a.0, a.1)?;
         let h0 = cpu_slice::<F>(h0.0, h0.1)?;
         let n = self.dims.batch * self.dims.len * self.dims.chans * width(self.opts);
+        let mut out = OutBuf::new(n);
+        if self.opts.complex {
+            forward_cpu::<F, Complex<F>>(self, a, b, h0, out.ptr())
+        } else {
+            forward_cpu::<F, Re<F>>(self, a, b, h0, out.ptr())
+        }
         // SAFETY: the scan writes every element of its output.
-        let out = unsafe {
-            filled_vec(n, |out| {
-                if self.opts.complex {
-                    forward_cpu::<F, Complex<F>>(self, a, b, h0, out)
-                } else {
-                    forward_cpu::<F, Re<F>>(self, a, b, h0, out)
-                }
-            })
-        };
-        Ok(F::to_cpu_storage_owned(out))
+        Ok(F::to_cpu_storage_owned(unsafe { out.assume_filled() }))
     }
 
     fn cpu_bwd_t<F: WithDType>(
@@ -266,22 +263,18 @@ impl ScanOp {
             g: cpu_slice::<F>(sg, lg)?,
         };
         let da_shape = self.da_partial_shape();
-        let (mut da, mut dh0) = (None, None);
+        let mut db = OutBuf::new(g.elem_count());
+        let mut da = OutBuf::new(da_shape.iter().product());
+        let mut dh0 = OutBuf::new(h0.elem_count());
+        let outs = (db.ptr(), da.ptr(), dh0.ptr());
+        if self.opts.complex {
+            backward_cpu::<F, Complex<F>>(self, &bufs, outs.0, outs.1, outs.2)
+        } else {
+            backward_cpu::<F, Re<F>>(self, &bufs, outs.0, outs.1, outs.2)
+        }
         // SAFETY: the adjoint scan writes every element of all three outputs.
-        let db = unsafe {
-            filled_vec(g.elem_count(), |db| {
-                da = Some(filled_vec(da_shape.iter().product(), |da| {
-                    dh0 = Some(filled_vec(h0.elem_count(), |dh0| {
-                        if self.opts.complex {
-                            backward_cpu::<F, Complex<F>>(self, &bufs, db, da, dh0)
-                        } else {
-                            backward_cpu::<F, Re<F>>(self, &bufs, db, da, dh0)
-                        }
-                    }))
-                }))
-            })
-        };
-        let (da, dh0) = (da.expect("filled"), dh0.expect("filled"));
+        let (db, da, dh0) =
+            unsafe { (db.assume_filled(), da.assume_filled(), dh0.assume_filled()) };
         Ok((
             Tensor::from_vec(db, g.shape(), &Device::Cpu)?,
             Tensor::from_vec(da, da_shape, &Device::Cpu)?,

@@ -12,6 +12,11 @@ pub(crate) trait Value<F: WithDType>: Copy + Send + Sync {
     fn add(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
     fn conj(self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    /// 1 / self.
+    fn inv(self) -> Self;
+    /// |self|², for pivoting and for finiteness checks.
+    fn abs2(self) -> f64;
     /// Reads element `e` (not scalar `e`) of a storage slice.
     fn load(s: &[F], e: usize) -> Self;
     /// Writes element `e` (not scalar `e`) of a storage slice.
@@ -66,6 +71,19 @@ impl<F: WithDType> Value<F> for Re<F> {
         self
     }
     #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        Re(self.0 - o.0)
+    }
+    #[inline(always)]
+    fn inv(self) -> Self {
+        Re(F::one() / self.0)
+    }
+    #[inline(always)]
+    fn abs2(self) -> f64 {
+        let v = self.0.to_f64();
+        v * v
+    }
+    #[inline(always)]
     fn load(s: &[F], e: usize) -> Self {
         Re(s[e])
     }
@@ -113,6 +131,26 @@ impl<F: WithDType> Value<F> for Complex<F> {
         }
     }
     #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        Complex {
+            re: self.re - o.re,
+            im: self.im - o.im,
+        }
+    }
+    #[inline(always)]
+    fn inv(self) -> Self {
+        let n = self.re * self.re + self.im * self.im;
+        Complex {
+            re: self.re / n,
+            im: (F::zero() - self.im) / n,
+        }
+    }
+    #[inline(always)]
+    fn abs2(self) -> f64 {
+        let (re, im) = (self.re.to_f64(), self.im.to_f64());
+        re * re + im * im
+    }
+    #[inline(always)]
     fn load(s: &[F], e: usize) -> Self {
         Complex {
             re: s[2 * e],
@@ -148,15 +186,32 @@ impl<F> SharedOut<F> {
     }
 }
 
-/// A vector of `n` scalars filled by `fill`, which gets the pointer to its (uninitialised)
-/// buffer; the vector is only given its length after `fill` returns.
-///
-/// # Safety
-/// `fill` must write all `n` elements.
-pub(crate) unsafe fn filled_vec<F: WithDType>(n: usize, fill: impl FnOnce(SharedOut<F>)) -> Vec<F> {
-    let mut v = Vec::with_capacity(n);
-    fill(SharedOut(v.as_mut_ptr()));
-    // SAFETY: the capacity is n and the caller guarantees that `fill` initialised all of it.
-    v.set_len(n);
-    v
+/// An output buffer of `n` scalars that a kernel fills through [`OutBuf::ptr`] and that only
+/// becomes a vector, by [`OutBuf::assume_filled`], once every element is written (dropped
+/// unfilled on an error path, it is never read).
+pub(crate) struct OutBuf<F> {
+    v: Vec<F>,
+    n: usize,
+}
+
+impl<F: WithDType> OutBuf<F> {
+    pub fn new(n: usize) -> Self {
+        OutBuf {
+            v: Vec::with_capacity(n),
+            n,
+        }
+    }
+
+    /// The buffer's pointer, for the tasks that fill disjoint parts of it.
+    pub fn ptr(&mut self) -> SharedOut<F> {
+        SharedOut(self.v.as_mut_ptr())
+    }
+
+    /// # Safety
+    /// All `n` elements must have been written through [`OutBuf::ptr`].
+    pub unsafe fn assume_filled(mut self) -> Vec<F> {
+        // SAFETY: the capacity is n and the caller guarantees that all of it is initialised.
+        self.v.set_len(self.n);
+        self.v
+    }
 }

@@ -210,3 +210,205 @@ pub fn scan_cases() -> Vec<Case> {
     }
     cases
 }
+
+// ---------------------------------------------------------------- tree solve references
+
+use myosotis::tree::Tree;
+
+/// Shapes of one tree-solve case (the tree itself is separate).
+#[derive(Clone, Copy, Debug)]
+pub struct TreeCase {
+    pub batch: usize,
+    pub heads: usize,
+    pub d: usize,
+    pub r: usize,
+    pub shared: bool,
+    pub complex: bool,
+}
+
+impl TreeCase {
+    pub fn w(&self) -> usize {
+        if self.complex {
+            2
+        } else {
+            1
+        }
+    }
+    fn tail(&self, mut s: Vec<usize>) -> Vec<usize> {
+        if self.complex {
+            s.push(2);
+        }
+        s
+    }
+    pub fn u_shape(&self, n: usize) -> Vec<usize> {
+        self.tail(vec![self.batch, self.heads, n, self.d, self.r])
+    }
+    pub fn coef_shape(&self, n: usize) -> Vec<usize> {
+        if self.shared {
+            self.tail(vec![self.heads, n, self.d, self.d])
+        } else {
+            self.tail(vec![self.batch, self.heads, n, self.d, self.d])
+        }
+    }
+    /// Scalar offset of block (tree t, node v) entry (i, j) in a coefficient tensor.
+    pub fn coef_at(&self, n: usize, bi: usize, hi: usize, v: usize, i: usize, j: usize) -> usize {
+        let t = if self.shared {
+            hi
+        } else {
+            bi * self.heads + hi
+        };
+        (((t * n + v) * self.d + i) * self.d + j) * self.w()
+    }
+    /// Scalar offset of u/x entry (bi, hi, v, i, k).
+    pub fn rhs_at(&self, n: usize, bi: usize, hi: usize, v: usize, i: usize, k: usize) -> usize {
+        ((((bi * self.heads + hi) * n + v) * self.d + i) * self.r + k) * self.w()
+    }
+}
+
+#[derive(Clone)]
+pub struct TreeInputs {
+    pub a: Vec<f64>,
+    pub b: Vec<f64>,
+    pub c: Vec<f64>,
+    pub u: Vec<f64>,
+}
+
+/// Random blocks with T_G strictly diagonally dominant by rows (as the layer keeps it): every
+/// diagonal entry of A_v exceeds the sum of the moduli of the rest of its row of T_G by 0.5.
+pub fn random_tree_inputs(tree: &Tree, case: &TreeCase, rng: &mut StdRng) -> TreeInputs {
+    let n = tree.len();
+    let coef_len: usize = case.coef_shape(n).iter().product();
+    let mut a = uniform(rng, coef_len, -0.5, 0.5);
+    let b = uniform(rng, coef_len, -0.5, 0.5);
+    let c = uniform(rng, coef_len, -0.5, 0.5);
+    let u = uniform(rng, case.u_shape(n).iter().product(), -1.0, 1.0);
+    let (d, w) = (case.d, case.w());
+    let modulus = |s: &[f64], o: usize| {
+        if w == 2 {
+            s[o].hypot(s[o + 1])
+        } else {
+            s[o].abs()
+        }
+    };
+    let trees = if case.shared { 1 } else { case.batch };
+    for bi in 0..trees {
+        for hi in 0..case.heads {
+            for v in 0..n {
+                for i in 0..d {
+                    let mut row = 0.0;
+                    for j in 0..d {
+                        if j != i {
+                            row += modulus(&a, case.coef_at(n, bi, hi, v, i, j));
+                        }
+                        if tree.parent(v).is_some() {
+                            row += modulus(&b, case.coef_at(n, bi, hi, v, i, j));
+                        }
+                        for ch in tree.children(v) {
+                            row += modulus(&c, case.coef_at(n, bi, hi, ch, i, j));
+                        }
+                    }
+                    let o = case.coef_at(n, bi, hi, v, i, i);
+                    let sign = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+                    a[o] = sign * (row + 0.5 + rng.random_range(0.0..0.5));
+                    if w == 2 {
+                        a[o + 1] = 0.0;
+                    }
+                }
+            }
+        }
+    }
+    TreeInputs { a, b, c, u }
+}
+
+/// x = T_G⁻¹ u by assembling each (batch, head) T_G densely (complex f64) and solving it by
+/// Gaussian elimination with partial pivoting: independent of the tree solver.
+pub fn dense_tree_solve(tree: &Tree, case: &TreeCase, x: &TreeInputs) -> Vec<f64> {
+    let (n, d, r, w) = (tree.len(), case.d, case.r, case.w());
+    let m = n * d;
+    let get = |s: &[f64], o: usize| (s[o], if w == 2 { s[o + 1] } else { 0.0 });
+    let mut out = vec![0.0; x.u.len()];
+    for bi in 0..case.batch {
+        for hi in 0..case.heads {
+            let mut t = vec![(0.0, 0.0); m * m];
+            for v in 0..n {
+                for i in 0..d {
+                    for j in 0..d {
+                        t[(v * d + i) * m + v * d + j] =
+                            get(&x.a, case.coef_at(n, bi, hi, v, i, j));
+                        if let Some(p) = tree.parent(v) {
+                            t[(v * d + i) * m + p * d + j] =
+                                get(&x.b, case.coef_at(n, bi, hi, v, i, j));
+                            t[(p * d + i) * m + v * d + j] =
+                                get(&x.c, case.coef_at(n, bi, hi, v, i, j));
+                        }
+                    }
+                }
+            }
+            let mut rhs: Vec<(f64, f64)> = (0..m * r)
+                .map(|e| get(&x.u, case.rhs_at(n, bi, hi, e / (d * r), e / r % d, e % r)))
+                .collect();
+            dense_solve(&mut t, &mut rhs, m, r);
+            for e in 0..m * r {
+                let o = case.rhs_at(n, bi, hi, e / (d * r), e / r % d, e % r);
+                out[o] = rhs[e].0;
+                if w == 2 {
+                    out[o + 1] = rhs[e].1;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn cmul(a: (f64, f64), b: (f64, f64)) -> (f64, f64) {
+    (a.0 * b.0 - a.1 * b.1, a.0 * b.1 + a.1 * b.0)
+}
+
+fn cdiv(a: (f64, f64), b: (f64, f64)) -> (f64, f64) {
+    let n = b.0 * b.0 + b.1 * b.1;
+    ((a.0 * b.0 + a.1 * b.1) / n, (a.1 * b.0 - a.0 * b.1) / n)
+}
+
+/// Solves the m × m system t X = rhs (m × k) in place, complex, partial pivoting.
+fn dense_solve(t: &mut [(f64, f64)], rhs: &mut [(f64, f64)], m: usize, k: usize) {
+    let abs2 = |z: (f64, f64)| z.0 * z.0 + z.1 * z.1;
+    for col in 0..m {
+        let piv = (col..m)
+            .max_by(|&i, &j| abs2(t[i * m + col]).total_cmp(&abs2(t[j * m + col])))
+            .unwrap();
+        assert!(
+            abs2(t[piv * m + col]) > 0.0,
+            "dense reference: singular matrix"
+        );
+        for j in 0..m {
+            t.swap(col * m + j, piv * m + j);
+        }
+        for j in 0..k {
+            rhs.swap(col * k + j, piv * k + j);
+        }
+        for i in col + 1..m {
+            let f = cdiv(t[i * m + col], t[col * m + col]);
+            if f == (0.0, 0.0) {
+                continue;
+            }
+            for j in col..m {
+                let s = cmul(f, t[col * m + j]);
+                t[i * m + j] = (t[i * m + j].0 - s.0, t[i * m + j].1 - s.1);
+            }
+            for j in 0..k {
+                let s = cmul(f, rhs[col * k + j]);
+                rhs[i * k + j] = (rhs[i * k + j].0 - s.0, rhs[i * k + j].1 - s.1);
+            }
+        }
+    }
+    for i in (0..m).rev() {
+        for j in 0..k {
+            let mut s = rhs[i * k + j];
+            for l in i + 1..m {
+                let p = cmul(t[i * m + l], rhs[l * k + j]);
+                s = (s.0 - p.0, s.1 - p.1);
+            }
+            rhs[i * k + j] = cdiv(s, t[i * m + i]);
+        }
+    }
+}
