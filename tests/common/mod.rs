@@ -348,11 +348,11 @@ pub fn dense_tree_solve(tree: &Tree, case: &TreeCase, x: &TreeInputs) -> Vec<f64
                 .map(|e| get(&x.u, case.rhs_at(n, bi, hi, e / (d * r), e / r % d, e % r)))
                 .collect();
             dense_solve(&mut t, &mut rhs, m, r);
-            for e in 0..m * r {
+            for (e, z) in rhs.iter().enumerate() {
                 let o = case.rhs_at(n, bi, hi, e / (d * r), e / r % d, e % r);
-                out[o] = rhs[e].0;
+                out[o] = z.0;
                 if w == 2 {
-                    out[o + 1] = rhs[e].1;
+                    out[o + 1] = z.1;
                 }
             }
         }
