@@ -98,7 +98,7 @@ fn case_for(i: usize, rng: &mut StdRng) -> TreeCase {
         heads: rng.random_range(1..3),
         d: if complex { 1 } else { 1 + i % 4 },
         r: rng.random_range(1..4),
-        shared: i % 2 == 0,
+        shared: i.is_multiple_of(2),
         complex,
     }
 }
