@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand};
-use myosotis::bench::{copy_bandwidth, describe, parse_device, BenchReport, ScanBench};
+use myosotis::bench::{copy_bandwidth, describe, parse_device, BenchReport, ScanBench, TreeBench};
 
 #[derive(Parser)]
 #[command(
@@ -30,6 +30,8 @@ enum Command {
 enum BenchCmd {
     /// The linear scan h_t = a_t ⊙ h_{t-1} + b_t over (batch, len, channels).
     Scan(ScanArgs),
+    /// The Myo tree solve x = T_G⁻¹ u over (batch, heads) trees.
+    Tree(TreeArgs),
     /// The device's copy bandwidth (bytes read + written per second).
     Copy {
         #[arg(long, default_value = "cpu")]
@@ -75,6 +77,50 @@ struct ScanArgs {
     json: bool,
 }
 
+#[derive(Args)]
+struct TreeArgs {
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    #[arg(long, default_value_t = 64)]
+    heads: usize,
+    /// Leaves of the tree (perfect when a power of --arity, else ragged).
+    #[arg(long, default_value_t = 1024)]
+    leaves: usize,
+    #[arg(long, default_value_t = 4)]
+    arity: usize,
+    /// Block size d.
+    #[arg(long, default_value_t = 1)]
+    block: usize,
+    /// Right-hand sides r.
+    #[arg(long, default_value_t = 1)]
+    rhs: usize,
+    /// Complex values (trailing dimension 2).
+    #[arg(long)]
+    complex: bool,
+    /// Coefficients per sample instead of shared across the batch.
+    #[arg(long)]
+    per_sample: bool,
+    /// Time forward + backward.
+    #[arg(long)]
+    backward: bool,
+    /// f32, f64, f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    #[arg(long, default_value_t = 15)]
+    repeats: usize,
+    /// Skip the plain-candle reference (the paper's Listing 1: a loop over levels).
+    #[arg(long)]
+    no_reference: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
 fn parse_dtype(s: &str) -> Result<DType> {
     Ok(match s {
         "f32" => DType::F32,
@@ -86,33 +132,36 @@ fn parse_dtype(s: &str) -> Result<DType> {
 }
 
 fn print_report(r: &BenchReport) {
-    let c = &r.config;
     println!(
-        "scan {}  device={}  (batch {}, len {}, channels {}) {} {}  a: {}",
-        if c.backward {
+        "{} {}  device={}  {}",
+        r.op,
+        if r.backward {
             "forward+backward"
         } else {
             "forward"
         },
         r.device,
-        c.batch,
-        c.len,
-        c.channels,
-        c.dtype.as_str(),
-        if c.complex { "complex" } else { "real" },
-        if c.shared_a {
-            "shared (channels)"
-        } else {
-            "full"
-        },
+        r.shape
     );
     println!(
         "  myosotis   median {:>10.3} ms  (min {:.3}, {} samples)  {:>8.1} GB/s = {:.0}% of copy ({:.1} GB/s)",
         r.median_ms, r.min_ms, r.repeats, r.gbps, r.pct_of_copy, r.copy_gbps
     );
     if let (Some(ref_ms), Some(s)) = (r.reference_median_ms, r.speedup) {
-        println!("  reference  median {ref_ms:>10.3} ms  (candle ops, loop over length)  speed-up {s:.1}x");
+        println!("  reference  median {ref_ms:>10.3} ms  (plain candle ops)  speed-up {s:.1}x");
     }
+    if let Some(note) = &r.reference_note {
+        println!("  reference  not timed: {note}");
+    }
+}
+
+fn emit(report: &BenchReport, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        print_report(report);
+    }
+    Ok(())
 }
 
 /// Keeps large freed blocks in the heap for reuse. By default glibc serves every tensor of
@@ -150,12 +199,32 @@ fn main() -> Result<()> {
                     repeats: a.repeats,
                     reference: !a.no_reference,
                 };
-                let report = bench.run(&device).context("scan benchmark failed")?;
-                if a.json {
-                    println!("{}", serde_json::to_string(&report)?);
-                } else {
-                    print_report(&report);
-                }
+                emit(
+                    &bench.run(&device).context("scan benchmark failed")?,
+                    a.json,
+                )?;
+            }
+            BenchCmd::Tree(a) => {
+                let device = parse_device(&a.device)?;
+                let bench = TreeBench {
+                    batch: a.batch,
+                    heads: a.heads,
+                    leaves: a.leaves,
+                    arity: a.arity,
+                    block: a.block,
+                    rhs: a.rhs,
+                    complex: a.complex,
+                    per_sample: a.per_sample,
+                    backward: a.backward,
+                    dtype: parse_dtype(&a.dtype)?,
+                    warmup: a.warmup,
+                    repeats: a.repeats,
+                    reference: !a.no_reference,
+                };
+                emit(
+                    &bench.run(&device).context("tree benchmark failed")?,
+                    a.json,
+                )?;
             }
             BenchCmd::Copy { device, mega_elems } => {
                 let dev = parse_device(&device)?;

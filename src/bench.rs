@@ -10,7 +10,11 @@ use std::time::Instant;
 use candle_core::{DType, Device, Result, Tensor, Var};
 use serde::Serialize;
 
-use crate::ops::{linear_scan, linear_scan_backward, linear_scan_reference, ScanOptions};
+use crate::ops::{
+    linear_scan, linear_scan_backward, linear_scan_reference, tree_solve, tree_solve_backward,
+    tree_solve_reference, ScanOptions, TreeSolveOptions,
+};
+use crate::tree::Tree;
 
 /// Median and minimum of repeated timings, in milliseconds per call.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -103,7 +107,10 @@ fn ser_dtype<S: serde::Serializer>(d: &DType, s: S) -> std::result::Result<S::Ok
 pub struct BenchReport {
     pub op: &'static str,
     pub device: String,
-    pub config: ScanBench,
+    /// The shape and options in one line.
+    pub shape: String,
+    pub backward: bool,
+    pub config: serde_json::Value,
     pub median_ms: f64,
     pub min_ms: f64,
     pub repeats: usize,
@@ -117,6 +124,58 @@ pub struct BenchReport {
     pub pct_of_copy: f64,
     pub reference_median_ms: Option<f64>,
     pub speedup: Option<f64>,
+    /// Why no reference was timed, when none was.
+    pub reference_note: Option<String>,
+}
+
+/// What a benchmark hands to [`BenchReport::new`].
+struct Measured {
+    ours: Timing,
+    bytes: u64,
+    reference_ms: Option<f64>,
+    reference_note: Option<String>,
+    /// Elements (f32) of the copy used to measure the copy bandwidth.
+    copy_elems: usize,
+}
+
+impl BenchReport {
+    fn new<C: Serialize>(
+        op: &'static str,
+        device: &Device,
+        shape: String,
+        backward: bool,
+        config: &C,
+        repeats: usize,
+        m: Measured,
+    ) -> Result<BenchReport> {
+        let gbps = m.bytes as f64 / (m.ours.median_ms * 1e-3) / 1e9;
+        let copy_gbps = copy_bandwidth(device, m.copy_elems, repeats)?;
+        Ok(BenchReport {
+            op,
+            device: describe(device),
+            shape,
+            backward,
+            config: serde_json::to_value(config)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+            median_ms: m.ours.median_ms,
+            min_ms: m.ours.min_ms,
+            repeats: m.ours.repeats,
+            bytes: m.bytes,
+            gbps,
+            copy_gbps,
+            pct_of_copy: 100.0 * gbps / copy_gbps,
+            reference_median_ms: m.reference_ms,
+            speedup: m.reference_ms.map(|r| r / m.ours.median_ms),
+            reference_note: m.reference_note,
+        })
+    }
+}
+
+/// Times the plain-candle reference `f` (already differentiable) on `device`: one warm-up on a
+/// GPU (kernel loading), none on the CPU, where one call can take minutes.
+fn time_reference(device: &Device, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let warmup = usize::from(!device.is_cpu());
+    Ok(time_median(device, warmup, 3, f)?.median_ms)
 }
 
 impl ScanBench {
@@ -193,38 +252,188 @@ impl ScanBench {
             }
             Ok(())
         })?;
-        let reference = if self.reference {
+        let reference_ms = if self.reference {
             let (va, vb) = (Var::from_tensor(&a)?, Var::from_tensor(&b)?);
-            // One warm-up on a GPU (kernel loading); none on the CPU, where it can take minutes.
-            let warmup = usize::from(!device.is_cpu());
-            let t = time_median(device, warmup, 3, || {
+            Some(time_reference(device, || {
                 let h = linear_scan_reference(va.as_tensor(), vb.as_tensor(), None, opts)?;
                 if self.backward {
                     (h * &g)?.sum_all()?.backward()?;
                 }
                 Ok(())
-            })?;
-            Some(t.median_ms)
+            })?)
         } else {
             None
         };
-        let bytes = self.bytes();
-        let gbps = bytes as f64 / (ours.median_ms * 1e-3) / 1e9;
-        let copy_gbps = copy_bandwidth(device, b.elem_count(), self.repeats)?;
-        Ok(BenchReport {
-            op: "scan",
-            device: describe(device),
-            config: self.clone(),
-            median_ms: ours.median_ms,
-            min_ms: ours.min_ms,
-            repeats: ours.repeats,
-            bytes,
-            gbps,
-            copy_gbps,
-            pct_of_copy: 100.0 * gbps / copy_gbps,
-            reference_median_ms: reference,
-            speedup: reference.map(|r| r / ours.median_ms),
-        })
+        let shape = format!(
+            "(batch {}, len {}, channels {}) {} {}, a: {}",
+            self.batch,
+            self.len,
+            self.channels,
+            self.dtype.as_str(),
+            if self.complex { "complex" } else { "real" },
+            if self.shared_a {
+                "shared (channels)"
+            } else {
+                "full"
+            },
+        );
+        let m = Measured {
+            ours,
+            bytes: self.bytes(),
+            reference_ms,
+            reference_note: None,
+            copy_elems: b.elem_count(),
+        };
+        BenchReport::new("scan", device, shape, self.backward, self, self.repeats, m)
+    }
+}
+
+/// Shape and options of a tree-solve benchmark.
+#[derive(Debug, Clone, Serialize)]
+pub struct TreeBench {
+    pub batch: usize,
+    pub heads: usize,
+    pub leaves: usize,
+    pub arity: usize,
+    /// Block size d.
+    pub block: usize,
+    /// Right-hand sides r.
+    pub rhs: usize,
+    pub complex: bool,
+    /// Coefficients per sample (batch, heads, ...) instead of shared (heads, ...).
+    pub per_sample: bool,
+    pub backward: bool,
+    #[serde(serialize_with = "ser_dtype")]
+    pub dtype: DType,
+    pub warmup: usize,
+    pub repeats: usize,
+    pub reference: bool,
+}
+
+impl TreeBench {
+    /// The tree: perfect when `leaves` is a power of `arity`, else ragged.
+    pub fn tree(&self) -> Result<Tree> {
+        Tree::ragged(self.leaves, self.arity).map_err(|e| candle_core::Error::Msg(e.to_string()))
+    }
+
+    fn shapes(&self, nodes: usize) -> (Vec<usize>, Vec<usize>) {
+        let (d, r) = (self.block, self.rhs);
+        let mut u = vec![self.batch, self.heads, nodes, d, r];
+        let mut coef = if self.per_sample {
+            vec![self.batch, self.heads, nodes, d, d]
+        } else {
+            vec![self.heads, nodes, d, d]
+        };
+        if self.complex {
+            u.push(2);
+            coef.push(2);
+        }
+        (u, coef)
+    }
+
+    /// Bytes the timed unit must move at the least. Forward: read u, A, B, C; write x.
+    /// Backward: read A, B, C, x and ∂x; write ∂u, ∂A, ∂B, ∂C.
+    pub fn bytes(&self, nodes: usize) -> u64 {
+        let (u, coef) = self.shapes(nodes);
+        let s = self.dtype.size_in_bytes();
+        let (nu, nc) = (
+            u.iter().product::<usize>() * s,
+            coef.iter().product::<usize>() * s,
+        );
+        let fwd = 2 * nu + 3 * nc;
+        let bwd = 3 * nc + 3 * nu + 3 * nc;
+        (if self.backward { fwd + bwd } else { fwd }) as u64
+    }
+
+    /// Random inputs with T_G diagonally dominant, as the layer keeps it: off-diagonal entries
+    /// of every block in ±s with s = 0.5 / (d (arity + 2)), diagonal of A in [1, 1.5].
+    fn inputs(&self, nodes: usize, device: &Device) -> Result<[Tensor; 4]> {
+        let (u_shape, coef_shape) = self.shapes(nodes);
+        let s = 0.5 / (self.block * (self.arity + 2)) as f32;
+        let rand = |lo: f32, hi: f32, shape: &[usize]| Tensor::rand(lo, hi, shape, device);
+        let mut eye = Tensor::eye(self.block, DType::F32, device)?;
+        if self.complex {
+            eye = Tensor::stack(&[&eye, &eye.zeros_like()?], 2)?;
+        }
+        let diag = eye.broadcast_mul(&rand(1.0, 1.5, &coef_shape)?)?;
+        let off = (eye.ones_like()? - &eye)?;
+        let a = (diag + off.broadcast_mul(&rand(-s, s, &coef_shape)?)?)?;
+        let t = |x: Tensor| x.to_dtype(self.dtype);
+        Ok([
+            t(a)?,
+            t(rand(-s, s, &coef_shape)?)?,
+            t(rand(-s, s, &coef_shape)?)?,
+            t(rand(-1.0, 1.0, &u_shape)?)?,
+        ])
+    }
+
+    /// Runs the benchmark on `device`.
+    pub fn run(&self, device: &Device) -> Result<BenchReport> {
+        let tree = self.tree()?;
+        let [a, b, c, u] = self.inputs(tree.len(), device)?;
+        let opts = TreeSolveOptions {
+            complex: self.complex,
+        };
+        let g = Tensor::rand(-1f32, 1f32, u.shape(), device)?.to_dtype(self.dtype)?;
+        let ours = time_median(device, self.warmup, self.repeats, || {
+            let x = tree_solve(&tree, &a, &b, &c, &u, opts)?;
+            if self.backward {
+                tree_solve_backward(&tree, &a, &b, &c, &x, &g, opts)?;
+            }
+            Ok(())
+        })?;
+        let (reference_ms, reference_note) = if !self.reference {
+            (None, None)
+        } else if self.block != 1 {
+            (
+                None,
+                Some("the Listing-1 reference covers scalar blocks (d = 1) only".to_string()),
+            )
+        } else {
+            let (va, vb, vc, vu) = (
+                Var::from_tensor(&a)?,
+                Var::from_tensor(&b)?,
+                Var::from_tensor(&c)?,
+                Var::from_tensor(&u)?,
+            );
+            let ms = time_reference(device, || {
+                let x = tree_solve_reference(
+                    &tree,
+                    va.as_tensor(),
+                    vb.as_tensor(),
+                    vc.as_tensor(),
+                    vu.as_tensor(),
+                    opts,
+                )?;
+                if self.backward {
+                    (x * &g)?.sum_all()?.backward()?;
+                }
+                Ok(())
+            })?;
+            (Some(ms), None)
+        };
+        let shape =
+            format!(
+            "(batch {}, heads {}, {} leaves, {}-ary, {} nodes, d {}, r {}) {} {}, coefficients {}",
+            self.batch,
+            self.heads,
+            self.leaves,
+            self.arity,
+            tree.len(),
+            self.block,
+            self.rhs,
+            self.dtype.as_str(),
+            if self.complex { "complex" } else { "real" },
+            if self.per_sample { "per sample" } else { "shared" },
+        );
+        let m = Measured {
+            ours,
+            bytes: self.bytes(tree.len()),
+            reference_ms,
+            reference_note,
+            copy_elems: u.elem_count().max(1 << 20),
+        };
+        BenchReport::new("tree", device, shape, self.backward, self, self.repeats, m)
     }
 }
 

@@ -123,6 +123,29 @@ fn forward_matches_dense_solve_of_assembled_matrix() {
             );
         }
     }
+    // Shared coefficients with a batch that fills the CPU's SIMD lanes (batch elements of one
+    // head solved together), including a partly filled group.
+    for (name, tree) in trees() {
+        for complex in [false, true] {
+            let case = TreeCase {
+                batch: 11,
+                heads: 2,
+                d: 1,
+                r: 2,
+                shared: true,
+                complex,
+            };
+            let x = random_tree_inputs(&tree, &case, &mut rng);
+            let e = rel_err(
+                &solve_with(tree_solve, &tree, &case, &x, DType::F64),
+                &dense_tree_solve(&tree, &case, &x),
+            );
+            assert!(
+                e < 1e-12,
+                "batch-lane layout: error {e:e}, {name}, {case:?} (seed {seed})"
+            );
+        }
+    }
     // One large block size.
     let tree = Tree::ragged(6, 3).unwrap();
     let case = TreeCase {
@@ -154,10 +177,10 @@ fn gradients_match_central_finite_differences() {
             let case = TreeCase {
                 batch: 2,
                 heads: 1,
-                d: if i == 3 { 1 } else { 1 + (i + t) % 3 },
+                d: if i >= 3 { 1 } else { 1 + (i + t) % 3 },
                 r: 1 + i % 2,
-                shared: i % 2 == 1,
-                complex: i == 3,
+                shared: i % 2 == 1 || i >= 4,
+                complex: i == 3 || i == 5,
             };
             let x = random_tree_inputs(tree, &case, &mut rng);
             let w: Vec<f64> = (0..x.u.len())
@@ -273,10 +296,13 @@ fn chain_solve_equals_the_linear_scan() {
 fn op_and_gradients_equal_the_listing_1_reference() {
     let (mut rng, seed) = fresh_rng("tree vs listing 1");
     for (name, tree) in trees() {
-        for i in 0..4 {
+        for i in 0..6 {
             let case = TreeCase {
                 d: 1,
-                complex: i >= 2,
+                complex: i % 3 == 2,
+                // i = 4, 5: shared over a batch of 10 (batch elements as SIMD lanes)
+                batch: if i >= 4 { 10 } else { rng.random_range(1..4) },
+                shared: i >= 4 || i % 2 == 0,
                 ..case_for(i, &mut rng)
             };
             let x = random_tree_inputs(&tree, &case, &mut rng);

@@ -8,4 +8,6 @@ mod value;
 pub use scan::{
     linear_scan, linear_scan_backward, linear_scan_reference, GateShape, ScanGrads, ScanOptions,
 };
-pub use tree_solve::{tree_solve, tree_solve_reference, TreeSolveOptions};
+pub use tree_solve::{
+    tree_solve, tree_solve_backward, tree_solve_reference, TreeSolveGrads, TreeSolveOptions,
+};

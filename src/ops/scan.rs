@@ -24,7 +24,7 @@ use candle_core::{
 };
 use rayon::prelude::*;
 
-use super::value::{Complex, OutBuf, Re, SharedOut, Value};
+use super::value::{best_simd, has_avx2, Complex, OutBuf, Re, SharedOut, Value};
 
 /// Channels per sequence tile: one warp's lanes on the GPU.
 pub const TILE: usize = 32;
@@ -427,41 +427,6 @@ pub fn linear_scan_backward(
     };
     let op = ScanOp { dims, gate, opts };
     op.backward(&a.contiguous()?, &h.contiguous()?, &h0, grad_h)
-}
-
-/// Evaluates `$call` compiled for AVX2 when `$avx2` (the CPU has it), else as compiled for the
-/// baseline target: the lane loops then vectorise 8 floats wide instead of 4. The call is
-/// expanded twice so that each copy has one call site and is inlined where it belongs.
-macro_rules! best_simd {
-    ($avx2:expr, $call:expr) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx2")]
-            unsafe fn call_with_avx2<R>(f: impl FnOnce() -> R) -> R {
-                f()
-            }
-            if $avx2 {
-                // SAFETY: the CPU supports AVX2 (detected at run time).
-                unsafe { call_with_avx2(|| $call) }
-            } else {
-                $call
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            $call
-        }
-    }};
-}
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// One (batch, channel-tile) sequence of the chunked scan, exactly as one CUDA block runs it

@@ -15,8 +15,11 @@ pub(crate) trait Value<F: WithDType>: Copy + Send + Sync {
     fn sub(self, o: Self) -> Self;
     /// 1 / self.
     fn inv(self) -> Self;
-    /// |self|², for pivoting and for finiteness checks.
+    /// |self|², for choosing pivots.
     fn abs2(self) -> f64;
+    /// Usable as a pivot: non-zero and finite (in the working precision, branch-free, so that
+    /// a check over SIMD lanes vectorises; `x - x == 0` fails for NaN and ±∞).
+    fn pivot_ok(self) -> bool;
     /// Reads element `e` (not scalar `e`) of a storage slice.
     fn load(s: &[F], e: usize) -> Self;
     /// Writes element `e` (not scalar `e`) of a storage slice.
@@ -82,6 +85,11 @@ impl<F: WithDType> Value<F> for Re<F> {
     fn abs2(self) -> f64 {
         let v = self.0.to_f64();
         v * v
+    }
+    #[inline(always)]
+    #[allow(clippy::eq_op)] // x - x is 0 exactly when x is finite
+    fn pivot_ok(self) -> bool {
+        (self.0 != F::zero()) & (self.0 - self.0 == F::zero())
     }
     #[inline(always)]
     fn load(s: &[F], e: usize) -> Self {
@@ -151,6 +159,12 @@ impl<F: WithDType> Value<F> for Complex<F> {
         re * re + im * im
     }
     #[inline(always)]
+    #[allow(clippy::eq_op)] // n - n is 0 exactly when n is finite
+    fn pivot_ok(self) -> bool {
+        let n = self.re * self.re + self.im * self.im;
+        (n != F::zero()) & (n - n == F::zero())
+    }
+    #[inline(always)]
     fn load(s: &[F], e: usize) -> Self {
         Complex {
             re: s[2 * e],
@@ -174,6 +188,15 @@ unsafe impl<F> Send for SharedOut<F> {}
 unsafe impl<F> Sync for SharedOut<F> {}
 
 impl<F> SharedOut<F> {
+    /// The buffer from scalar `start` on.
+    ///
+    /// # Safety
+    /// `start` must lie within the buffer.
+    #[inline(always)]
+    pub unsafe fn offset(self, start: usize) -> SharedOut<F> {
+        SharedOut(self.0.add(start))
+    }
+
     /// The scalars `start..start + len` as a slice, so that the compiler sees an unaliased
     /// row (and vectorises the loop that fills it).
     ///
@@ -213,5 +236,41 @@ impl<F: WithDType> OutBuf<F> {
         // SAFETY: the capacity is n and the caller guarantees that all of it is initialised.
         self.v.set_len(self.n);
         self.v
+    }
+}
+
+/// Evaluates `$call` compiled for AVX2 when `$avx2` (the CPU has it), else as compiled for the
+/// baseline target: the lane loops then vectorise 8 floats wide instead of 4. The call is
+/// expanded twice so that each copy has one call site and is inlined where it belongs.
+macro_rules! best_simd {
+    ($avx2:expr, $call:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx2")]
+            unsafe fn call_with_avx2<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            if $avx2 {
+                // SAFETY: the CPU supports AVX2 (detected at run time).
+                unsafe { call_with_avx2(|| $call) }
+            } else {
+                $call
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            $call
+        }
+    }};
+}
+pub(crate) use best_simd;
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
