@@ -6,9 +6,6 @@
 // tile, warp = segment of the chunk. Each thread keeps its SEG_LEN steps in registers, so every
 // element is loaded once and stored once. Complex values are (re, im) pairs; f16/bf16 are
 // computed in f32, f64 in f64.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
 
 #define SCAN_TILE 32
 #define SCAN_SEGMENTS 8
@@ -20,52 +17,7 @@
 #define GATE_PER_STEP 1
 #define GATE_PER_CHANNEL 2
 
-__device__ __forceinline__ float to_acc(float x) { return x; }
-__device__ __forceinline__ double to_acc(double x) { return x; }
-__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-__device__ __forceinline__ void store_s(float *p, float v) { *p = v; }
-__device__ __forceinline__ void store_s(double *p, double v) { *p = v; }
-__device__ __forceinline__ void store_s(__half *p, float v) { *p = __float2half(v); }
-__device__ __forceinline__ void store_s(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
-
-template <typename F> struct RealOps {
-    typedef F V;
-    static __device__ __forceinline__ V zero() { return F(0); }
-    static __device__ __forceinline__ V one() { return F(1); }
-    static __device__ __forceinline__ V add(V a, V b) { return a + b; }
-    static __device__ __forceinline__ V mul(V a, V b) { return a * b; }
-    static __device__ __forceinline__ V conj(V a) { return a; }
-    template <typename T> static __device__ __forceinline__ V load(const T *p, int64_t e) {
-        return to_acc(p[e]);
-    }
-    template <typename T> static __device__ __forceinline__ void store(T *p, int64_t e, V v) {
-        store_s(p + e, v);
-    }
-};
-
-template <typename F> struct Cx {
-    F re, im;
-};
-
-template <typename F> struct ComplexOps {
-    typedef Cx<F> V;
-    static __device__ __forceinline__ V zero() { return {F(0), F(0)}; }
-    static __device__ __forceinline__ V one() { return {F(1), F(0)}; }
-    static __device__ __forceinline__ V add(V a, V b) { return {a.re + b.re, a.im + b.im}; }
-    static __device__ __forceinline__ V mul(V a, V b) {
-        return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
-    }
-    static __device__ __forceinline__ V conj(V a) { return {a.re, -a.im}; }
-    template <typename T> static __device__ __forceinline__ V load(const T *p, int64_t e) {
-        return {to_acc(p[2 * e]), to_acc(p[2 * e + 1])};
-    }
-    template <typename T> static __device__ __forceinline__ void store(T *p, int64_t e, V v) {
-        store_s(p + 2 * e, v.re);
-        store_s(p + 2 * e + 1, v.im);
-    }
-};
+#include "values.cuh"
 
 struct Geometry {
     int len, chans, gate_shape, reverse, bi, d;

@@ -61,11 +61,24 @@ shapes=(
   "--batch 8 --channels 768 --len 4096 --complex --shared-a --backward"
   "--batch 8 --channels 1536 --len 4096 --dtype bf16"
 )
+tree_shapes=(
+  "--batch 16 --heads 256 --leaves 1024 --arity 4"
+  "--batch 16 --heads 256 --leaves 1024 --arity 4 --backward"
+  "--batch 16 --heads 64 --leaves 16384 --arity 2"
+  "--batch 16 --heads 64 --leaves 16384 --arity 2 --backward"
+  "--batch 16 --heads 256 --leaves 1024 --arity 4 --complex"
+)
 for s in "${shapes[@]}"; do
   # shellcheck disable=SC2086
   "$bin/myo" bench scan --device cuda $s >>"$report/report.md" 2>&1 || status=1
   # shellcheck disable=SC2086
   "$bin/myo" bench scan --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
+done
+for s in "${tree_shapes[@]}"; do
+  # shellcheck disable=SC2086
+  "$bin/myo" bench tree --device cuda $s >>"$report/report.md" 2>&1 || status=1
+  # shellcheck disable=SC2086
+  "$bin/myo" bench tree --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
 done
 echo '```' >>"$report/report.md"
 cat "$report/report.md"

@@ -10,6 +10,11 @@ pub const SCAN_MODULE: &str = "myosotis_scan";
 /// PTX of `kernels/scan.cu`.
 pub const SCAN_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/scan.ptx"));
 
+/// Module name under which candle caches `kernels/tree_solve.cu`.
+pub const TREE_MODULE: &str = "myosotis_tree_solve";
+/// PTX of `kernels/tree_solve.cu`.
+pub const TREE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/tree_solve.ptx"));
+
 /// Element types our kernels are instantiated for.
 pub trait CudaElem: CudaDType + DeviceRepr + WithDType {}
 impl CudaElem for f32 {}

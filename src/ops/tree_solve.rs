@@ -89,12 +89,7 @@ pub fn tree_solve(
     opts: TreeSolveOptions,
 ) -> Result<Tensor> {
     let dims = check_args(tree, a, b, c, u, opts)?;
-    if !u.device().is_cpu() {
-        bail!(
-            "tree_solve: device {:?} is not supported yet (no CUDA kernel yet; use the CPU)",
-            u.device().location()
-        );
-    }
+    check_device(u, dims)?;
     let dtype = u.dtype();
     if u.device().is_cpu() && matches!(dtype, DType::F16 | DType::BF16) {
         let up = |t: &Tensor| t.to_dtype(DType::F32);
@@ -188,6 +183,20 @@ fn check_args(
         r,
         shared,
     })
+}
+
+/// The CPU runs every case; the CUDA kernel covers scalar blocks (d = 1).
+fn check_device(u: &Tensor, dims: Dims) -> Result<()> {
+    match u.device() {
+        Device::Cpu => Ok(()),
+        Device::Cuda(_) if cfg!(feature = "cuda") && dims.d == 1 => Ok(()),
+        Device::Cuda(_) if cfg!(feature = "cuda") => bail!(
+            "tree_solve: the CUDA kernel covers scalar blocks (d = 1) only, got d = {}; \
+             run block sizes > 1 on the CPU",
+            dims.d
+        ),
+        dev => bail!("tree_solve: device {:?} is not supported", dev.location()),
+    }
 }
 
 struct TreeSolveOp {
@@ -736,16 +745,6 @@ impl TreeSolveOp {
         let per_coef = dims.nodes * dims.d * dims.d * w;
         let trees = dims.batch * dims.heads;
         let coef_at = |t: usize| dims.coef_tree(t / dims.heads, t % dims.heads) * w;
-        let pivot_error =
-            |t: usize, v: usize| {
-                candle_core::Error::Msg(format!(
-                "tree_solve: the pivot block of node {v} (batch {}, head {}{}) is singular or not \
-                 finite; T_G must stay invertible (the Myo layer keeps it diagonally dominant)",
-                t / dims.heads,
-                t % dims.heads,
-                if side == Side::Adjoint { ", backward" } else { "" }
-            ))
-            };
         if dims.d == 1 {
             let per_tree = dims.nodes * dims.r * w;
             return self.lane_groups::<F, V>(side, coef, rhs, |group, ws| {
@@ -775,7 +774,7 @@ impl TreeSolveOp {
                 // SAFETY: this task alone writes tree t's region of the output.
                 let x = unsafe { out.row(t * per_tree, per_tree) };
                 solve_blocked(&self.tree, &blk, u, x, dims.r, ws)
-                    .map_err(|BadPivot(v)| pivot_error(t, v))
+                    .map_err(|BadPivot(v)| self.pivot_error(side, Some(t), v))
             },
         )
     }
@@ -847,23 +846,31 @@ impl TreeSolveOp {
                         )
                     }
                 };
-                solved.map_err(|(l, v)| self.pivot_error(side, t[l], v))?;
+                solved.map_err(|(l, v)| self.pivot_error(side, Some(t[l]), v))?;
                 finish(&group, ws)
             },
         )
     }
 
-    fn pivot_error(&self, side: Side, t: usize, v: usize) -> candle_core::Error {
+    /// The error for a singular or non-finite pivot at node `v` of tree `t` (batch × heads +
+    /// head), when known.
+    fn pivot_error(&self, side: Side, t: Option<usize>, v: usize) -> candle_core::Error {
+        let which = match t {
+            Some(t) => format!(
+                "batch {}, head {}",
+                t / self.dims.heads,
+                t % self.dims.heads
+            ),
+            None => "a batch element and head".to_string(),
+        };
+        let backward = if side == Side::Adjoint {
+            ", backward"
+        } else {
+            ""
+        };
         candle_core::Error::Msg(format!(
-            "tree_solve: the pivot block of node {v} (batch {}, head {}{}) is singular or not \
-             finite; T_G must stay invertible (the Myo layer keeps it diagonally dominant)",
-            t / self.dims.heads,
-            t % self.dims.heads,
-            if side == Side::Adjoint {
-                ", backward"
-            } else {
-                ""
-            }
+            "tree_solve: the pivot block of node {v} ({which}{backward}) is singular or not \
+             finite; T_G must stay invertible (the Myo layer keeps it diagonally dominant)"
         ))
     }
 
@@ -1025,6 +1032,17 @@ impl CustomOp2 for TreeSolveOp {
         Ok((out, lu.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        su: &candle_core::CudaStorage,
+        lu: &Layout,
+        sc: &candle_core::CudaStorage,
+        lc: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((cuda::forward(self, (su, lu), (sc, lc))?, lu.shape().clone()))
+    }
+
     fn bwd(
         &self,
         _u: &Tensor,
@@ -1032,18 +1050,27 @@ impl CustomOp2 for TreeSolveOp {
         x: &Tensor,
         grad_x: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let g = grad_x.contiguous()?;
-        let coef = coef.contiguous()?;
-        let (du, dcoef) = match g.dtype() {
-            DType::F32 => self.backward_tensors::<f32>(&coef, x, &g)?,
-            DType::F64 => self.backward_tensors::<f64>(&coef, x, &g)?,
-            dt => bail!("tree_solve backward: dtype {dt:?} is not supported on the CPU"),
-        };
+        let (du, dcoef) = self.backward(&coef.contiguous()?, x, grad_x)?;
         Ok((Some(du), Some(dcoef)))
     }
 }
 
 impl TreeSolveOp {
+    /// ∂u and the stacked coefficient gradient, on whichever device the tensors are.
+    fn backward(&self, coef: &Tensor, x: &Tensor, grad_x: &Tensor) -> Result<(Tensor, Tensor)> {
+        let g = grad_x.contiguous()?;
+        match (g.device(), g.dtype()) {
+            (Device::Cpu, DType::F32) => self.backward_tensors::<f32>(coef, x, &g),
+            (Device::Cpu, DType::F64) => self.backward_tensors::<f64>(coef, x, &g),
+            #[cfg(feature = "cuda")]
+            (Device::Cuda(_), _) => cuda::backward(self, coef, x, &g),
+            (dev, dt) => bail!(
+                "tree_solve backward: dtype {dt:?} on {:?} is not supported",
+                dev.location()
+            ),
+        }
+    }
+
     fn backward_tensors<F: WithDType>(
         &self,
         coef: &Tensor,
@@ -1148,11 +1175,7 @@ pub fn tree_solve_backward(
         opts,
     };
     let coef = Tensor::stack(&[a, b, c], 0)?;
-    let (du, dcoef) = match x.dtype() {
-        DType::F32 => op.backward_tensors::<f32>(&coef, x, &grad_x.contiguous()?)?,
-        DType::F64 => op.backward_tensors::<f64>(&coef, x, &grad_x.contiguous()?)?,
-        dt => bail!("tree_solve_backward: dtype {dt:?} is not supported on the CPU"),
-    };
+    let (du, dcoef) = op.backward(&coef, &x.contiguous()?, grad_x)?;
     Ok(TreeSolveGrads {
         u: du,
         a: dcoef.get(0)?,
@@ -1259,4 +1282,266 @@ fn complex_div(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     let re = (xr.broadcast_mul(&yr)? + xi.broadcast_mul(&yi)?)?.broadcast_div(&n)?;
     let im = (xi.broadcast_mul(&yr)? - xr.broadcast_mul(&yi)?)?.broadcast_div(&n)?;
     Tensor::cat(&[re, im], x.rank() - 1)
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! Launches of `kernels/tree_solve.cu` on candle's CUDA stream.
+    use super::{Dims, TreeSolveOp};
+    use crate::cuda::{dtype_suffix, slice_at, CudaElem, TREE_MODULE, TREE_PTX};
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::op::BackpropOp;
+    use candle_core::{
+        bail, CudaDevice, CudaStorage, DType, Device, Layout, Result, Storage, Tensor,
+    };
+
+    /// Threads per block (TREE_THREADS in the kernel).
+    const THREADS: u32 = 256;
+    /// Workspaces up to this size go to shared memory (the default limit of every GPU).
+    const SHARED_LIMIT: usize = 48 * 1024;
+
+    /// The tree's arrays on the device: level starts, child starts, parents.
+    fn geometry(op: &TreeSolveOp, dev: &CudaDevice) -> Result<[Tensor; 3]> {
+        let t = &op.tree;
+        let up = |v: &[usize]| -> Result<Tensor> {
+            let v: Vec<u32> = v.iter().map(|&x| x as u32).collect();
+            Tensor::from_vec(v.clone(), v.len(), &Device::Cuda(dev.clone()))
+        };
+        Ok([
+            up(t.level_starts())?,
+            up(t.child_starts())?,
+            up(t.parents())?,
+        ])
+    }
+
+    fn ints(op: &TreeSolveOp) -> Result<[i32; 5]> {
+        let d = op.dims;
+        let n = |v: usize| {
+            i32::try_from(v).map_err(|_| {
+                candle_core::Error::Msg(format!("tree_solve: {v} is too large for the CUDA kernel"))
+            })
+        };
+        Ok([
+            n(op.tree.levels())?,
+            n(d.nodes)?,
+            n(d.r)?,
+            n(d.heads)?,
+            d.shared as i32,
+        ])
+    }
+
+    /// Bytes of one tree's workspace: nodes × (1 + r) values of the compute type.
+    fn workspace_bytes(dims: Dims, dtype: DType, complex: bool) -> usize {
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        dims.nodes * (1 + dims.r) * acc * if complex { 2 } else { 1 }
+    }
+
+    fn check_status(
+        op: &TreeSolveOp,
+        dev: &CudaDevice,
+        status: &candle_core::cuda_backend::cudarc::driver::CudaSlice<i32>,
+        side: super::Side,
+    ) -> Result<()> {
+        let s = dev.clone_dtoh(status)?;
+        if s[0] != 0 {
+            // The kernel reports the first bad node, not its tree.
+            return Err(op.pivot_error(side, None, (s[0] - 1) as usize));
+        }
+        Ok(())
+    }
+
+    fn name(stem: &str, op: &TreeSolveOp, dtype: DType) -> Result<String> {
+        Ok(format!(
+            "{stem}_{}{}",
+            dtype_suffix(dtype)?,
+            if op.opts.complex { "_c" } else { "" }
+        ))
+    }
+
+    pub(super) fn forward(
+        op: &TreeSolveOp,
+        u: (&CudaStorage, &Layout),
+        coef: (&CudaStorage, &Layout),
+    ) -> Result<CudaStorage> {
+        fn run<T: CudaElem>(
+            op: &TreeSolveOp,
+            u: (&CudaStorage, &Layout),
+            coef: (&CudaStorage, &Layout),
+        ) -> Result<CudaStorage> {
+            let dev = u.0.device().clone();
+            let dims = op.dims;
+            let trees = dims.batch * dims.heads;
+            let geo = geometry(op, &dev)?;
+            let (g0, g1, g2) = (
+                geo[0].storage_and_layout(),
+                geo[1].storage_and_layout(),
+                geo[2].storage_and_layout(),
+            );
+            let (Storage::Cuda(s0), Storage::Cuda(s1), Storage::Cuda(s2)) =
+                (&*g0.0, &*g1.0, &*g2.0)
+            else {
+                bail!("tree_solve: internal error, tree arrays are not on the GPU")
+            };
+            let (ls, cs, ps) = (
+                s0.as_cuda_slice::<u32>()?,
+                s1.as_cuda_slice::<u32>()?,
+                s2.as_cuda_slice::<u32>()?,
+            );
+            let (us, coefs) = (slice_at::<T>(u)?, slice_at::<T>(coef)?);
+            let x = unsafe { dev.alloc::<T>(u.1.shape().elem_count()) }?;
+            let status = dev.alloc_zeros::<i32>(1)?;
+            let ws_bytes = workspace_bytes(dims, T::DTYPE, op.opts.complex);
+            let in_shared = ws_bytes <= SHARED_LIMIT;
+            let global_ws = if in_shared {
+                None
+            } else {
+                Some(dev.alloc_zeros::<u8>(trees * ws_bytes)?)
+            };
+            let func = dev.get_or_load_custom_func(
+                &name("tree_fwd", op, T::DTYPE)?,
+                TREE_MODULE,
+                TREE_PTX,
+            )?;
+            let ints = ints(op)?;
+            let null = 0usize;
+            let mut b = func.builder();
+            b.arg(&us).arg(&coefs).arg(&x).arg(ls).arg(cs).arg(ps);
+            for v in &ints {
+                b.arg(v);
+            }
+            match &global_ws {
+                Some(ws) => b.arg(ws),
+                None => b.arg(&null),
+            };
+            b.arg(&status);
+            let cfg = LaunchConfig {
+                grid_dim: (trees as u32, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: if in_shared { ws_bytes as u32 } else { 0 },
+            };
+            unsafe { b.launch(cfg) }.w()?;
+            check_status(op, &dev, &status, super::Side::Forward)?;
+            Ok(CudaStorage::wrap_cuda_slice(x, dev))
+        }
+        match u.0.dtype() {
+            DType::F32 => run::<f32>(op, u, coef),
+            DType::F64 => run::<f64>(op, u, coef),
+            DType::F16 => run::<half::f16>(op, u, coef),
+            DType::BF16 => run::<half::bf16>(op, u, coef),
+            dt => bail!("tree_solve: dtype {dt:?} is not supported on CUDA"),
+        }
+    }
+
+    pub(super) fn backward(
+        op: &TreeSolveOp,
+        coef: &Tensor,
+        x: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        fn run<T: CudaElem>(
+            op: &TreeSolveOp,
+            coef: &Tensor,
+            x: &Tensor,
+            g: &Tensor,
+        ) -> Result<(Tensor, Tensor)> {
+            let dims = op.dims;
+            let trees = dims.batch * dims.heads;
+            let x = x.contiguous()?;
+            let (sc, lc) = coef.storage_and_layout();
+            let (sx, lx) = x.storage_and_layout();
+            let (sg, lg) = g.storage_and_layout();
+            let (Storage::Cuda(sc), Storage::Cuda(sx), Storage::Cuda(sg)) = (&*sc, &*sx, &*sg)
+            else {
+                bail!("tree_solve backward: tensors are not all on the same CUDA device")
+            };
+            let dev = sg.device().clone();
+            let geo = geometry(op, &dev)?;
+            let (g0, g1, g2) = (
+                geo[0].storage_and_layout(),
+                geo[1].storage_and_layout(),
+                geo[2].storage_and_layout(),
+            );
+            let (Storage::Cuda(s0), Storage::Cuda(s1), Storage::Cuda(s2)) =
+                (&*g0.0, &*g1.0, &*g2.0)
+            else {
+                bail!("tree_solve: internal error, tree arrays are not on the GPU")
+            };
+            let (ls, cs, ps) = (
+                s0.as_cuda_slice::<u32>()?,
+                s1.as_cuda_slice::<u32>()?,
+                s2.as_cuda_slice::<u32>()?,
+            );
+            let (cv, xv, gv) = (
+                slice_at::<T>((sc, lc))?,
+                slice_at::<T>((sx, lx))?,
+                slice_at::<T>((sg, lg))?,
+            );
+            let w = if op.opts.complex { 2 } else { 1 };
+            let du = unsafe { dev.alloc::<T>(g.elem_count()) }?;
+            let dcoef = unsafe { dev.alloc::<T>(3 * trees * dims.nodes * w) }?;
+            let status = dev.alloc_zeros::<i32>(1)?;
+            let ws_bytes = workspace_bytes(dims, T::DTYPE, op.opts.complex);
+            let in_shared = ws_bytes <= SHARED_LIMIT;
+            let global_ws = if in_shared {
+                None
+            } else {
+                Some(dev.alloc_zeros::<u8>(trees * ws_bytes)?)
+            };
+            let func = dev.get_or_load_custom_func(
+                &name("tree_bwd", op, T::DTYPE)?,
+                TREE_MODULE,
+                TREE_PTX,
+            )?;
+            let ints = ints(op)?;
+            let null = 0usize;
+            let mut b = func.builder();
+            b.arg(&gv)
+                .arg(&cv)
+                .arg(&xv)
+                .arg(&du)
+                .arg(&dcoef)
+                .arg(ls)
+                .arg(cs)
+                .arg(ps);
+            for v in &ints {
+                b.arg(v);
+            }
+            match &global_ws {
+                Some(ws) => b.arg(ws),
+                None => b.arg(&null),
+            };
+            b.arg(&status);
+            let cfg = LaunchConfig {
+                grid_dim: (trees as u32, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: if in_shared { ws_bytes as u32 } else { 0 },
+            };
+            unsafe { b.launch(cfg) }.w()?;
+            check_status(op, &dev, &status, super::Side::Adjoint)?;
+            let wrap = |s, shape: Vec<usize>| {
+                Tensor::from_storage(
+                    Storage::Cuda(CudaStorage::wrap_cuda_slice(s, dev.clone())),
+                    shape,
+                    BackpropOp::none(),
+                    false,
+                )
+            };
+            let tail: &[usize] = if op.opts.complex { &[2] } else { &[] };
+            let dcoef = wrap(
+                dcoef,
+                [&[3, dims.batch, dims.heads, dims.nodes, 1, 1][..], tail].concat(),
+            );
+            let dcoef = if dims.shared { dcoef.sum(1)? } else { dcoef };
+            Ok((wrap(du, g.dims().to_vec()), dcoef))
+        }
+        match g.dtype() {
+            DType::F32 => run::<f32>(op, coef, x, g),
+            DType::F64 => run::<f64>(op, coef, x, g),
+            DType::F16 => run::<half::f16>(op, coef, x, g),
+            DType::BF16 => run::<half::bf16>(op, coef, x, g),
+            dt => bail!("tree_solve backward: dtype {dt:?} is not supported on CUDA"),
+        }
+    }
 }

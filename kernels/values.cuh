@@ -1,0 +1,67 @@
+// Scalar types shared by the kernels: storage type T (f32, f64, f16, bf16) computed in F (f32,
+// or f64 for f64 storage), real or complex (re, im) pairs. The CPU twins use src/ops/value.rs.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ void store_s(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store_s(double *p, double v) { *p = v; }
+__device__ __forceinline__ void store_s(__half *p, float v) { *p = __float2half(v); }
+__device__ __forceinline__ void store_s(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
+
+template <typename F> struct RealOps {
+    typedef F V;
+    static __device__ __forceinline__ V zero() { return F(0); }
+    static __device__ __forceinline__ V one() { return F(1); }
+    static __device__ __forceinline__ V add(V a, V b) { return a + b; }
+    static __device__ __forceinline__ V mul(V a, V b) { return a * b; }
+    static __device__ __forceinline__ V conj(V a) { return a; }
+    static __device__ __forceinline__ V sub(V a, V b) { return a - b; }
+    static __device__ __forceinline__ V inv(V a) { return F(1) / a; }
+    template <typename T> static __device__ __forceinline__ V load(const T *p, int64_t e) {
+        return to_acc(p[e]);
+    }
+    template <typename T> static __device__ __forceinline__ void store(T *p, int64_t e, V v) {
+        store_s(p + e, v);
+    }
+};
+
+template <typename F> struct Cx {
+    F re, im;
+};
+
+template <typename F> struct ComplexOps {
+    typedef Cx<F> V;
+    static __device__ __forceinline__ V zero() { return {F(0), F(0)}; }
+    static __device__ __forceinline__ V one() { return {F(1), F(0)}; }
+    static __device__ __forceinline__ V add(V a, V b) { return {a.re + b.re, a.im + b.im}; }
+    static __device__ __forceinline__ V mul(V a, V b) {
+        return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
+    }
+    static __device__ __forceinline__ V conj(V a) { return {a.re, -a.im}; }
+    static __device__ __forceinline__ V sub(V a, V b) { return {a.re - b.re, a.im - b.im}; }
+    static __device__ __forceinline__ V inv(V a) {
+        const F n = a.re * a.re + a.im * a.im;
+        return {a.re / n, -a.im / n};
+    }
+    template <typename T> static __device__ __forceinline__ V load(const T *p, int64_t e) {
+        return {to_acc(p[2 * e]), to_acc(p[2 * e + 1])};
+    }
+    template <typename T> static __device__ __forceinline__ void store(T *p, int64_t e, V v) {
+        store_s(p + 2 * e, v.re);
+        store_s(p + 2 * e + 1, v.im);
+    }
+};
+
+// Usable as a pivot: non-zero and finite.
+template <typename F> __device__ __forceinline__ bool pivot_ok(F v) { return v != F(0) && isfinite(v); }
+template <typename F> __device__ __forceinline__ bool pivot_ok(Cx<F> v) {
+    const F n = v.re * v.re + v.im * v.im;
+    return n != F(0) && isfinite(n);
+}

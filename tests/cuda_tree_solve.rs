@@ -1,0 +1,163 @@
+//! The CUDA tree-solve kernels against the CPU twin and the dense f64 solve, forward and
+//! backward. Compiled with `--features cuda` (CI compiles them); each test prints why it is
+//! skipped when no CUDA device can be opened.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use candle_core::{DType, Device, Tensor, Var};
+use common::*;
+use myosotis::ops::{tree_solve, TreeSolveOptions};
+use myosotis::tree::Tree;
+use rand::Rng;
+
+fn gpu(test: &str) -> Option<Device> {
+    match Device::new_cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("{test}: SKIPPED, no CUDA device: {e}");
+            None
+        }
+    }
+}
+
+/// x and the gradients of Σ w ⊙ x with respect to (u, a, b, c), on `dev` in `dtype`.
+fn forward_backward(
+    tree: &Tree,
+    case: &TreeCase,
+    x: &TreeInputs,
+    w: &[f64],
+    dev: &Device,
+    dtype: DType,
+) -> [Vec<f64>; 5] {
+    let n = tree.len();
+    let var = |v: &[f64], s: Vec<usize>| Var::from_tensor(&tensor(v, &s, dtype, dev)).unwrap();
+    let (a, b, c, u) = (
+        var(&x.a, case.coef_shape(n)),
+        var(&x.b, case.coef_shape(n)),
+        var(&x.c, case.coef_shape(n)),
+        var(&x.u, case.u_shape(n)),
+    );
+    let opts = TreeSolveOptions {
+        complex: case.complex,
+    };
+    let out = tree_solve(
+        tree,
+        a.as_tensor(),
+        b.as_tensor(),
+        c.as_tensor(),
+        u.as_tensor(),
+        opts,
+    )
+    .unwrap();
+    let w: Tensor = tensor(w, out.dims(), dtype, dev);
+    let grads = (&out * w).unwrap().sum_all().unwrap().backward().unwrap();
+    let g = |v: &Var| {
+        grads
+            .get(v)
+            .map_or_else(|| vec![0.0; v.elem_count()], to_vec)
+    };
+    [to_vec(&out), g(&u), g(&a), g(&b), g(&c)]
+}
+
+#[test]
+fn cuda_tree_solve_matches_cpu_twin_and_dense_solve() {
+    let Some(gpu) = gpu("cuda_tree_solve_matches_cpu_twin_and_dense_solve") else {
+        return;
+    };
+    let (mut rng, seed) = fresh_rng("cuda tree solve");
+    let trees = [
+        ("perfect 4-ary 64", Tree::perfect(64, 4).unwrap()),
+        ("ragged 3-ary 100", Tree::ragged(100, 3).unwrap()),
+        ("quad 28x28", Tree::quad(28, 28).unwrap()),
+        ("chain 300", Tree::chain(300).unwrap()),
+        ("single node", Tree::ragged(1, 2).unwrap()),
+    ];
+    for (name, tree) in &trees {
+        for i in 0..4 {
+            let case = TreeCase {
+                batch: if i == 1 { 9 } else { 2 },
+                heads: 3,
+                d: 1,
+                r: 1 + i % 3,
+                shared: i % 2 == 1,
+                complex: i >= 2,
+            };
+            let x = random_tree_inputs(tree, &case, &mut rng);
+            let w: Vec<f64> = (0..x.u.len())
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let want = dense_tree_solve(tree, &case, &x);
+            for (dtype, tol) in [(DType::F32, 2e-5), (DType::F64, 1e-12)] {
+                let cuda = forward_backward(tree, &case, &x, &w, &gpu, dtype);
+                let cpu = forward_backward(tree, &case, &x, &w, &Device::Cpu, dtype);
+                let e = rel_err(&cuda[0], &want);
+                assert!(
+                    e < tol,
+                    "{dtype:?} x vs dense: {e:e}, {name}, {case:?} (seed {seed})"
+                );
+                for (k, what) in ["x", "du", "da", "db", "dc"].iter().enumerate() {
+                    let e = rel_err(&cuda[k], &cpu[k]);
+                    assert!(
+                        e < 20.0 * tol,
+                        "{dtype:?} {what} CUDA vs CPU {e:e}, {name}, {case:?} (seed {seed})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_large_trees_in_shared_and_global_workspace() {
+    let Some(gpu) = gpu("cuda_large_trees_in_shared_and_global_workspace") else {
+        return;
+    };
+    let (mut rng, seed) = fresh_rng("cuda large trees");
+    // 4,096-leaf 4-ary: the workspace fits in shared memory; 16,384-leaf binary (Path-X):
+    // it does not and goes to global memory.
+    for (name, tree) in [
+        ("4-ary 4096", Tree::perfect(4096, 4).unwrap()),
+        ("binary 16384", Tree::perfect(16384, 2).unwrap()),
+    ] {
+        let case = TreeCase {
+            batch: 2,
+            heads: 2,
+            d: 1,
+            r: 1,
+            shared: true,
+            complex: false,
+        };
+        let x = random_tree_inputs(&tree, &case, &mut rng);
+        let w: Vec<f64> = (0..x.u.len())
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let cuda = forward_backward(&tree, &case, &x, &w, &gpu, DType::F32);
+        let cpu = forward_backward(&tree, &case, &x, &w, &Device::Cpu, DType::F64);
+        for (k, what) in ["x", "du", "da", "db", "dc"].iter().enumerate() {
+            let e = rel_err(&cuda[k], &cpu[k]);
+            assert!(
+                e < 1e-4,
+                "{what}: CUDA f32 vs CPU f64 {e:e}, {name} (seed {seed})"
+            );
+        }
+    }
+}
+
+#[test]
+fn cuda_singular_pivot_is_an_error() {
+    let Some(gpu) = gpu("cuda_singular_pivot_is_an_error") else {
+        return;
+    };
+    let tree = Tree::perfect(4, 2).unwrap();
+    let n = tree.len();
+    let ones = Tensor::ones((1, n, 1, 1), DType::F32, &gpu).unwrap();
+    let mut a = vec![1f32; n];
+    a[1] = 0.0;
+    let a = Tensor::from_vec(a, (1, n, 1, 1), &gpu).unwrap();
+    let u = Tensor::ones((2, 1, n, 1, 1), DType::F32, &gpu).unwrap();
+    let err = tree_solve(&tree, &a, &ones, &ones, &u, TreeSolveOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("node 1") && err.contains("singular"), "{err}");
+}
