@@ -7,9 +7,10 @@
 //
 // Per-node state lives in one workspace: `ab[v]` holds Â_v until the parent consumes it, then
 // B̂_v; `uh[v*r + j]` holds ũ_v, then û_v, then x_v. It is in shared memory when
-// nodes * (1 + r) values fit (the host decides), else in a global buffer, one slice per tree
-// (the path for large trees such as Path-X's 16,384-leaf binary tree). Global traffic is the
-// minimum: read u, A, B, C once, write x once.
+// nodes * (1 + r) values fit the device's opt-in limit per block (the host decides and opts
+// in: 227 KiB on H100 holds a 4,096-leaf binary tree), else in a global buffer, one slice per
+// tree (the path for Path-X's 16,384-leaf binary tree). Global traffic is the minimum: read u,
+// A, B, C once, write x once.
 //
 // A singular or non-finite pivot sets *status to 1 + node (first one wins); the host turns it
 // into an error.

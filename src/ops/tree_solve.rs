@@ -1297,10 +1297,30 @@ mod cuda {
         bail, CudaDevice, CudaStorage, DType, Device, Layout, Result, Storage, Tensor,
     };
 
+    use candle_core::cuda_backend::cudarc::driver::sys::{
+        CUdevice_attribute_enum, CUfunction_attribute_enum,
+    };
+
     /// Threads per block (TREE_THREADS in the kernel).
     const THREADS: u32 = 256;
-    /// Workspaces up to this size go to shared memory (the default limit of every GPU).
-    const SHARED_LIMIT: usize = 48 * 1024;
+    /// Shared memory a kernel gets without opting in.
+    const DEFAULT_SHARED: usize = 48 * 1024;
+
+    /// Where a tree's workspace goes: shared memory up to the device's opt-in limit per block
+    /// (96 KiB on V100, 227 KiB on H100), else a global buffer.
+    fn workspace_in_shared(dev: &CudaDevice, bytes: usize) -> Result<bool> {
+        if bytes <= DEFAULT_SHARED {
+            return Ok(true);
+        }
+        let stream = dev.cuda_stream();
+        let limit = stream
+            .context()
+            .attribute(
+                CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .w()?;
+        Ok(bytes <= limit as usize)
+    }
 
     /// The tree's arrays on the device: level starts, child starts, parents.
     fn geometry(op: &TreeSolveOp, dev: &CudaDevice) -> Result<[Tensor; 3]> {
@@ -1393,7 +1413,7 @@ mod cuda {
             let x = unsafe { dev.alloc::<T>(u.1.shape().elem_count()) }?;
             let status = dev.alloc_zeros::<i32>(1)?;
             let ws_bytes = workspace_bytes(dims, T::DTYPE, op.opts.complex);
-            let in_shared = ws_bytes <= SHARED_LIMIT;
+            let in_shared = workspace_in_shared(&dev, ws_bytes)?;
             let global_ws = if in_shared {
                 None
             } else {
@@ -1404,6 +1424,13 @@ mod cuda {
                 TREE_MODULE,
                 TREE_PTX,
             )?;
+            if in_shared && ws_bytes > DEFAULT_SHARED {
+                func.set_attribute(
+                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    ws_bytes as i32,
+                )
+                .w()?;
+            }
             let ints = ints(op)?;
             let null = 0usize;
             let mut b = func.builder();
@@ -1483,7 +1510,7 @@ mod cuda {
             let dcoef = unsafe { dev.alloc::<T>(3 * trees * dims.nodes * w) }?;
             let status = dev.alloc_zeros::<i32>(1)?;
             let ws_bytes = workspace_bytes(dims, T::DTYPE, op.opts.complex);
-            let in_shared = ws_bytes <= SHARED_LIMIT;
+            let in_shared = workspace_in_shared(&dev, ws_bytes)?;
             let global_ws = if in_shared {
                 None
             } else {
@@ -1494,6 +1521,13 @@ mod cuda {
                 TREE_MODULE,
                 TREE_PTX,
             )?;
+            if in_shared && ws_bytes > DEFAULT_SHARED {
+                func.set_attribute(
+                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    ws_bytes as i32,
+                )
+                .w()?;
+            }
             let ints = ints(op)?;
             let null = 0usize;
             let mut b = func.builder();
