@@ -11,16 +11,6 @@ use myosotis::ops::{linear_scan, GateShape};
 use rand::rngs::StdRng;
 use rand::Rng;
 
-fn gpu(test: &str) -> Option<Device> {
-    match Device::new_cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            println!("{test}: SKIPPED, no CUDA device: {e}");
-            None
-        }
-    }
-}
-
 /// h and the gradients of Σ w ⊙ h with respect to (a, b, h0), on `dev` in `dtype`.
 fn forward_backward(
     case: &Case,

@@ -11,16 +11,6 @@ use myosotis::ops::{tree_solve, TreeSolveOptions};
 use myosotis::tree::Tree;
 use rand::Rng;
 
-fn gpu(test: &str) -> Option<Device> {
-    match Device::new_cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            println!("{test}: SKIPPED, no CUDA device: {e}");
-            None
-        }
-    }
-}
-
 /// x and the gradients of Σ w ⊙ x with respect to (u, a, b, c), on `dev` in `dtype`.
 fn forward_backward(
     tree: &Tree,

@@ -1287,97 +1287,138 @@ fn complex_div(x: &Tensor, y: &Tensor) -> Result<Tensor> {
 #[cfg(feature = "cuda")]
 mod cuda {
     //! Launches of `kernels/tree_solve.cu` on candle's CUDA stream.
-    use super::{Dims, TreeSolveOp};
+    use std::sync::Arc;
+
+    use super::{Side, TreeSolveOp};
     use crate::cuda::{dtype_suffix, slice_at, CudaElem, TREE_MODULE, TREE_PTX};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::cuda_backend::WrapErr;
-    use candle_core::op::BackpropOp;
-    use candle_core::{
-        bail, CudaDevice, CudaStorage, DType, Device, Layout, Result, Storage, Tensor,
-    };
-
     use candle_core::cuda_backend::cudarc::driver::sys::{
         CUdevice_attribute_enum, CUfunction_attribute_enum,
     };
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaFunction, CudaSlice, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::op::BackpropOp;
+    use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor};
 
     /// Threads per block (TREE_THREADS in the kernel).
     const THREADS: u32 = 256;
     /// Shared memory a kernel gets without opting in.
     const DEFAULT_SHARED: usize = 48 * 1024;
 
-    /// Where a tree's workspace goes: shared memory up to the device's opt-in limit per block
-    /// (96 KiB on V100, 227 KiB on H100), else a global buffer.
-    fn workspace_in_shared(dev: &CudaDevice, bytes: usize) -> Result<bool> {
-        if bytes <= DEFAULT_SHARED {
-            return Ok(true);
-        }
-        let stream = dev.cuda_stream();
-        let limit = stream
-            .context()
-            .attribute(
-                CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            )
-            .w()?;
-        Ok(bytes <= limit as usize)
+    /// What a launch of either tree kernel needs besides its tensors: the tree's arrays on the
+    /// device, the sizes, the workspace (shared memory up to the device's opt-in limit per
+    /// block — 96 KiB on V100, 227 KiB on H100 — else a global buffer) and the status word.
+    struct TreeLaunch {
+        stream: Arc<CudaStream>,
+        func: CudaFunction,
+        level_start: CudaSlice<u32>,
+        child_start: CudaSlice<u32>,
+        parent: CudaSlice<u32>,
+        ints: [i32; 5],
+        workspace: Option<CudaSlice<u8>>,
+        null: usize,
+        status: CudaSlice<i32>,
+        cfg: LaunchConfig,
     }
 
-    /// The tree's arrays on the device: level starts, child starts, parents.
-    fn geometry(op: &TreeSolveOp, dev: &CudaDevice) -> Result<[Tensor; 3]> {
-        let t = &op.tree;
-        let up = |v: &[usize]| -> Result<Tensor> {
-            let v: Vec<u32> = v.iter().map(|&x| x as u32).collect();
-            Tensor::from_vec(v.clone(), v.len(), &Device::Cuda(dev.clone()))
-        };
-        Ok([
-            up(t.level_starts())?,
-            up(t.child_starts())?,
-            up(t.parents())?,
-        ])
-    }
-
-    fn ints(op: &TreeSolveOp) -> Result<[i32; 5]> {
-        let d = op.dims;
-        let n = |v: usize| {
-            i32::try_from(v).map_err(|_| {
-                candle_core::Error::Msg(format!("tree_solve: {v} is too large for the CUDA kernel"))
+    impl TreeLaunch {
+        fn new(op: &TreeSolveOp, dev: &CudaDevice, stem: &str, dtype: DType) -> Result<Self> {
+            let dims = op.dims;
+            let trees = dims.batch * dims.heads;
+            let upload = |v: &[usize]| -> Result<CudaSlice<u32>> {
+                let v: Vec<u32> = v.iter().map(|&x| x as u32).collect();
+                dev.clone_htod(&v)
+            };
+            let n = |v: usize| {
+                i32::try_from(v).map_err(|_| {
+                    candle_core::Error::Msg(format!(
+                        "tree_solve: {v} is too large for the CUDA kernel"
+                    ))
+                })
+            };
+            let ints = [
+                n(op.tree.levels())?,
+                n(dims.nodes)?,
+                n(dims.r)?,
+                n(dims.heads)?,
+                dims.shared as i32,
+            ];
+            let acc = if dtype == DType::F64 { 8 } else { 4 };
+            let bytes = dims.nodes * (1 + dims.r) * acc * if op.opts.complex { 2 } else { 1 };
+            let stream = dev.cuda_stream();
+            let in_shared = bytes <= DEFAULT_SHARED
+                || {
+                    let limit = stream
+                    .context()
+                    .attribute(CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                    .w()?;
+                    bytes <= limit as usize
+                };
+            let name = format!(
+                "{stem}_{}{}",
+                dtype_suffix(dtype)?,
+                if op.opts.complex { "_c" } else { "" }
+            );
+            let func = dev
+                .get_or_load_custom_func(&name, TREE_MODULE, TREE_PTX)?
+                .into_cuda_function();
+            if in_shared && bytes > DEFAULT_SHARED {
+                func.set_attribute(
+                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+                .w()?;
+            }
+            Ok(TreeLaunch {
+                stream,
+                func,
+                level_start: upload(op.tree.level_starts())?,
+                child_start: upload(op.tree.child_starts())?,
+                parent: upload(op.tree.parents())?,
+                ints,
+                workspace: if in_shared {
+                    None
+                } else {
+                    Some(dev.alloc_zeros::<u8>(trees * bytes)?)
+                },
+                null: 0,
+                status: dev.alloc_zeros::<i32>(1)?,
+                cfg: LaunchConfig {
+                    grid_dim: (trees as u32, 1, 1),
+                    block_dim: (THREADS, 1, 1),
+                    shared_mem_bytes: if in_shared { bytes as u32 } else { 0 },
+                },
             })
-        };
-        Ok([
-            n(op.tree.levels())?,
-            n(d.nodes)?,
-            n(d.r)?,
-            n(d.heads)?,
-            d.shared as i32,
-        ])
-    }
-
-    /// Bytes of one tree's workspace: nodes × (1 + r) values of the compute type.
-    fn workspace_bytes(dims: Dims, dtype: DType, complex: bool) -> usize {
-        let acc = if dtype == DType::F64 { 8 } else { 4 };
-        dims.nodes * (1 + dims.r) * acc * if complex { 2 } else { 1 }
-    }
-
-    fn check_status(
-        op: &TreeSolveOp,
-        dev: &CudaDevice,
-        status: &candle_core::cuda_backend::cudarc::driver::CudaSlice<i32>,
-        side: super::Side,
-    ) -> Result<()> {
-        let s = dev.clone_dtoh(status)?;
-        if s[0] != 0 {
-            // The kernel reports the first bad node, not its tree.
-            return Err(op.pivot_error(side, None, (s[0] - 1) as usize));
         }
-        Ok(())
-    }
 
-    fn name(stem: &str, op: &TreeSolveOp, dtype: DType) -> Result<String> {
-        Ok(format!(
-            "{stem}_{}{}",
-            dtype_suffix(dtype)?,
-            if op.opts.complex { "_c" } else { "" }
-        ))
+        fn builder(&self) -> LaunchArgs<'_> {
+            self.stream.launch_builder(&self.func)
+        }
+
+        /// Pushes the arguments after the tensors, launches, and turns a bad pivot reported
+        /// by the kernel into an error.
+        fn launch<'a>(&'a self, mut b: LaunchArgs<'a>, op: &TreeSolveOp, side: Side) -> Result<()> {
+            b.arg(&self.level_start)
+                .arg(&self.child_start)
+                .arg(&self.parent);
+            for v in &self.ints {
+                b.arg(v);
+            }
+            match &self.workspace {
+                Some(ws) => b.arg(ws),
+                None => b.arg(&self.null),
+            };
+            b.arg(&self.status);
+            unsafe { b.launch(self.cfg) }.w()?;
+            let status = self.stream.clone_dtoh(&self.status).w()?;
+            if status[0] != 0 {
+                // The kernel reports the first bad node, not its tree.
+                return Err(op.pivot_error(side, None, (status[0] - 1) as usize));
+            }
+            Ok(())
+        }
     }
 
     pub(super) fn forward(
@@ -1391,65 +1432,12 @@ mod cuda {
             coef: (&CudaStorage, &Layout),
         ) -> Result<CudaStorage> {
             let dev = u.0.device().clone();
-            let dims = op.dims;
-            let trees = dims.batch * dims.heads;
-            let geo = geometry(op, &dev)?;
-            let (g0, g1, g2) = (
-                geo[0].storage_and_layout(),
-                geo[1].storage_and_layout(),
-                geo[2].storage_and_layout(),
-            );
-            let (Storage::Cuda(s0), Storage::Cuda(s1), Storage::Cuda(s2)) =
-                (&*g0.0, &*g1.0, &*g2.0)
-            else {
-                bail!("tree_solve: internal error, tree arrays are not on the GPU")
-            };
-            let (ls, cs, ps) = (
-                s0.as_cuda_slice::<u32>()?,
-                s1.as_cuda_slice::<u32>()?,
-                s2.as_cuda_slice::<u32>()?,
-            );
+            let launch = TreeLaunch::new(op, &dev, "tree_fwd", T::DTYPE)?;
             let (us, coefs) = (slice_at::<T>(u)?, slice_at::<T>(coef)?);
             let x = unsafe { dev.alloc::<T>(u.1.shape().elem_count()) }?;
-            let status = dev.alloc_zeros::<i32>(1)?;
-            let ws_bytes = workspace_bytes(dims, T::DTYPE, op.opts.complex);
-            let in_shared = workspace_in_shared(&dev, ws_bytes)?;
-            let global_ws = if in_shared {
-                None
-            } else {
-                Some(dev.alloc_zeros::<u8>(trees * ws_bytes)?)
-            };
-            let func = dev.get_or_load_custom_func(
-                &name("tree_fwd", op, T::DTYPE)?,
-                TREE_MODULE,
-                TREE_PTX,
-            )?;
-            if in_shared && ws_bytes > DEFAULT_SHARED {
-                func.set_attribute(
-                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    ws_bytes as i32,
-                )
-                .w()?;
-            }
-            let ints = ints(op)?;
-            let null = 0usize;
-            let mut b = func.builder();
-            b.arg(&us).arg(&coefs).arg(&x).arg(ls).arg(cs).arg(ps);
-            for v in &ints {
-                b.arg(v);
-            }
-            match &global_ws {
-                Some(ws) => b.arg(ws),
-                None => b.arg(&null),
-            };
-            b.arg(&status);
-            let cfg = LaunchConfig {
-                grid_dim: (trees as u32, 1, 1),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: if in_shared { ws_bytes as u32 } else { 0 },
-            };
-            unsafe { b.launch(cfg) }.w()?;
-            check_status(op, &dev, &status, super::Side::Forward)?;
+            let mut b = launch.builder();
+            b.arg(&us).arg(&coefs).arg(&x);
+            launch.launch(b, op, Side::Forward)?;
             Ok(CudaStorage::wrap_cuda_slice(x, dev))
         }
         match u.0.dtype() {
@@ -1474,7 +1462,6 @@ mod cuda {
             g: &Tensor,
         ) -> Result<(Tensor, Tensor)> {
             let dims = op.dims;
-            let trees = dims.batch * dims.heads;
             let x = x.contiguous()?;
             let (sc, lc) = coef.storage_and_layout();
             let (sx, lx) = x.storage_and_layout();
@@ -1484,22 +1471,7 @@ mod cuda {
                 bail!("tree_solve backward: tensors are not all on the same CUDA device")
             };
             let dev = sg.device().clone();
-            let geo = geometry(op, &dev)?;
-            let (g0, g1, g2) = (
-                geo[0].storage_and_layout(),
-                geo[1].storage_and_layout(),
-                geo[2].storage_and_layout(),
-            );
-            let (Storage::Cuda(s0), Storage::Cuda(s1), Storage::Cuda(s2)) =
-                (&*g0.0, &*g1.0, &*g2.0)
-            else {
-                bail!("tree_solve: internal error, tree arrays are not on the GPU")
-            };
-            let (ls, cs, ps) = (
-                s0.as_cuda_slice::<u32>()?,
-                s1.as_cuda_slice::<u32>()?,
-                s2.as_cuda_slice::<u32>()?,
-            );
+            let launch = TreeLaunch::new(op, &dev, "tree_bwd", T::DTYPE)?;
             let (cv, xv, gv) = (
                 slice_at::<T>((sc, lc))?,
                 slice_at::<T>((sx, lx))?,
@@ -1507,53 +1479,10 @@ mod cuda {
             );
             let w = if op.opts.complex { 2 } else { 1 };
             let du = unsafe { dev.alloc::<T>(g.elem_count()) }?;
-            let dcoef = unsafe { dev.alloc::<T>(3 * trees * dims.nodes * w) }?;
-            let status = dev.alloc_zeros::<i32>(1)?;
-            let ws_bytes = workspace_bytes(dims, T::DTYPE, op.opts.complex);
-            let in_shared = workspace_in_shared(&dev, ws_bytes)?;
-            let global_ws = if in_shared {
-                None
-            } else {
-                Some(dev.alloc_zeros::<u8>(trees * ws_bytes)?)
-            };
-            let func = dev.get_or_load_custom_func(
-                &name("tree_bwd", op, T::DTYPE)?,
-                TREE_MODULE,
-                TREE_PTX,
-            )?;
-            if in_shared && ws_bytes > DEFAULT_SHARED {
-                func.set_attribute(
-                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    ws_bytes as i32,
-                )
-                .w()?;
-            }
-            let ints = ints(op)?;
-            let null = 0usize;
-            let mut b = func.builder();
-            b.arg(&gv)
-                .arg(&cv)
-                .arg(&xv)
-                .arg(&du)
-                .arg(&dcoef)
-                .arg(ls)
-                .arg(cs)
-                .arg(ps);
-            for v in &ints {
-                b.arg(v);
-            }
-            match &global_ws {
-                Some(ws) => b.arg(ws),
-                None => b.arg(&null),
-            };
-            b.arg(&status);
-            let cfg = LaunchConfig {
-                grid_dim: (trees as u32, 1, 1),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: if in_shared { ws_bytes as u32 } else { 0 },
-            };
-            unsafe { b.launch(cfg) }.w()?;
-            check_status(op, &dev, &status, super::Side::Adjoint)?;
+            let dcoef = unsafe { dev.alloc::<T>(3 * dims.batch * dims.heads * dims.nodes * w) }?;
+            let mut b = launch.builder();
+            b.arg(&gv).arg(&cv).arg(&xv).arg(&du).arg(&dcoef);
+            launch.launch(b, op, Side::Adjoint)?;
             let wrap = |s, shape: Vec<usize>| {
                 Tensor::from_storage(
                     Storage::Cuda(CudaStorage::wrap_cuda_slice(s, dev.clone())),
@@ -1567,6 +1496,7 @@ mod cuda {
                 dcoef,
                 [&[3, dims.batch, dims.heads, dims.nodes, 1, 1][..], tail].concat(),
             );
+            // Per-tree gradients; shared coefficients sum them over the batch.
             let dcoef = if dims.shared { dcoef.sum(1)? } else { dcoef };
             Ok((wrap(du, g.dims().to_vec()), dcoef))
         }

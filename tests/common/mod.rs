@@ -6,6 +6,17 @@ use myosotis::ops::{GateShape, ScanOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The first CUDA device, or `None` with the reason printed (the CUDA tests then skip).
+pub fn gpu(test: &str) -> Option<Device> {
+    match Device::new_cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("{test}: SKIPPED, no CUDA device: {e}");
+            None
+        }
+    }
+}
+
 /// A fresh seed per run (printed on failure), so every run checks new inputs.
 pub fn fresh_rng(test: &str) -> (StdRng, u64) {
     let seed: u64 = rand::rng().random();
