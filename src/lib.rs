@@ -6,5 +6,6 @@
 pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod nn;
 pub mod ops;
 pub mod tree;

@@ -1,0 +1,272 @@
+//! The S5 layer (Smith et al., "Simplified State Space Layers"; facts in anchors.md):
+//!
+//!   x_k = Λ̄ ⊙ x_{k−1} + B̄ u_k,   y_k = Re(C̃ x_k) (× 2 with conj_sym) + D ⊙ u_k,
+//!
+//! with Λ, B̃ = V⁻¹B, C̃ = CV from the HiPPO-N block initialisation ([`super::hippo`]) and a
+//! learnable step Δ = exp(log Δ):
+//! * ZOH: Λ̄ = exp(ΛΔ), B̄ = (Λ̄ − 1)/Λ ⊙ B̃;
+//! * bilinear: Λ̄ = (1 + ΔΛ/2)/(1 − ΔΛ/2), B̄ = Δ/(1 − ΔΛ/2) ⊙ B̃.
+//!
+//! The scan is [`crate::ops::linear_scan`] with the shared (P) form of Λ̄, so Λ̄ is never
+//! materialised over (batch, length). Bidirectional runs a second, reverse scan over the same
+//! B̄u, and C̃ = [C̃₁ C̃₂] reads both state sequences. Complex values are (re, im) pairs of real
+//! tensors.
+//!
+//! Parameters (names as in checkpoints): `lambda_re`, `lambda_im` (P), `b` (P, H, 2) = B̃,
+//! `c` (H, P or 2P, 2) = C̃, `d` (H), `log_step` (P).
+
+use candle_core::{Module, Result, Tensor, D};
+use candle_nn::VarBuilder;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use super::hippo::block_init;
+use super::{complex::C, param_with};
+use crate::ops::{linear_scan, ScanOptions};
+
+/// How the continuous system is discretised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Discretization {
+    Zoh,
+    Bilinear,
+}
+
+/// How C is initialised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CInit {
+    /// Truncated normal (±2σ) with σ² = 1/P per entry, then C̃ = C V.
+    TruncStandardNormal,
+    /// LeCun normal over (H, P) (the same scale), then C̃ = C V.
+    LecunNormal,
+    /// C̃ complex normal with variance ½ per part, without V.
+    ComplexNormal,
+}
+
+/// Configuration of an [`S5`] layer. Defaults are the reference's (`run_train.py`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct S5Config {
+    /// Model width H (input and output features).
+    pub d_model: usize,
+    /// State size P before conjugate symmetry (the reference's `ssm_size`).
+    pub state: usize,
+    /// Number of HiPPO-N blocks J on the diagonal of the initial state matrix.
+    pub blocks: usize,
+    /// Keep one of each conjugate pair of eigenvalues (half the states, output × 2).
+    pub conj_sym: bool,
+    /// Clamp Re(Λ) to at most −1e-4.
+    pub clip_eigs: bool,
+    pub discretization: Discretization,
+    pub dt_min: f64,
+    pub dt_max: f64,
+    pub c_init: CInit,
+    pub bidirectional: bool,
+    /// Seed of the initialisation.
+    pub seed: u64,
+}
+
+impl Default for S5Config {
+    fn default() -> Self {
+        S5Config {
+            d_model: 128,
+            state: 256,
+            blocks: 8,
+            conj_sym: true,
+            clip_eigs: false,
+            discretization: Discretization::Zoh,
+            dt_min: 0.001,
+            dt_max: 0.1,
+            c_init: CInit::TruncStandardNormal,
+            bidirectional: false,
+            seed: 0,
+        }
+    }
+}
+
+/// The S5 layer: (batch, length, H) → (batch, length, H).
+#[derive(Clone, Debug)]
+pub struct S5 {
+    cfg: S5Config,
+    lambda_re: Tensor,
+    lambda_im: Tensor,
+    b: Tensor,
+    c: Tensor,
+    d: Tensor,
+    log_step: Tensor,
+}
+
+/// A truncated normal sample (±2) scaled as jax's `variance_scaling(1, fan_in, truncated)`.
+fn trunc_normal(rng: &mut StdRng, fan_in: usize) -> f64 {
+    let std = (1.0 / fan_in as f64).sqrt() / 0.879_625_661_034_239_8;
+    loop {
+        let z = normal(rng);
+        if z.abs() <= 2.0 {
+            return z * std;
+        }
+    }
+}
+
+/// A standard normal sample (Box–Muller).
+fn normal(rng: &mut StdRng) -> f64 {
+    let (u1, u2): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+impl S5 {
+    pub fn new(cfg: S5Config, vb: VarBuilder) -> Result<Self> {
+        let (h, p_full) = (cfg.d_model, cfg.state);
+        if h == 0 {
+            candle_core::bail!("S5: d_model must be positive");
+        }
+        let init = block_init(p_full, cfg.blocks, cfg.conj_sym)
+            .map_err(|e| candle_core::Error::Msg(format!("S5: {e}")))?;
+        let (lambda, v, vinv) = (init.lambda, init.v, init.vinv);
+        let p = lambda.len();
+        let mut rng = StdRng::seed_from_u64(cfg.seed);
+        let cpu = candle_core::Device::Cpu;
+        let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &cpu);
+        // B̃ = V⁻¹ B with B (P_full, H) LeCun normal.
+        let b_real = nalgebra::DMatrix::from_fn(p_full, h, |_, _| {
+            nalgebra::Complex::new(trunc_normal(&mut rng, p_full), 0.0)
+        });
+        let bt = &vinv * b_real;
+        let mut b_init = Vec::with_capacity(p * h * 2);
+        for i in 0..p {
+            for j in 0..h {
+                b_init.extend([bt[(i, j)].re, bt[(i, j)].im]);
+            }
+        }
+        // C̃ per direction: C V with C (H, P_full) complex, or complex normal (H, P).
+        let dirs = if cfg.bidirectional { 2 } else { 1 };
+        let mut c_dirs = Vec::with_capacity(dirs);
+        for _ in 0..dirs {
+            let ct = match cfg.c_init {
+                CInit::ComplexNormal => {
+                    let s = 0.5f64.sqrt();
+                    nalgebra::DMatrix::from_fn(h, p, |_, _| {
+                        nalgebra::Complex::new(s * normal(&mut rng), s * normal(&mut rng))
+                    })
+                }
+                CInit::TruncStandardNormal | CInit::LecunNormal => {
+                    let c = nalgebra::DMatrix::from_fn(h, p_full, |_, _| {
+                        nalgebra::Complex::new(
+                            trunc_normal(&mut rng, p_full),
+                            trunc_normal(&mut rng, p_full),
+                        )
+                    });
+                    c * &v
+                }
+            };
+            c_dirs.push(ct);
+        }
+        let mut c_init = Vec::with_capacity(h * dirs * p * 2);
+        for i in 0..h {
+            for ct in &c_dirs {
+                for j in 0..p {
+                    c_init.extend([ct[(i, j)].re, ct[(i, j)].im]);
+                }
+            }
+        }
+        let d_init: Vec<f64> = (0..h).map(|_| normal(&mut rng)).collect();
+        let (lo, hi) = (cfg.dt_min.ln(), cfg.dt_max.ln());
+        let step_init: Vec<f64> = (0..p).map(|_| rng.random_range(lo..hi)).collect();
+        Ok(S5 {
+            lambda_re: param_with(
+                &vb,
+                "lambda_re",
+                t(lambda.iter().map(|l| l.re).collect(), &[p])?,
+            )?,
+            lambda_im: param_with(
+                &vb,
+                "lambda_im",
+                t(lambda.iter().map(|l| l.im).collect(), &[p])?,
+            )?,
+            b: param_with(&vb, "b", t(b_init, &[p, h, 2])?)?,
+            c: param_with(&vb, "c", t(c_init, &[h, dirs * p, 2])?)?,
+            d: param_with(&vb, "d", t(d_init, &[h])?)?,
+            log_step: param_with(&vb, "log_step", t(step_init, &[p])?)?,
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &S5Config {
+        &self.cfg
+    }
+
+    /// The discretised Λ̄ (P) and B̄ (P, H).
+    pub fn discretize(&self) -> Result<(C, C)> {
+        let re = if self.cfg.clip_eigs {
+            self.lambda_re.minimum(-1e-4)?
+        } else {
+            self.lambda_re.clone()
+        };
+        let lambda = C::new(re, self.lambda_im.clone());
+        let step = self.log_step.exp()?;
+        let b = C::new(
+            self.b.narrow(2, 0, 1)?.squeeze(2)?,
+            self.b.narrow(2, 1, 1)?.squeeze(2)?,
+        );
+        match self.cfg.discretization {
+            Discretization::Zoh => {
+                let lbar = lambda.scale(&step)?.exp()?;
+                let coef = lbar.add_real(-1.0)?.div(&lambda)?;
+                Ok((lbar.clone(), b.mul_col(&coef)?))
+            }
+            Discretization::Bilinear => {
+                let half = lambda.scale(&(&step * 0.5)?)?;
+                let bl = C::one_like(&step)?.sub(&half)?.recip()?;
+                let lbar = bl.mul(&half.add_real(1.0)?)?;
+                Ok((lbar, b.mul_col(&bl.scale(&step)?)?))
+            }
+        }
+    }
+}
+
+impl Module for S5 {
+    fn forward(&self, u: &Tensor) -> Result<Tensor> {
+        let (lbar, bbar) = self.discretize()?;
+        // B̄u: (batch, length, P) complex, as (…, P, 2)
+        let bu = Tensor::stack(
+            &[
+                u.broadcast_matmul(&bbar.re.t()?)?,
+                u.broadcast_matmul(&bbar.im.t()?)?,
+            ],
+            3,
+        )?;
+        let gate = Tensor::stack(&[&lbar.re, &lbar.im], 1)?;
+        let fwd = ScanOptions {
+            complex: true,
+            reverse: false,
+        };
+        let mut x = linear_scan(&gate, &bu, None, fwd)?;
+        if self.cfg.bidirectional {
+            let bwd = linear_scan(
+                &gate,
+                &bu,
+                None,
+                ScanOptions {
+                    reverse: true,
+                    ..fwd
+                },
+            )?;
+            x = Tensor::cat(&[x, bwd], 2)?;
+        }
+        // Re(C̃ x) = x_re C_reᵀ − x_im C_imᵀ
+        let (x_re, x_im) = (
+            x.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?,
+            x.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?,
+        );
+        let (c_re, c_im) = (
+            self.c.narrow(2, 0, 1)?.squeeze(2)?,
+            self.c.narrow(2, 1, 1)?.squeeze(2)?,
+        );
+        let mut y = (x_re.broadcast_matmul(&c_re.t()?)? - x_im.broadcast_matmul(&c_im.t()?)?)?;
+        if self.cfg.conj_sym {
+            y = (y * 2.0)?;
+        }
+        y + u.broadcast_mul(&self.d)?
+    }
+}

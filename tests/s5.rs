@@ -1,0 +1,246 @@
+//! S5: the HiPPO-N diagonalisation in f64, and the layer against a direct sequential complex
+//! recurrence in f64 computed from its parameters.
+
+mod common;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use common::{rel_err, to_vec};
+use myosotis::nn::hippo::{block_init, hippo_n, hippo_normal};
+use myosotis::nn::{CInit, Discretization, S5Config, S5};
+use nalgebra::{Complex, DMatrix};
+use rand::Rng;
+
+#[test]
+fn hippo_n_is_diagonalised_by_a_unitary_basis() {
+    for n in [2, 4, 8, 16, 64] {
+        let h = hippo_n(n);
+        let s = hippo_normal(n);
+        for l in &h.lambda {
+            assert!((l.re + 0.5).abs() < 1e-12, "Re λ = {} for n = {n}", l.re);
+        }
+        for w in h.lambda.windows(2) {
+            assert!(w[0].im <= w[1].im, "eigenvalues ascending");
+        }
+        let vh_v = h.v.adjoint() * &h.v;
+        let eye = DMatrix::<Complex<f64>>::identity(n, n);
+        assert!((vh_v - &eye).norm() < 1e-10, "VᴴV = I for n = {n}");
+        let recon = &h.v
+            * DMatrix::from_diagonal(&nalgebra::DVector::from_vec(h.lambda.clone()))
+            * h.v.adjoint();
+        let s_c = s.map(|x| Complex::new(x, 0.0));
+        assert!(
+            (recon - s_c).norm() < 1e-9 * (n as f64),
+            "V Λ Vᴴ = S for n = {n}"
+        );
+    }
+    // Conjugate symmetry keeps one of each pair: the negative imaginary halves.
+    let init = block_init(16, 4, true).unwrap();
+    let (lambda, v, vinv) = (init.lambda, init.v, init.vinv);
+    assert_eq!(lambda.len(), 8);
+    assert_eq!(
+        (v.nrows(), v.ncols(), vinv.nrows(), vinv.ncols()),
+        (16, 8, 8, 16)
+    );
+    assert!(lambda.iter().all(|l| l.im < 0.0));
+    assert!((&vinv * &v - DMatrix::<Complex<f64>>::identity(8, 8)).norm() < 1e-10);
+    assert!(block_init(10, 4, false).is_err());
+    assert!(block_init(12, 4, true).is_err());
+}
+
+/// The layer's output recomputed from its parameters with plain f64 complex arithmetic.
+fn reference(
+    cfg: &S5Config,
+    params: &std::collections::HashMap<String, Vec<f64>>,
+    u: &[f64],
+    batch: usize,
+    len: usize,
+) -> Vec<f64> {
+    let h = cfg.d_model;
+    let p = params["lambda_re"].len();
+    let c_len = params["c"].len() / (2 * h);
+    let (lre, lim, bt, ct, d, ls) = (
+        &params["lambda_re"],
+        &params["lambda_im"],
+        &params["b"],
+        &params["c"],
+        &params["d"],
+        &params["log_step"],
+    );
+    let mut lbar = vec![Complex::new(0.0, 0.0); p];
+    let mut bbar = vec![Complex::new(0.0, 0.0); p * h];
+    for i in 0..p {
+        let re = if cfg.clip_eigs {
+            lre[i].min(-1e-4)
+        } else {
+            lre[i]
+        };
+        let lam = Complex::new(re, lim[i]);
+        let dt = ls[i].exp();
+        let (lb, coef) = match cfg.discretization {
+            Discretization::Zoh => {
+                let lb = (lam * dt).exp();
+                (lb, (lb - 1.0) / lam)
+            }
+            Discretization::Bilinear => {
+                let bl = 1.0 / (1.0 - lam * (dt / 2.0));
+                (bl * (1.0 + lam * (dt / 2.0)), bl * dt)
+            }
+        };
+        lbar[i] = lb;
+        for j in 0..h {
+            bbar[i * h + j] = coef * Complex::new(bt[(i * h + j) * 2], bt[(i * h + j) * 2 + 1]);
+        }
+    }
+    let factor = if cfg.conj_sym { 2.0 } else { 1.0 };
+    let mut y = vec![0.0; batch * len * h];
+    for b in 0..batch {
+        let bu = |t: usize, i: usize| {
+            (0..h)
+                .map(|j| bbar[i * h + j] * u[(b * len + t) * h + j])
+                .sum::<Complex<f64>>()
+        };
+        let mut states = vec![vec![Complex::new(0.0, 0.0); c_len]; len];
+        let mut x = vec![Complex::new(0.0, 0.0); p];
+        for (t, state) in states.iter_mut().enumerate() {
+            for i in 0..p {
+                x[i] = lbar[i] * x[i] + bu(t, i);
+                state[i] = x[i];
+            }
+        }
+        if cfg.bidirectional {
+            let mut x = vec![Complex::new(0.0, 0.0); p];
+            for t in (0..len).rev() {
+                for i in 0..p {
+                    x[i] = lbar[i] * x[i] + bu(t, i);
+                    states[t][p + i] = x[i];
+                }
+            }
+        }
+        for t in 0..len {
+            for o in 0..h {
+                let cx: Complex<f64> = (0..c_len)
+                    .map(|i| {
+                        Complex::new(ct[(o * c_len + i) * 2], ct[(o * c_len + i) * 2 + 1])
+                            * states[t][i]
+                    })
+                    .sum();
+                y[(b * len + t) * h + o] = factor * cx.re + d[o] * u[(b * len + t) * h + o];
+            }
+        }
+    }
+    y
+}
+
+fn build(cfg: &S5Config) -> (VarMap, S5) {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu);
+    let layer = S5::new(cfg.clone(), vb).unwrap();
+    (varmap, layer)
+}
+
+fn params(varmap: &VarMap) -> std::collections::HashMap<String, Vec<f64>> {
+    varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), to_vec(v.as_tensor())))
+        .collect()
+}
+
+#[test]
+fn layer_equals_the_sequential_complex_recurrence() {
+    let (mut rng, seed) = common::fresh_rng("s5 layer");
+    let (batch, len) = (2, 13);
+    for disc in [Discretization::Zoh, Discretization::Bilinear] {
+        for conj_sym in [false, true] {
+            for bidirectional in [false, true] {
+                for (c_init, clip_eigs) in [
+                    (CInit::TruncStandardNormal, false),
+                    (CInit::ComplexNormal, true),
+                    (CInit::LecunNormal, false),
+                ] {
+                    let cfg = S5Config {
+                        d_model: 3,
+                        state: 8,
+                        blocks: 2,
+                        conj_sym,
+                        clip_eigs,
+                        discretization: disc,
+                        c_init,
+                        bidirectional,
+                        seed: rng.random(),
+                        ..S5Config::default()
+                    };
+                    let (varmap, layer) = build(&cfg);
+                    let u: Vec<f64> = (0..batch * len * 3)
+                        .map(|_| rng.random_range(-1.0..1.0))
+                        .collect();
+                    let ut = Tensor::from_vec(u.clone(), (batch, len, 3), &Device::Cpu).unwrap();
+                    let got = to_vec(&layer.forward(&ut).unwrap());
+                    let want = reference(&cfg, &params(&varmap), &u, batch, len);
+                    let e = rel_err(&got, &want);
+                    assert!(e < 1e-12, "error {e:e} for {cfg:?} (seed {seed})");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_parameter_gets_a_finite_nonzero_gradient() {
+    let cfg = S5Config {
+        d_model: 4,
+        state: 8,
+        blocks: 2,
+        bidirectional: true,
+        ..S5Config::default()
+    };
+    let (varmap, layer) = build(&cfg);
+    let u = Tensor::randn(0f64, 1., (2, 9, 4), &Device::Cpu).unwrap();
+    let loss = layer.forward(&u).unwrap().sqr().unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    for (name, var) in varmap.data().lock().unwrap().iter() {
+        let g = to_vec(
+            grads
+                .get(var)
+                .unwrap_or_else(|| panic!("no gradient for {name}")),
+        );
+        assert!(
+            g.iter().all(|x| x.is_finite()),
+            "{name}: non-finite gradient"
+        );
+        assert!(g.iter().any(|x| *x != 0.0), "{name}: zero gradient");
+    }
+}
+
+#[test]
+fn existing_parameters_are_kept_not_reinitialised() {
+    let cfg = S5Config {
+        d_model: 3,
+        state: 8,
+        blocks: 2,
+        ..S5Config::default()
+    };
+    let (varmap, first) = build(&cfg);
+    let vb = VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu);
+    let second = S5::new(
+        S5Config {
+            seed: 99,
+            ..cfg.clone()
+        },
+        vb,
+    )
+    .unwrap();
+    let u = Tensor::randn(0f64, 1., (1, 5, 3), &Device::Cpu).unwrap();
+    assert_eq!(
+        to_vec(&first.forward(&u).unwrap()),
+        to_vec(&second.forward(&u).unwrap())
+    );
+    assert!(S5::new(
+        S5Config { blocks: 3, ..cfg },
+        VarBuilder::from_varmap(&VarMap::new(), DType::F64, &Device::Cpu)
+    )
+    .is_err());
+}
