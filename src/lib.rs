@@ -8,4 +8,5 @@ pub mod bench;
 pub mod cuda;
 pub mod nn;
 pub mod ops;
+pub mod train;
 pub mod tree;

@@ -1,0 +1,154 @@
+//! Model checkpoints as safetensors files.
+//!
+//! * Tensor names mirror the module tree (`layers.3.ssm.lambda_re`): they are the names of the
+//!   model's `VarMap`, as given by the `VarBuilder` prefixes. Python's `safetensors` package
+//!   opens the files as they are.
+//! * The full model config is JSON in the file's metadata under [`CONFIG_KEY`], so a checkpoint
+//!   rebuilds its model with nothing else.
+//! * Writes are atomic: a temporary file in the same folder, then a rename, so an interrupted
+//!   save never leaves a truncated checkpoint in place of a good one.
+//! * Loading checks the file against the model: a missing, extra or mis-shaped tensor, a file
+//!   that is not safetensors, or one without a config is an error naming the file and tensor.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor};
+use candle_nn::VarMap;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Metadata key of the model config (JSON).
+pub const CONFIG_KEY: &str = "myosotis.config";
+/// Metadata key of the checkpoint format version.
+pub const FORMAT_KEY: &str = "myosotis.format";
+const FORMAT: &str = "1";
+
+/// Saves every variable of `varmap` and `config` (as JSON metadata) to `path`, atomically.
+pub fn save<C: Serialize>(varmap: &VarMap, config: &C, path: &Path) -> Result<()> {
+    let tensors: Vec<(String, Tensor)> = {
+        let data = varmap.data().lock().expect("varmap lock");
+        let mut named: Vec<(String, Tensor)> = data
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), v.as_tensor().to_device(&Device::Cpu)?)))
+            .collect::<candle_core::Result<_>>()?;
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    };
+    save_tensors(&tensors, config, path)
+}
+
+/// Saves named tensors and `config` to `path`, atomically (temporary file, then rename).
+pub fn save_tensors<C: Serialize>(
+    tensors: &[(String, Tensor)],
+    config: &C,
+    path: &Path,
+) -> Result<()> {
+    let config = serde_json::to_string(config).context("serialising the model config")?;
+    let metadata = HashMap::from([
+        (CONFIG_KEY.to_string(), config),
+        (FORMAT_KEY.to_string(), FORMAT.to_string()),
+    ]);
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .with_context(|| format!("checkpoint path {} has no file name", path.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = safetensors::serialize_to_file(
+        tensors.iter().map(|(k, t)| (k.as_str(), t)),
+        Some(metadata),
+        &tmp,
+    )
+    .with_context(|| format!("writing checkpoint {}", tmp.display()));
+    if let Err(e) = written.and_then(|_| {
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    }) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// A checkpoint read from disk: its config and tensors (on the CPU).
+pub struct Checkpoint<C> {
+    pub config: C,
+    pub tensors: HashMap<String, Tensor>,
+}
+
+/// Reads the config of the checkpoint at `path` (to rebuild its model).
+pub fn read<C: DeserializeOwned>(path: &Path) -> Result<Checkpoint<C>> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("cannot read checkpoint {}", path.display()))?;
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
+        .map_err(|e| anyhow::anyhow!("{} is not a valid safetensors file: {e}", path.display()))?;
+    let json = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(CONFIG_KEY))
+        .with_context(|| format!("{} has no model config (metadata key '{CONFIG_KEY}'); it was not written by myosotis", path.display()))?;
+    let config = serde_json::from_str(json).with_context(|| {
+        format!(
+            "{}: the model config in its metadata does not parse",
+            path.display()
+        )
+    })?;
+    let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
+        .map_err(|e| anyhow::anyhow!("{}: cannot read its tensors: {e}", path.display()))?;
+    Ok(Checkpoint { config, tensors })
+}
+
+/// Loads `tensors` (from [`read`]) into the model's variables: every variable must be present
+/// with its shape, and no other tensor may be. `path` names the file in errors.
+pub fn load_into(varmap: &VarMap, tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+    let data = varmap.data().lock().expect("varmap lock");
+    let mut names: Vec<&String> = data.keys().collect();
+    names.sort();
+    for name in &names {
+        let var = &data[*name];
+        let Some(t) = tensors.get(*name) else {
+            bail!(
+                "{}: tensor '{name}' is missing (the model has it, the checkpoint does not)",
+                path.display()
+            );
+        };
+        if t.dims() != var.dims() {
+            bail!(
+                "{}: tensor '{name}' has shape {:?}, the model expects {:?}",
+                path.display(),
+                t.dims(),
+                var.dims()
+            );
+        }
+    }
+    let mut extra: Vec<&String> = tensors.keys().filter(|k| !data.contains_key(*k)).collect();
+    extra.sort();
+    if let Some(name) = extra.first() {
+        bail!(
+            "{}: unexpected tensor '{name}' (the checkpoint has it, the model does not){}",
+            path.display(),
+            if extra.len() > 1 {
+                format!(", and {} more", extra.len() - 1)
+            } else {
+                String::new()
+            }
+        );
+    }
+    for name in names {
+        let var = &data[name];
+        let t = tensors[name]
+            .to_dtype(var.dtype())?
+            .to_device(var.device())?;
+        var.set(&t)
+            .with_context(|| format!("{}: setting tensor '{name}'", path.display()))?;
+    }
+    Ok(())
+}

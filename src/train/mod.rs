@@ -1,0 +1,3 @@
+//! Training support: checkpoints (safetensors with the model config in the metadata).
+
+pub mod checkpoint;
