@@ -1,0 +1,276 @@
+//! The Myo layer (Myosotis paper §3.2–3.5): the S5 layer with the scan replaced by the tree
+//! solve x = T_G⁻¹ u over a tree whose leaves are the sequence.
+//!
+//! Per head h (scalar blocks, d = 1, complex):
+//! * u: the leaves get the input projection u_leaf = B_in x (B_in complex, heads × H); every
+//!   internal ("virtual") node v gets a learned input u_v (a parameter per head and node);
+//! * T_G (§3.5): gauge A_v = 1; couplings B_v = β φ(b_v) with φ(z) = z tanh|z| / |z| (onto the
+//!   open unit disk) and β = (1 − 10⁻³)/(1 + k_max), k_max the largest child count; C_v =
+//!   conj(B_v) (`symmetric`, the default) or β φ(c_v). Every row of T_G then has off-diagonal
+//!   moduli summing to less than |A_v| = 1: T_G is strictly diagonally dominant by construction,
+//!   so every pivot of the solve stays away from zero;
+//! * couplings per level (shared by the nodes of a level) or per node (`per_level`);
+//! * initialisation (§3.5, from S5): head h's couplings start at −Λ̄_h (scaled by β), with
+//!   Λ̄_h = exp(λ_h Δ_h), λ_h the HiPPO-N eigenvalues (one of each conjugate pair) and Δ_h
+//!   log-uniform in [dt_min, dt_max];
+//! * output y_v = Re(C_out x_v) for every node, plus D ⊙ input on the leaves.
+//!
+//! `forward` returns the leaves (batch, L, H) for the next layer; `forward_nodes` returns all
+//! nodes (batch, nodes, H) for the Myo poolings (root, top levels).
+//!
+//! Parameters: `b_in` (heads, H, 2), `virtual_u` (heads, internal nodes, 2), `coupling_b`
+//! (heads, levels or nodes, 2), `coupling_c` (same, only when not symmetric), `c_out`
+//! (H, heads, 2), `d` (H).
+
+use candle_core::{Device, Module, Result, Tensor, D};
+use candle_nn::VarBuilder;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use super::hippo::block_init;
+use super::param_with;
+use crate::ops::{tree_solve, TreeSolveOptions};
+use crate::tree::Tree;
+
+/// The tree of a Myo layer, as a config can name it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TreeSpec {
+    /// k-ary over any number of leaves (perfect when a power of k): token sequences.
+    Ragged { leaves: usize, arity: usize },
+    /// The quad tree of a height × width image in Morton order.
+    Quad { height: usize, width: usize },
+    /// A chain (the SSM case, paper §3.4).
+    Chain { len: usize },
+}
+
+impl TreeSpec {
+    pub fn build(&self) -> Result<Tree> {
+        let t = match *self {
+            TreeSpec::Ragged { leaves, arity } => Tree::ragged(leaves, arity),
+            TreeSpec::Quad { height, width } => Tree::quad(height, width),
+            TreeSpec::Chain { len } => Tree::chain(len),
+        };
+        t.map_err(|e| candle_core::Error::Msg(format!("Myo: {e}")))
+    }
+}
+
+/// Configuration of a [`Myo`] layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MyoConfig {
+    /// Model width H.
+    pub d_model: usize,
+    /// Heads (scalar trees per sample); the paper matches them to S5's state size.
+    pub heads: usize,
+    pub tree: TreeSpec,
+    /// Couplings shared by the nodes of a level instead of one per node.
+    #[serde(default)]
+    pub per_level: bool,
+    /// C_v = conj(B_v) (paper §3.5); otherwise C is a separate parameter.
+    #[serde(default = "yes")]
+    pub symmetric: bool,
+    #[serde(default = "dt_min")]
+    pub dt_min: f64,
+    #[serde(default = "dt_max")]
+    pub dt_max: f64,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn yes() -> bool {
+    true
+}
+fn dt_min() -> f64 {
+    0.001
+}
+fn dt_max() -> f64 {
+    0.1
+}
+
+/// The Myo layer: (batch, leaves, H) → (batch, leaves, H).
+#[derive(Clone, Debug)]
+pub struct Myo {
+    cfg: MyoConfig,
+    tree: Tree,
+    beta: f64,
+    /// Level of each node, for per-level couplings.
+    node_level: Tensor,
+    b_in: Tensor,
+    virtual_u: Tensor,
+    coupling_b: Tensor,
+    coupling_c: Option<Tensor>,
+    c_out: Tensor,
+    d: Tensor,
+}
+
+/// φ⁻¹ on the open unit disk: z · atanh|z| / |z|.
+fn unsquash(re: f64, im: f64) -> (f64, f64) {
+    let m = re.hypot(im);
+    if m == 0.0 {
+        return (0.0, 0.0);
+    }
+    let s = m.min(1.0 - 1e-9).atanh() / m;
+    (re * s, im * s)
+}
+
+impl Myo {
+    pub fn new(cfg: MyoConfig, vb: VarBuilder) -> Result<Self> {
+        let tree = cfg.tree.build()?;
+        let (h, heads, n) = (cfg.d_model, cfg.heads, tree.len());
+        if h == 0 || heads == 0 {
+            candle_core::bail!("Myo: d_model and heads must be positive");
+        }
+        let levels = tree.levels();
+        let k_max = (0..n).map(|v| tree.children(v).len()).max().unwrap_or(0);
+        let beta = (1.0 - 1e-3) / (1 + k_max) as f64;
+        let per = if cfg.per_level { levels } else { n };
+        let internal = n - tree.leaves();
+        let level_of: Vec<u32> = (0..levels)
+            .flat_map(|k| tree.level(k).map(move |_| k as u32))
+            .collect();
+        let cpu = Device::Cpu;
+        let mut rng = StdRng::seed_from_u64(cfg.seed);
+        let normal = |rng: &mut StdRng| {
+            let (u1, u2): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
+            (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        };
+        // HiPPO-N eigenvalues, one of each conjugate pair per head, discretised with ZOH.
+        let init = block_init(2 * heads, 1, true)
+            .map_err(|e| candle_core::Error::Msg(format!("Myo: {e}")))?;
+        let (lo, hi) = (cfg.dt_min.ln(), cfg.dt_max.ln());
+        let mut coupling = Vec::with_capacity(heads * per * 2);
+        for lam in &init.lambda {
+            let lbar = (lam * rng.random_range(lo..hi).exp()).exp();
+            let (re, im) = unsquash(-lbar.re * (1.0 - 1e-3), -lbar.im * (1.0 - 1e-3));
+            for _ in 0..per {
+                coupling.extend([re, im]);
+            }
+        }
+        let std_in = (1.0 / h as f64).sqrt();
+        let b_in: Vec<f64> = (0..heads * h * 2)
+            .map(|_| std_in * normal(&mut rng) / 2f64.sqrt())
+            .collect();
+        let std_out = (1.0 / heads as f64).sqrt();
+        let c_out: Vec<f64> = (0..h * heads * 2)
+            .map(|_| std_out * normal(&mut rng) / 2f64.sqrt())
+            .collect();
+        let d: Vec<f64> = (0..h).map(|_| normal(&mut rng)).collect();
+        let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &cpu);
+        let coupling_b = param_with(&vb, "coupling_b", t(coupling.clone(), &[heads, per, 2])?)?;
+        let coupling_c = if cfg.symmetric {
+            None
+        } else {
+            Some(param_with(
+                &vb,
+                "coupling_c",
+                t(coupling, &[heads, per, 2])?,
+            )?)
+        };
+        Ok(Myo {
+            node_level: Tensor::new(level_of, vb.device())?,
+            b_in: param_with(&vb, "b_in", t(b_in, &[heads, h, 2])?)?,
+            virtual_u: param_with(
+                &vb,
+                "virtual_u",
+                t(vec![0.0; heads * internal * 2], &[heads, internal, 2])?,
+            )?,
+            coupling_b,
+            coupling_c,
+            c_out: param_with(&vb, "c_out", t(c_out, &[h, heads, 2])?)?,
+            d: param_with(&vb, "d", t(d, &[h])?)?,
+            beta,
+            tree,
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &MyoConfig {
+        &self.cfg
+    }
+
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    /// β φ(raw) per node: (heads, nodes, 2).
+    fn coupling(&self, raw: &Tensor) -> Result<Tensor> {
+        let raw = if self.cfg.per_level {
+            raw.index_select(&self.node_level, 1)?
+        } else {
+            raw.clone()
+        };
+        let m = (raw.sqr()?.sum_keepdim(D::Minus1)? + 1e-12)?.sqrt()?;
+        raw.broadcast_mul(&(m.tanh()? / m)?)? * self.beta
+    }
+
+    /// The blocks of T_G: A = 1, B, C, each (heads, nodes, 1, 1, 2).
+    pub fn blocks(&self) -> Result<(Tensor, Tensor, Tensor)> {
+        let b = self.coupling(&self.coupling_b)?;
+        let c = match &self.coupling_c {
+            Some(raw) => self.coupling(raw)?,
+            None => Tensor::cat(&[b.narrow(2, 0, 1)?, b.narrow(2, 1, 1)?.neg()?], 2)?,
+        };
+        let (heads, n) = (self.cfg.heads, self.tree.len());
+        let a = Tensor::cat(
+            &[
+                Tensor::ones((heads, n, 1), b.dtype(), b.device())?,
+                Tensor::zeros((heads, n, 1), b.dtype(), b.device())?,
+            ],
+            2,
+        )?;
+        let shape = (heads, n, 1, 1, 2);
+        Ok((a.reshape(shape)?, b.reshape(shape)?, c.reshape(shape)?))
+    }
+
+    /// Outputs of every node: (batch, nodes, H), without the D skip (leaves only have one).
+    pub fn forward_nodes(&self, x: &Tensor) -> Result<Tensor> {
+        let (batch, len, h) = x.dims3()?;
+        let (heads, n) = (self.cfg.heads, self.tree.len());
+        if len != self.tree.leaves() || h != self.cfg.d_model {
+            candle_core::bail!(
+                "Myo: input (batch, {len}, {h}) does not match the tree's {} leaves and d_model {}",
+                self.tree.leaves(),
+                self.cfg.d_model
+            );
+        }
+        let part = |t: &Tensor, i: usize| t.narrow(D::Minus1, i, 1)?.squeeze(D::Minus1);
+        // Leaves: B_in x, (batch, heads, L) per part; internal nodes: the learned inputs.
+        let mut u_parts = Vec::with_capacity(2);
+        for i in 0..2 {
+            let leaf = x
+                .broadcast_matmul(&part(&self.b_in, i)?.t()?)?
+                .transpose(1, 2)?;
+            let virt =
+                part(&self.virtual_u, i)?
+                    .unsqueeze(0)?
+                    .broadcast_as((batch, heads, n - len))?;
+            u_parts.push(Tensor::cat(&[leaf, virt.contiguous()?], 2)?);
+        }
+        let u = Tensor::stack(&u_parts, 3)?.reshape((batch, heads, n, 1, 1, 2))?;
+        let (a, b, c) = self.blocks()?;
+        let xs = tree_solve(
+            &self.tree,
+            &a,
+            &b,
+            &c,
+            &u,
+            TreeSolveOptions { complex: true },
+        )?
+        .reshape((batch, heads, n, 2))?;
+        // Re(C_out x): (batch, nodes, H)
+        let (x_re, x_im) = (
+            part(&xs, 0)?.transpose(1, 2)?,
+            part(&xs, 1)?.transpose(1, 2)?,
+        );
+        x_re.broadcast_matmul(&part(&self.c_out, 0)?.t()?)?
+            - x_im.broadcast_matmul(&part(&self.c_out, 1)?.t()?)?
+    }
+}
+
+impl Module for Myo {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let len = self.tree.leaves();
+        self.forward_nodes(x)?.narrow(1, 0, len)? + x.broadcast_mul(&self.d)?
+    }
+}

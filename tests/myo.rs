@@ -1,0 +1,267 @@
+//! The Myo layer against a dense f64 solve of its assembled T_G, the SSM correspondence on a
+//! chain (paper §3.4), and its gradients.
+
+mod common;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use common::*;
+use myosotis::nn::{Myo, MyoConfig, TreeSpec};
+use nalgebra::Complex;
+use rand::Rng;
+
+fn build(cfg: &MyoConfig) -> (VarMap, Myo) {
+    let varmap = VarMap::new();
+    let layer = Myo::new(
+        cfg.clone(),
+        VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu),
+    )
+    .unwrap();
+    (varmap, layer)
+}
+
+fn get(varmap: &VarMap, name: &str) -> Vec<f64> {
+    to_vec(varmap.data().lock().unwrap()[name].as_tensor())
+}
+
+#[test]
+fn layer_equals_dense_solve_of_its_assembled_matrix() {
+    let (mut rng, seed) = fresh_rng("myo dense");
+    let specs = [
+        TreeSpec::Ragged {
+            leaves: 16,
+            arity: 4,
+        },
+        TreeSpec::Ragged {
+            leaves: 11,
+            arity: 2,
+        },
+        TreeSpec::Quad {
+            height: 5,
+            width: 6,
+        },
+    ];
+    for spec in specs {
+        for (per_level, symmetric) in [(false, true), (true, true), (false, false)] {
+            let cfg = MyoConfig {
+                d_model: 3,
+                heads: 4,
+                tree: spec.clone(),
+                per_level,
+                symmetric,
+                dt_min: 0.001,
+                dt_max: 0.1,
+                seed: rng.random(),
+            };
+            let (mut varmap, layer) = build(&cfg);
+            // Non-trivial internal inputs.
+            let n_int = layer.tree().len() - layer.tree().leaves();
+            varmap
+                .set_one(
+                    "virtual_u",
+                    Tensor::randn(0f64, 1., (4, n_int, 2), &Device::Cpu).unwrap(),
+                )
+                .unwrap();
+            let (batch, len, h, heads, n) = (2, layer.tree().leaves(), 3, 4, layer.tree().len());
+            let x: Vec<f64> = (0..batch * len * h)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let xt = Tensor::from_vec(x.clone(), (batch, len, h), &Device::Cpu).unwrap();
+            let got = to_vec(&layer.forward(&xt).unwrap());
+            // Independent assembly: u from b_in and virtual_u, blocks from the layer.
+            let (b_in, virt, c_out, d) = (
+                get(&varmap, "b_in"),
+                get(&varmap, "virtual_u"),
+                get(&varmap, "c_out"),
+                get(&varmap, "d"),
+            );
+            let (a, b, c) = layer.blocks().unwrap();
+            let case = TreeCase {
+                batch,
+                heads,
+                d: 1,
+                r: 1,
+                shared: true,
+                complex: true,
+            };
+            let mut u = vec![0.0; batch * heads * n * 2];
+            for bi in 0..batch {
+                for hd in 0..heads {
+                    for v in 0..n {
+                        let z = if v < len {
+                            (0..h)
+                                .map(|j| {
+                                    Complex::new(b_in[(hd * h + j) * 2], b_in[(hd * h + j) * 2 + 1])
+                                        * x[(bi * len + v) * h + j]
+                                })
+                                .sum()
+                        } else {
+                            Complex::new(
+                                virt[(hd * (n - len) + v - len) * 2],
+                                virt[(hd * (n - len) + v - len) * 2 + 1],
+                            )
+                        };
+                        let o = case.rhs_at(n, bi, hd, v, 0, 0);
+                        u[o] = z.re;
+                        u[o + 1] = z.im;
+                    }
+                }
+            }
+            let (av, bv, cv) = (to_vec(&a), to_vec(&b), to_vec(&c));
+            // Paper §3.5: C = conj(B) when symmetric, and T_G strictly diagonally dominant.
+            let tree = layer.tree();
+            for hd in 0..heads {
+                let at = |s: &[f64], v: usize| {
+                    Complex::new(s[(hd * n + v) * 2], s[(hd * n + v) * 2 + 1])
+                };
+                for v in 0..n {
+                    if symmetric {
+                        assert_eq!(at(&cv, v), at(&bv, v).conj(), "C = conj(B) at node {v}");
+                    }
+                    let up = if tree.parent(v).is_some() {
+                        at(&bv, v).norm()
+                    } else {
+                        0.0
+                    };
+                    let off = up + tree.children(v).map(|ch| at(&cv, ch).norm()).sum::<f64>();
+                    assert!(
+                        off < at(&av, v).norm(),
+                        "row {v} not diagonally dominant: {off}"
+                    );
+                }
+            }
+            let inputs = TreeInputs {
+                a: av,
+                b: bv,
+                c: cv,
+                u,
+            };
+            let xs = dense_tree_solve(layer.tree(), &case, &inputs);
+            let mut want = vec![0.0; batch * len * h];
+            for bi in 0..batch {
+                for v in 0..len {
+                    for o in 0..h {
+                        let y: f64 = (0..heads)
+                            .map(|hd| {
+                                let xo = case.rhs_at(n, bi, hd, v, 0, 0);
+                                (Complex::new(
+                                    c_out[(o * heads + hd) * 2],
+                                    c_out[(o * heads + hd) * 2 + 1],
+                                ) * Complex::new(xs[xo], xs[xo + 1]))
+                                .re
+                            })
+                            .sum();
+                        want[(bi * len + v) * h + o] = y + d[o] * x[(bi * len + v) * h + o];
+                    }
+                }
+            }
+            let e = rel_err(&got, &want);
+            assert!(e < 1e-12, "error {e:e} for {cfg:?} (seed {seed})");
+        }
+    }
+}
+
+#[test]
+fn chain_with_ssm_correspondence_is_a_linear_recurrence() {
+    // Table 1: B = 0 and C_v = -a on a chain make T_G lower bidiagonal, and x_t = a x_{t-1} + u_t.
+    // The sequence sits on all chain nodes: u_0 through the input projection, the rest as the
+    // internal nodes' learned inputs.
+    let (mut rng, seed) = fresh_rng("myo chain");
+    let len = 12;
+    let cfg = MyoConfig {
+        d_model: 2,
+        heads: 1,
+        tree: TreeSpec::Chain { len },
+        per_level: false,
+        symmetric: false,
+        dt_min: 0.001,
+        dt_max: 0.1,
+        seed: 3,
+    };
+    let (mut varmap, layer) = build(&cfg);
+    let beta: f64 = 0.999 / 2.0; // one child per node
+    let a = Complex::new(0.3f64, -0.25);
+    // φ(raw) = -a / β  =>  raw = z atanh|z| / |z|
+    let z = -a / beta;
+    let raw = z * (z.norm().atanh() / z.norm());
+    let mut set = |name: &str, v: Vec<f64>, shape: &[usize]| {
+        varmap
+            .set_one(name, Tensor::from_vec(v, shape, &Device::Cpu).unwrap())
+            .unwrap()
+    };
+    set("coupling_b", vec![0.0; len * 2], &[1, len, 2]);
+    set(
+        "coupling_c",
+        (0..len).flat_map(|_| [raw.re, raw.im]).collect(),
+        &[1, len, 2],
+    );
+    let b: Vec<Complex<f64>> = (0..len)
+        .map(|_| Complex::new(rng.random_range(-1.0..1.0), rng.random_range(-1.0..1.0)))
+        .collect();
+    // u_0 = B_in x_0 with x_0 = (1, 0) and B_in = (b_0, 0); internal nodes get b_1..
+    set("b_in", vec![b[0].re, b[0].im, 0.0, 0.0], &[1, 2, 2]);
+    set(
+        "virtual_u",
+        b[1..].iter().flat_map(|z| [z.re, z.im]).collect(),
+        &[1, len - 1, 2],
+    );
+    // Outputs: y_0 = Re x, y_1 = Re(-i x) = Im x.
+    set("c_out", vec![1.0, 0.0, 0.0, -1.0], &[2, 1, 2]);
+    let x = Tensor::from_vec(vec![1.0f64, 0.0], (1, 1, 2), &Device::Cpu).unwrap();
+    let got = to_vec(&layer.forward_nodes(&x).unwrap());
+    let mut h = Complex::new(0.0, 0.0);
+    let mut want = vec![];
+    for bt in &b {
+        h = a * h + bt;
+        want.extend([h.re, h.im]);
+    }
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-12, "error {e:e} (seed {seed})");
+}
+
+#[test]
+fn every_parameter_gets_a_finite_nonzero_gradient() {
+    for symmetric in [true, false] {
+        let cfg = MyoConfig {
+            d_model: 3,
+            heads: 2,
+            tree: TreeSpec::Ragged {
+                leaves: 9,
+                arity: 3,
+            },
+            per_level: !symmetric,
+            symmetric,
+            dt_min: 0.001,
+            dt_max: 0.1,
+            seed: 5,
+        };
+        let (varmap, layer) = build(&cfg);
+        let x = Tensor::randn(0f64, 1., (2, 9, 3), &Device::Cpu).unwrap();
+        // The root's output too, so that every internal input matters.
+        let loss = (layer.forward(&x).unwrap().sqr().unwrap().sum_all().unwrap()
+            + layer
+                .forward_nodes(&x)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap())
+        .unwrap();
+        let grads = loss.backward().unwrap();
+        for (name, var) in varmap.data().lock().unwrap().iter() {
+            let g = to_vec(
+                grads
+                    .get(var)
+                    .unwrap_or_else(|| panic!("no gradient for {name}")),
+            );
+            assert!(g.iter().all(|v| v.is_finite()), "{name}: non-finite");
+            assert!(g.iter().any(|v| *v != 0.0), "{name}: zero");
+        }
+        let bad = Tensor::zeros((1, 8, 3), DType::F64, &Device::Cpu).unwrap();
+        assert!(layer
+            .forward(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("9 leaves"));
+    }
+}
