@@ -205,8 +205,9 @@ fn chain_with_ssm_correspondence_is_a_linear_recurrence() {
         b[1..].iter().flat_map(|z| [z.re, z.im]).collect(),
         &[1, len - 1, 2],
     );
-    // Outputs: y_0 = Re x, y_1 = Re(-i x) = Im x.
+    // Outputs: y_0 = Re x, y_1 = Re(-i x) = Im x; no D skip on the leaf.
     set("c_out", vec![1.0, 0.0, 0.0, -1.0], &[2, 1, 2]);
+    set("d", vec![0.0, 0.0], &[2]);
     let x = Tensor::from_vec(vec![1.0f64, 0.0], (1, 1, 2), &Device::Cpu).unwrap();
     let got = to_vec(&layer.forward_nodes(&x).unwrap());
     let mut h = Complex::new(0.0, 0.0);

@@ -1,11 +1,16 @@
 //! candle-nn modules built on the ops: S5 (with its HiPPO-N initialisation), Myo and minGRU. Each layer is
 //! `Layer::new(config, vb)` with a serialisable config, and implements `Module`.
 
+pub mod classifier;
 pub mod hippo;
 pub mod mingru;
 pub mod myo;
 pub mod s5;
 
+pub use classifier::{
+    Activation, ClassifierConfig, EncoderConfig, NormKind, Pooling, SeqLayerConfig,
+    SequenceClassifier,
+};
 pub use mingru::{MinGru, MinGruConfig};
 pub use myo::{Myo, MyoConfig, TreeSpec};
 pub use s5::{CInit, Discretization, S5Config, S5};

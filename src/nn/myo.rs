@@ -15,6 +15,8 @@
 //!   log-uniform in [dt_min, dt_max];
 //! * output y_v = Re(C_out x_v) for every node, plus D ⊙ input on the leaves.
 //!
+//! Pooling only the top levels of a last layer (not its leaves) leaves that layer's D unused.
+//!
 //! `forward` returns the leaves (batch, L, H) for the next layer; `forward_nodes` returns all
 //! nodes (batch, nodes, H) for the Myo poolings (root, top levels).
 //!
@@ -223,7 +225,8 @@ impl Myo {
         Ok((a.reshape(shape)?, b.reshape(shape)?, c.reshape(shape)?))
     }
 
-    /// Outputs of every node: (batch, nodes, H), without the D skip (leaves only have one).
+    /// Outputs of every node: (batch, nodes, H); the leaves include the D skip (internal nodes
+    /// have no input to skip).
     pub fn forward_nodes(&self, x: &Tensor) -> Result<Tensor> {
         let (batch, len, h) = x.dims3()?;
         let (heads, n) = (self.cfg.heads, self.tree.len());
@@ -263,14 +266,15 @@ impl Myo {
             part(&xs, 0)?.transpose(1, 2)?,
             part(&xs, 1)?.transpose(1, 2)?,
         );
-        x_re.broadcast_matmul(&part(&self.c_out, 0)?.t()?)?
-            - x_im.broadcast_matmul(&part(&self.c_out, 1)?.t()?)?
+        let y = (x_re.broadcast_matmul(&part(&self.c_out, 0)?.t()?)?
+            - x_im.broadcast_matmul(&part(&self.c_out, 1)?.t()?)?)?;
+        let leaves = (y.narrow(1, 0, len)? + x.broadcast_mul(&self.d)?)?;
+        Tensor::cat(&[leaves, y.narrow(1, len, n - len)?], 1)
     }
 }
 
 impl Module for Myo {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let len = self.tree.leaves();
-        self.forward_nodes(x)?.narrow(1, 0, len)? + x.broadcast_mul(&self.d)?
+        self.forward_nodes(x)?.narrow(1, 0, self.tree.leaves())
     }
 }

@@ -1,0 +1,375 @@
+//! The sequence classifier of the S5 reference (`seq_model.py`, `layers.py`), with the sequence
+//! layer chosen among S5, Myo and minGRU:
+//!
+//!   encoder (Linear for real inputs, Embedding for tokens)
+//!   → N × block [pre-norm → layer → activation → dropout → + residual]
+//!               (or post-norm: layer → activation → dropout → + residual → norm)
+//!   → pooling (mean over valid steps, last valid step, or the Myo poolings) → Linear decoder
+//!   → log-softmax.
+//!
+//! Norms: BatchNorm with the reference's running-average decay 0.95, or LayerNorm. Dropout
+//! draws one mask per (sample, feature), shared across time. Train/eval mode switches dropout
+//! and BatchNorm's batch statistics.
+
+use candle_core::{DType, Module, ModuleT, Result, Tensor, D};
+use candle_nn::{
+    batch_norm, embedding, linear, BatchNorm, BatchNormConfig, Embedding, Linear, VarBuilder,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{MinGru, MinGruConfig, Myo, MyoConfig, S5Config, S5};
+
+/// The sequence layer of every block (each block gets its own seed: config seed + block index).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SeqLayerConfig {
+    S5(S5Config),
+    Myo(MyoConfig),
+    MinGru(MinGruConfig),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EncoderConfig {
+    /// Real inputs (batch, length, features).
+    Linear { features: usize },
+    /// Token ids (batch, length), u32.
+    Embedding { vocab: usize },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormKind {
+    Batch,
+    Layer,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// GELU, then W₁z ⊙ σ(W₂z).
+    FullGlu,
+    /// GELU, then z ⊙ σ(W₂z).
+    HalfGlu1,
+    /// y ⊙ σ(W₂ GELU(y)): GELU only on the gate input.
+    HalfGlu2,
+    Gelu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Pooling {
+    /// Mean over the valid (unpadded) steps.
+    Mean,
+    /// The last valid step.
+    Last,
+    /// Myo: the root node's output of the last block.
+    Root,
+    /// Myo: the mean over the top `k` BFS levels of the last block (k = 1 is the root; §3.2).
+    TopLevels { k: usize },
+}
+
+/// Configuration of a [`SequenceClassifier`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClassifierConfig {
+    pub encoder: EncoderConfig,
+    /// Width H of every block.
+    pub d_model: usize,
+    pub layers: usize,
+    pub layer: SeqLayerConfig,
+    pub norm: NormKind,
+    pub prenorm: bool,
+    pub activation: Activation,
+    pub dropout: f64,
+    pub pooling: Pooling,
+    pub classes: usize,
+}
+
+enum Layer {
+    S5(S5),
+    Myo(Myo),
+    MinGru(MinGru),
+}
+
+impl Layer {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Layer::S5(l) => l.forward(x),
+            Layer::Myo(l) => l.forward(x),
+            Layer::MinGru(l) => l.forward(x),
+        }
+    }
+}
+
+/// LayerNorm over the last dimension, in plain tensor ops: candle-nn's fused LayerNorm runs
+/// without a backward pass (no gradient reaches its input or its scale and shift), which would
+/// stop training behind every norm.
+struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl LayerNorm {
+    fn new(h: usize, vb: VarBuilder) -> Result<Self> {
+        Ok(LayerNorm {
+            weight: vb.get_with_hints(h, "weight", candle_nn::Init::Const(1.))?,
+            bias: vb.get_with_hints(h, "bias", candle_nn::Init::Const(0.))?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let xc = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+        let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+        xc.broadcast_div(&(var + 1e-5)?.sqrt()?)?
+            .broadcast_mul(&self.weight)?
+            .broadcast_add(&self.bias)
+    }
+}
+
+enum Norm {
+    Batch(BatchNorm),
+    Layer(LayerNorm),
+}
+
+impl Norm {
+    /// (batch, length, H) normalised over H (BatchNorm: statistics over batch and length).
+    fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        match self {
+            Norm::Batch(n) => n.forward_t(&x.transpose(1, 2)?, train)?.transpose(1, 2),
+            Norm::Layer(n) => n.forward(x),
+        }
+    }
+}
+
+/// Dropout with one mask per (sample, feature), shared across the length.
+fn dropout(x: &Tensor, p: f64, train: bool) -> Result<Tensor> {
+    if !train || p == 0.0 {
+        return Ok(x.clone());
+    }
+    let (b, _, h) = x.dims3()?;
+    let keep = Tensor::rand(0f32, 1f32, (b, 1, h), x.device())?
+        .ge(p)?
+        .to_dtype(x.dtype())?;
+    x.broadcast_mul(&(keep / (1.0 - p))?)
+}
+
+struct Block {
+    norm: Norm,
+    layer: Layer,
+    out1: Option<Linear>,
+    out2: Option<Linear>,
+}
+
+/// The classifier: inputs → log-probabilities (batch, classes).
+pub struct SequenceClassifier {
+    cfg: ClassifierConfig,
+    encoder: Encoder,
+    blocks: Vec<Block>,
+    decoder: Linear,
+}
+
+enum Encoder {
+    Linear(Linear),
+    Embedding(Embedding),
+}
+
+impl SequenceClassifier {
+    pub fn new(cfg: ClassifierConfig, vb: VarBuilder) -> Result<Self> {
+        let h = cfg.d_model;
+        if matches!(cfg.pooling, Pooling::Root | Pooling::TopLevels { .. })
+            && !matches!(cfg.layer, SeqLayerConfig::Myo(_))
+        {
+            candle_core::bail!(
+                "pooling {:?} needs Myo layers (it pools tree nodes)",
+                cfg.pooling
+            );
+        }
+        let encoder = match cfg.encoder {
+            EncoderConfig::Linear { features } => {
+                Encoder::Linear(linear(features, h, vb.pp("encoder"))?)
+            }
+            EncoderConfig::Embedding { vocab } => {
+                Encoder::Embedding(embedding(vocab, h, vb.pp("encoder"))?)
+            }
+        };
+        let mut blocks = Vec::with_capacity(cfg.layers);
+        for i in 0..cfg.layers {
+            let vb = vb.pp(format!("layers.{i}"));
+            let norm = match cfg.norm {
+                NormKind::Batch => Norm::Batch(batch_norm(
+                    h,
+                    BatchNormConfig {
+                        momentum: 1.0 - 0.95,
+                        ..Default::default()
+                    },
+                    vb.pp("norm"),
+                )?),
+                NormKind::Layer => Norm::Layer(LayerNorm::new(h, vb.pp("norm"))?),
+            };
+            let seed = |s: u64| s.wrapping_add(i as u64);
+            let layer = match &cfg.layer {
+                SeqLayerConfig::S5(c) => Layer::S5(S5::new(
+                    S5Config {
+                        d_model: h,
+                        seed: seed(c.seed),
+                        ..c.clone()
+                    },
+                    vb.pp("ssm"),
+                )?),
+                SeqLayerConfig::Myo(c) => Layer::Myo(Myo::new(
+                    MyoConfig {
+                        d_model: h,
+                        seed: seed(c.seed),
+                        ..c.clone()
+                    },
+                    vb.pp("ssm"),
+                )?),
+                SeqLayerConfig::MinGru(c) => Layer::MinGru(MinGru::new(
+                    MinGruConfig {
+                        d_model: h,
+                        hidden: h,
+                        ..c.clone()
+                    },
+                    vb.pp("ssm"),
+                )?),
+            };
+            let (out1, out2) = match cfg.activation {
+                Activation::FullGlu => (
+                    Some(linear(h, h, vb.pp("out1"))?),
+                    Some(linear(h, h, vb.pp("out2"))?),
+                ),
+                Activation::HalfGlu1 | Activation::HalfGlu2 => {
+                    (None, Some(linear(h, h, vb.pp("out2"))?))
+                }
+                Activation::Gelu => (None, None),
+            };
+            blocks.push(Block {
+                norm,
+                layer,
+                out1,
+                out2,
+            });
+        }
+        Ok(SequenceClassifier {
+            decoder: linear(h, cfg.classes, vb.pp("decoder"))?,
+            encoder,
+            blocks,
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &ClassifierConfig {
+        &self.cfg
+    }
+
+    fn activate(&self, block: &Block, y: &Tensor, train: bool) -> Result<Tensor> {
+        let p = self.cfg.dropout;
+        let sig = |l: &Option<Linear>, x: &Tensor| {
+            candle_nn::ops::sigmoid(&l.as_ref().expect("gate").forward(x)?)
+        };
+        match self.cfg.activation {
+            Activation::Gelu => dropout(&y.gelu()?, p, train),
+            Activation::FullGlu => {
+                let z = dropout(&y.gelu()?, p, train)?;
+                dropout(
+                    &(block.out1.as_ref().expect("out1").forward(&z)? * sig(&block.out2, &z)?)?,
+                    p,
+                    train,
+                )
+            }
+            Activation::HalfGlu1 => {
+                let z = dropout(&y.gelu()?, p, train)?;
+                dropout(&(&z * sig(&block.out2, &z)?)?, p, train)
+            }
+            Activation::HalfGlu2 => {
+                let z = dropout(&y.gelu()?, p, train)?;
+                dropout(&(y * sig(&block.out2, &z)?)?, p, train)
+            }
+        }
+    }
+
+    /// Log-probabilities (batch, classes). `lengths` (batch, u32) marks the valid steps of padded
+    /// sequences for mean and last pooling (all steps when `None`).
+    pub fn forward(&self, x: &Tensor, lengths: Option<&Tensor>, train: bool) -> Result<Tensor> {
+        let mut h = match &self.encoder {
+            Encoder::Linear(l) => l.forward(x)?,
+            Encoder::Embedding(e) => e.forward(x)?,
+        };
+        let node_pooling = matches!(self.cfg.pooling, Pooling::Root | Pooling::TopLevels { .. });
+        for (i, block) in self.blocks.iter().enumerate() {
+            let z = if self.cfg.prenorm {
+                block.norm.forward(&h, train)?
+            } else {
+                h.clone()
+            };
+            if let (true, true, Layer::Myo(m)) =
+                (node_pooling, i + 1 == self.blocks.len(), &block.layer)
+            {
+                // The last block's output is its tree nodes, pooled.
+                let pooled = self.pool_nodes(m, &z, block, train)?;
+                return candle_nn::ops::log_softmax(&self.decoder.forward(&pooled)?, D::Minus1);
+            }
+            let y = self.activate(block, &block.layer.forward(&z)?, train)?;
+            h = (h + y)?;
+            if !self.cfg.prenorm {
+                h = block.norm.forward(&h, train)?;
+            }
+        }
+        let pooled = self.pool_steps(&h, lengths)?;
+        candle_nn::ops::log_softmax(&self.decoder.forward(&pooled)?, D::Minus1)
+    }
+
+    /// Mean over valid steps or the last valid step: (batch, H).
+    fn pool_steps(&self, h: &Tensor, lengths: Option<&Tensor>) -> Result<Tensor> {
+        let (b, l, _) = h.dims3()?;
+        let lens: Vec<u32> = match lengths {
+            Some(t) => t.to_dtype(DType::U32)?.to_vec1()?,
+            None => vec![l as u32; b],
+        };
+        if let Some((i, n)) = lens
+            .iter()
+            .enumerate()
+            .find(|(_, &n)| n == 0 || n as usize > l)
+        {
+            candle_core::bail!(
+                "sequence length {n} of sample {i} is not in 1..={l} (the padded length)"
+            );
+        }
+        let lengths = Tensor::new(lens.as_slice(), h.device())?;
+        match self.cfg.pooling {
+            Pooling::Last => {
+                let last: Vec<u32> = lens.iter().map(|n| n - 1).collect();
+                let idx = Tensor::new(last, h.device())?
+                    .reshape((b, 1, 1))?
+                    .broadcast_as((b, 1, h.dim(2)?))?
+                    .contiguous()?;
+                h.gather(&idx, 1)?.squeeze(1)
+            }
+            _ => {
+                let steps = Tensor::arange(0u32, l as u32, h.device())?.unsqueeze(0)?;
+                let mask = steps
+                    .broadcast_lt(&lengths.unsqueeze(1)?)?
+                    .to_dtype(h.dtype())?;
+                let sum = h.broadcast_mul(&mask.unsqueeze(2)?)?.sum(1)?;
+                sum.broadcast_div(&mask.sum_keepdim(1)?)
+            }
+        }
+    }
+
+    /// The Myo poolings (§3.2): the root, or the mean over the top k BFS levels, of the last
+    /// block's node outputs after its activation (and its norm, post-norm; internal nodes have
+    /// no residual input): (batch, H).
+    fn pool_nodes(&self, m: &Myo, z: &Tensor, block: &Block, train: bool) -> Result<Tensor> {
+        let mut nodes = self.activate(block, &m.forward_nodes(z)?, train)?;
+        if !self.cfg.prenorm {
+            nodes = block.norm.forward(&nodes, train)?;
+        }
+        let tree = m.tree();
+        let k = match self.cfg.pooling {
+            Pooling::TopLevels { k } => k.clamp(1, tree.levels()),
+            _ => 1,
+        };
+        let first = tree.level(tree.levels() - k).start;
+        nodes.narrow(1, first, tree.len() - first)?.mean(1)
+    }
+}
