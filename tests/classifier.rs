@@ -30,6 +30,13 @@ fn layer_kinds(len: usize) -> Vec<SeqLayerConfig> {
             dt_max: 0.1,
             seed: 1,
         }),
+        SeqLayerConfig::Ssm2d(Ssm2dConfig {
+            d_model: 0,
+            state: 2,
+            height: 4,
+            width: len / 4,
+            directions: 2,
+        }),
         SeqLayerConfig::MinGru(MinGruConfig::default()),
     ]
 }

@@ -1,5 +1,5 @@
 //! The sequence classifier of the S5 reference (`seq_model.py`, `layers.py`), with the sequence
-//! layer chosen among S5, Myo and minGRU:
+//! layer chosen among S5, Myo, the 2-D SSM and minGRU:
 //!
 //!   encoder (Linear for real inputs, Embedding for tokens)
 //!   → N × block [pre-norm → layer → activation → dropout → + residual]
@@ -17,7 +17,7 @@ use candle_nn::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{MinGru, MinGruConfig, Myo, MyoConfig, S5Config, S5};
+use super::{MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig, S5};
 
 /// The sequence layer of every block (each block gets its own seed: config seed + block index).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -25,6 +25,7 @@ use super::{MinGru, MinGruConfig, Myo, MyoConfig, S5Config, S5};
 pub enum SeqLayerConfig {
     S5(S5Config),
     Myo(MyoConfig),
+    Ssm2d(Ssm2dConfig),
     MinGru(MinGruConfig),
 }
 
@@ -88,6 +89,7 @@ pub struct ClassifierConfig {
 enum Layer {
     S5(S5),
     Myo(Myo),
+    Ssm2d(Ssm2d),
     MinGru(MinGru),
 }
 
@@ -96,6 +98,7 @@ impl Layer {
         match self {
             Layer::S5(l) => l.forward(x),
             Layer::Myo(l) => l.forward(x),
+            Layer::Ssm2d(l) => l.forward(x),
             Layer::MinGru(l) => l.forward(x),
         }
     }
@@ -220,6 +223,13 @@ impl SequenceClassifier {
                     MyoConfig {
                         d_model: h,
                         seed: seed(c.seed),
+                        ..c.clone()
+                    },
+                    vb.pp("ssm"),
+                )?),
+                SeqLayerConfig::Ssm2d(c) => Layer::Ssm2d(Ssm2d::new(
+                    Ssm2dConfig {
+                        d_model: h,
                         ..c.clone()
                     },
                     vb.pp("ssm"),

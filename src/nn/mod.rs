@@ -1,4 +1,5 @@
-//! candle-nn modules built on the ops: S5 (with its HiPPO-N initialisation), Myo and minGRU. Each layer is
+//! candle-nn modules built on the ops: S5 (with its HiPPO-N initialisation), Myo, the 2-D SSM
+//! and minGRU, and the sequence classifier that stacks them. Each layer is
 //! `Layer::new(config, vb)` with a serialisable config, and implements `Module`.
 
 pub mod classifier;
@@ -6,6 +7,7 @@ pub mod hippo;
 pub mod mingru;
 pub mod myo;
 pub mod s5;
+pub mod ssm2d;
 
 pub use classifier::{
     Activation, ClassifierConfig, EncoderConfig, NormKind, Pooling, SeqLayerConfig,
@@ -14,6 +16,7 @@ pub use classifier::{
 pub use mingru::{MinGru, MinGruConfig};
 pub use myo::{Myo, MyoConfig, TreeSpec};
 pub use s5::{CInit, Discretization, S5Config, S5};
+pub use ssm2d::{Ssm2d, Ssm2dConfig};
 
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
