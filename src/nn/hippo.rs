@@ -11,7 +11,7 @@ use nalgebra::{Complex, DMatrix};
 /// unitary eigenvectors V (columns), eigenvalues in ascending order of Im Λ (as numpy's eigh).
 pub struct HippoN {
     pub lambda: Vec<Complex<f64>>,
-    /// n × n, column j the eigenvector of lambda[j].
+    /// n × n, column j the eigenvector of `lambda[j]`.
     pub v: DMatrix<Complex<f64>>,
 }
 
