@@ -26,6 +26,7 @@ fn layer_kinds(len: usize) -> Vec<SeqLayerConfig> {
             },
             per_level: false,
             symmetric: true,
+            block: 1,
             dt_min: 0.001,
             dt_max: 0.1,
             seed: 1,

@@ -49,6 +49,7 @@ fn layer_equals_dense_solve_of_its_assembled_matrix() {
                 tree: spec.clone(),
                 per_level,
                 symmetric,
+                block: 1,
                 dt_min: 0.001,
                 dt_max: 0.1,
                 seed: rng.random(),
@@ -162,6 +163,145 @@ fn layer_equals_dense_solve_of_its_assembled_matrix() {
 }
 
 #[test]
+fn block_layer_equals_dense_solve_and_stays_dominant() {
+    let (mut rng, seed) = fresh_rng("myo blocks");
+    for (spec, d, symmetric, per_level) in [
+        (
+            TreeSpec::Ragged {
+                leaves: 9,
+                arity: 3,
+            },
+            2,
+            true,
+            false,
+        ),
+        (
+            TreeSpec::Quad {
+                height: 3,
+                width: 4,
+            },
+            3,
+            false,
+            true,
+        ),
+    ] {
+        let cfg = MyoConfig {
+            d_model: 3,
+            heads: 2,
+            tree: spec,
+            per_level,
+            symmetric,
+            block: d,
+            dt_min: 0.001,
+            dt_max: 0.1,
+            seed: rng.random(),
+        };
+        let (mut varmap, layer) = build(&cfg);
+        let (tree, heads, h) = (layer.tree().clone(), 2, 3);
+        let (n, len, batch) = (tree.len(), tree.leaves(), 2);
+        varmap
+            .set_one(
+                "virtual_u",
+                Tensor::randn(0f64, 1., (heads, n - len, d), &Device::Cpu).unwrap(),
+            )
+            .unwrap();
+        let x: Vec<f64> = (0..batch * len * h)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let got = to_vec(
+            &layer
+                .forward(&Tensor::from_vec(x.clone(), (batch, len, h), &Device::Cpu).unwrap())
+                .unwrap(),
+        );
+        let (b_in, virt, c_out, dd) = (
+            get(&varmap, "b_in"),
+            get(&varmap, "virtual_u"),
+            get(&varmap, "c_out"),
+            get(&varmap, "d"),
+        );
+        let (a, b, c) = layer.blocks().unwrap();
+        let (av, bv, cv) = (to_vec(&a), to_vec(&b), to_vec(&c));
+        let case = TreeCase {
+            batch,
+            heads,
+            d,
+            r: 1,
+            shared: true,
+            complex: false,
+        };
+        // Scalar rows of T_G: strictly diagonally dominant (A = I).
+        for hd in 0..heads {
+            for v in 0..n {
+                for i in 0..d {
+                    let mut off = 0.0;
+                    for j in 0..d {
+                        if tree.parent(v).is_some() {
+                            off += bv[case.coef_at(n, 0, hd, v, i, j)].abs();
+                        }
+                        for ch in tree.children(v) {
+                            off += cv[case.coef_at(n, 0, hd, ch, i, j)].abs();
+                        }
+                        let aij = av[case.coef_at(n, 0, hd, v, i, j)];
+                        assert_eq!(aij, if i == j { 1.0 } else { 0.0 });
+                    }
+                    assert!(off < 1.0, "row ({v}, {i}) not dominant: {off}");
+                    if symmetric {
+                        for j in 0..d {
+                            assert_eq!(
+                                cv[case.coef_at(n, 0, hd, v, i, j)],
+                                bv[case.coef_at(n, 0, hd, v, j, i)]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let mut u = vec![0.0; batch * heads * n * d];
+        for bi in 0..batch {
+            for hd in 0..heads {
+                for v in 0..n {
+                    for k in 0..d {
+                        u[case.rhs_at(n, bi, hd, v, k, 0)] = if v < len {
+                            (0..h)
+                                .map(|j| b_in[(hd * d + k) * h + j] * x[(bi * len + v) * h + j])
+                                .sum()
+                        } else {
+                            virt[(hd * (n - len) + v - len) * d + k]
+                        };
+                    }
+                }
+            }
+        }
+        let xs = dense_tree_solve(
+            &tree,
+            &case,
+            &TreeInputs {
+                a: av,
+                b: bv,
+                c: cv,
+                u,
+            },
+        );
+        let mut want = vec![0.0; batch * len * h];
+        for bi in 0..batch {
+            for v in 0..len {
+                for o in 0..h {
+                    let y: f64 = (0..heads)
+                        .flat_map(|hd| (0..d).map(move |k| (hd, k)))
+                        .map(|(hd, k)| {
+                            c_out[(o * heads + hd) * d + k] * xs[case.rhs_at(n, bi, hd, v, k, 0)]
+                        })
+                        .sum();
+                    want[(bi * len + v) * h + o] = y + dd[o] * x[(bi * len + v) * h + o];
+                }
+            }
+        }
+        let e = rel_err(&got, &want);
+        assert!(e < 1e-12, "error {e:e} for {cfg:?} (seed {seed})");
+    }
+}
+
+#[test]
 fn chain_with_ssm_correspondence_is_a_linear_recurrence() {
     // Table 1: B = 0 and C_v = -a on a chain make T_G lower bidiagonal, and x_t = a x_{t-1} + u_t.
     // The sequence sits on all chain nodes: u_0 through the input projection, the rest as the
@@ -174,6 +314,7 @@ fn chain_with_ssm_correspondence_is_a_linear_recurrence() {
         tree: TreeSpec::Chain { len },
         per_level: false,
         symmetric: false,
+        block: 1,
         dt_min: 0.001,
         dt_max: 0.1,
         seed: 3,
@@ -222,7 +363,7 @@ fn chain_with_ssm_correspondence_is_a_linear_recurrence() {
 
 #[test]
 fn every_parameter_gets_a_finite_nonzero_gradient() {
-    for symmetric in [true, false] {
+    for (symmetric, block) in [(true, 1), (false, 1), (true, 2)] {
         let cfg = MyoConfig {
             d_model: 3,
             heads: 2,
@@ -232,6 +373,7 @@ fn every_parameter_gets_a_finite_nonzero_gradient() {
             },
             per_level: !symmetric,
             symmetric,
+            block,
             dt_min: 0.001,
             dt_max: 0.1,
             seed: 5,

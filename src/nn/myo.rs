@@ -69,9 +69,13 @@ pub struct MyoConfig {
     /// Couplings shared by the nodes of a level instead of one per node.
     #[serde(default)]
     pub per_level: bool,
-    /// C_v = conj(B_v) (paper §3.5); otherwise C is a separate parameter.
+    /// C_v = conj(B_v) (paper §3.5; Bᵀ for real blocks); otherwise C is a separate parameter.
     #[serde(default = "yes")]
     pub symmetric: bool,
+    /// Block size d: 1 (scalar complex heads, the default and the paper's setting) or d > 1
+    /// (real d × d blocks; CPU only, as the tree solve's CUDA kernel is scalar).
+    #[serde(default = "one")]
+    pub block: usize,
     #[serde(default = "dt_min")]
     pub dt_min: f64,
     #[serde(default = "dt_max")]
@@ -82,6 +86,9 @@ pub struct MyoConfig {
 
 fn yes() -> bool {
     true
+}
+fn one() -> usize {
+    1
 }
 fn dt_min() -> f64 {
     0.001
@@ -137,6 +144,61 @@ impl Myo {
             let (u1, u2): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
             (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
         };
+        let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &cpu);
+        if cfg.block == 0 {
+            candle_core::bail!("Myo: block size must be at least 1");
+        }
+        if cfg.block > 1 {
+            // Real d × d blocks from random couplings (HiPPO-N initialises scalar heads).
+            let d = cfg.block;
+            let mut randn = |n: usize, std: f64| -> Vec<f64> {
+                (0..n).map(|_| std * normal(&mut rng)).collect()
+            };
+            let coupling_b = param_with(
+                &vb,
+                "coupling_b",
+                t(randn(heads * per * d * d, 0.5), &[heads, per, d, d])?,
+            )?;
+            let coupling_c = if cfg.symmetric {
+                None
+            } else {
+                Some(param_with(
+                    &vb,
+                    "coupling_c",
+                    t(randn(heads * per * d * d, 0.5), &[heads, per, d, d])?,
+                )?)
+            };
+            return Ok(Myo {
+                node_level: Tensor::new(level_of, vb.device())?,
+                b_in: param_with(
+                    &vb,
+                    "b_in",
+                    t(
+                        randn(heads * d * h, (1.0 / h as f64).sqrt()),
+                        &[heads, d, h],
+                    )?,
+                )?,
+                virtual_u: param_with(
+                    &vb,
+                    "virtual_u",
+                    t(vec![0.0; heads * internal * d], &[heads, internal, d])?,
+                )?,
+                coupling_b,
+                coupling_c,
+                c_out: param_with(
+                    &vb,
+                    "c_out",
+                    t(
+                        randn(h * heads * d, (1.0 / (heads * d) as f64).sqrt()),
+                        &[h, heads, d],
+                    )?,
+                )?,
+                d: param_with(&vb, "d", t(randn(h, 1.0), &[h])?)?,
+                beta,
+                tree,
+                cfg,
+            });
+        }
         // HiPPO-N eigenvalues, one of each conjugate pair per head, discretised with ZOH.
         let init = block_init(2 * heads, 1, true)
             .map_err(|e| candle_core::Error::Msg(format!("Myo: {e}")))?;
@@ -158,7 +220,6 @@ impl Myo {
             .map(|_| std_out * normal(&mut rng) / 2f64.sqrt())
             .collect();
         let d: Vec<f64> = (0..h).map(|_| normal(&mut rng)).collect();
-        let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &cpu);
         let coupling_b = param_with(&vb, "coupling_b", t(coupling.clone(), &[heads, per, 2])?)?;
         let coupling_c = if cfg.symmetric {
             None
@@ -195,20 +256,39 @@ impl Myo {
         &self.tree
     }
 
-    /// β φ(raw) per node: (heads, nodes, 2).
+    /// Per node: β φ(raw), (heads, nodes, 2); for d × d blocks β M / (1 + max(‖M‖∞, ‖M‖₁)),
+    /// (heads, nodes, d, d), whose rows and columns both sum to less than β in modulus.
     fn coupling(&self, raw: &Tensor) -> Result<Tensor> {
         let raw = if self.cfg.per_level {
             raw.index_select(&self.node_level, 1)?
         } else {
             raw.clone()
         };
+        if self.cfg.block > 1 {
+            let abs = raw.abs()?;
+            let rows = abs.sum(D::Minus1)?.max_keepdim(D::Minus1)?;
+            let cols = abs.sum(D::Minus2)?.max_keepdim(D::Minus1)?;
+            let scale = (rows.maximum(&cols)? + 1.0)?
+                .recip()?
+                .unsqueeze(D::Minus1)?;
+            return raw.broadcast_mul(&scale)? * self.beta;
+        }
         let m = (raw.sqr()?.sum_keepdim(D::Minus1)? + 1e-12)?.sqrt()?;
         raw.broadcast_mul(&(m.tanh()? / m)?)? * self.beta
     }
 
-    /// The blocks of T_G: A = 1, B, C, each (heads, nodes, 1, 1, 2).
+    /// The blocks of T_G: A = 1, B, C, each (heads, nodes, 1, 1, 2); for d × d blocks
+    /// A = I, B, C (heads, nodes, d, d).
     pub fn blocks(&self) -> Result<(Tensor, Tensor, Tensor)> {
         let b = self.coupling(&self.coupling_b)?;
+        if self.cfg.block > 1 {
+            let c = match &self.coupling_c {
+                Some(raw) => self.coupling(raw)?,
+                None => b.transpose(2, 3)?.contiguous()?,
+            };
+            let eye = Tensor::eye(self.cfg.block, b.dtype(), b.device())?;
+            return Ok((eye.broadcast_as(b.shape())?.contiguous()?, b, c));
+        }
         let c = match &self.coupling_c {
             Some(raw) => self.coupling(raw)?,
             None => Tensor::cat(&[b.narrow(2, 0, 1)?, b.narrow(2, 1, 1)?.neg()?], 2)?,
@@ -228,8 +308,8 @@ impl Myo {
     /// Outputs of every node: (batch, nodes, H); the leaves include the D skip (internal nodes
     /// have no input to skip).
     pub fn forward_nodes(&self, x: &Tensor) -> Result<Tensor> {
-        let (batch, len, h) = x.dims3()?;
-        let (heads, n) = (self.cfg.heads, self.tree.len());
+        let (_, len, h) = x.dims3()?;
+        let n = self.tree.len();
         if len != self.tree.leaves() || h != self.cfg.d_model {
             candle_core::bail!(
                 "Myo: input (batch, {len}, {h}) does not match the tree's {} leaves and d_model {}",
@@ -237,6 +317,19 @@ impl Myo {
                 self.cfg.d_model
             );
         }
+        let y = if self.cfg.block > 1 {
+            self.block_outputs(x)?
+        } else {
+            self.scalar_outputs(x)?
+        };
+        let leaves = (y.narrow(1, 0, len)? + x.broadcast_mul(&self.d)?)?;
+        Tensor::cat(&[leaves, y.narrow(1, len, n - len)?], 1)
+    }
+
+    /// Re(C_out x_v) for every node with scalar complex heads: (batch, nodes, H).
+    fn scalar_outputs(&self, x: &Tensor) -> Result<Tensor> {
+        let (batch, len, _) = x.dims3()?;
+        let (heads, n) = (self.cfg.heads, self.tree.len());
         let part = |t: &Tensor, i: usize| t.narrow(D::Minus1, i, 1)?.squeeze(D::Minus1);
         // Leaves: B_in x, (batch, heads, L) per part; internal nodes: the learned inputs.
         let mut u_parts = Vec::with_capacity(2);
@@ -266,10 +359,31 @@ impl Myo {
             part(&xs, 0)?.transpose(1, 2)?,
             part(&xs, 1)?.transpose(1, 2)?,
         );
-        let y = (x_re.broadcast_matmul(&part(&self.c_out, 0)?.t()?)?
-            - x_im.broadcast_matmul(&part(&self.c_out, 1)?.t()?)?)?;
-        let leaves = (y.narrow(1, 0, len)? + x.broadcast_mul(&self.d)?)?;
-        Tensor::cat(&[leaves, y.narrow(1, len, n - len)?], 1)
+        x_re.broadcast_matmul(&part(&self.c_out, 0)?.t()?)?
+            - x_im.broadcast_matmul(&part(&self.c_out, 1)?.t()?)?
+    }
+
+    /// C_out x_v for every node with real d × d blocks: (batch, nodes, H).
+    fn block_outputs(&self, x: &Tensor) -> Result<Tensor> {
+        let (batch, len, h) = x.dims3()?;
+        let (heads, n, d) = (self.cfg.heads, self.tree.len(), self.cfg.block);
+        // Leaves: B_in x per head, (batch, heads, L, d); internal nodes: the learned inputs.
+        let leaf = x
+            .broadcast_matmul(&self.b_in.reshape((heads * d, h))?.t()?)?
+            .reshape((batch, len, heads, d))?
+            .permute((0, 2, 1, 3))?;
+        let virt = self
+            .virtual_u
+            .unsqueeze(0)?
+            .broadcast_as((batch, heads, n - len, d))?;
+        let u = Tensor::cat(&[leaf.contiguous()?, virt.contiguous()?], 2)?.unsqueeze(4)?;
+        let (a, b, c) = self.blocks()?;
+        let xs = tree_solve(&self.tree, &a, &b, &c, &u, TreeSolveOptions::default())?;
+        let xs = xs
+            .squeeze(4)?
+            .permute((0, 2, 1, 3))?
+            .reshape((batch, n, heads * d))?;
+        xs.broadcast_matmul(&self.c_out.reshape((h, heads * d))?.t()?)
     }
 }
 
