@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
-use common::to_vec;
+use common::{assert_all_gradients, to_vec};
 use myosotis::nn::*;
 use myosotis::train::checkpoint;
 
@@ -98,21 +98,12 @@ fn every_parameter_gets_a_finite_nonzero_gradient() {
             assert_eq!(logp.dims(), &[5, 4]);
             let loss = candle_nn::loss::nll(&logp, &target).unwrap();
             let grads = loss.backward().unwrap();
-            for (name, var) in varmap.data().lock().unwrap().iter() {
-                if name.ends_with("running_mean") || name.ends_with("running_var") {
-                    continue; // BatchNorm statistics: updated, not trained
-                }
-                let g = to_vec(
-                    grads
-                        .get(var)
-                        .unwrap_or_else(|| panic!("no gradient for {name} ({cfg:?})")),
-                );
-                assert!(g.iter().all(|v| v.is_finite()), "{name}: non-finite");
-                assert!(
-                    g.iter().any(|v| *v != 0.0),
-                    "{name}: zero gradient ({activation:?}, {norm:?})"
-                );
-            }
+            assert_all_gradients(
+                &varmap,
+                &grads,
+                &["running_mean", "running_var"],
+                &format!("{cfg:?}"),
+            );
         }
     }
 }

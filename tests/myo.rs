@@ -391,15 +391,7 @@ fn every_parameter_gets_a_finite_nonzero_gradient() {
                 .unwrap())
         .unwrap();
         let grads = loss.backward().unwrap();
-        for (name, var) in varmap.data().lock().unwrap().iter() {
-            let g = to_vec(
-                grads
-                    .get(var)
-                    .unwrap_or_else(|| panic!("no gradient for {name}")),
-            );
-            assert!(g.iter().all(|v| v.is_finite()), "{name}: non-finite");
-            assert!(g.iter().any(|v| *v != 0.0), "{name}: zero");
-        }
+        assert_all_gradients(&varmap, &grads, &[], &format!("{cfg:?}"));
         let bad = Tensor::zeros((1, 8, 3), DType::F64, &Device::Cpu).unwrap();
         assert!(layer
             .forward(&bad)

@@ -93,16 +93,6 @@ fn equals_a_direct_two_dimensional_recurrence() {
             .unwrap()
             .backward()
             .unwrap();
-        for (name, var) in varmap.data().lock().unwrap().iter() {
-            let g = to_vec(
-                grads
-                    .get(var)
-                    .unwrap_or_else(|| panic!("no gradient for {name}")),
-            );
-            assert!(
-                g.iter().all(|v| v.is_finite()) && g.iter().any(|v| *v != 0.0),
-                "{name}"
-            );
-        }
+        common::assert_all_gradients(&varmap, &grads, &[], "2-D SSM");
     }
 }

@@ -126,9 +126,9 @@ fn unsquash(re: f64, im: f64) -> (f64, f64) {
 impl Myo {
     pub fn new(cfg: MyoConfig, vb: VarBuilder) -> Result<Self> {
         let tree = cfg.tree.build()?;
-        let (h, heads, n) = (cfg.d_model, cfg.heads, tree.len());
-        if h == 0 || heads == 0 {
-            candle_core::bail!("Myo: d_model and heads must be positive");
+        let (h, heads, n, d) = (cfg.d_model, cfg.heads, tree.len(), cfg.block);
+        if h == 0 || heads == 0 || d == 0 {
+            candle_core::bail!("Myo: d_model, heads and block must be positive");
         }
         let levels = tree.levels();
         let k_max = (0..n).map(|v| tree.children(v).len()).max().unwrap_or(0);
@@ -138,110 +138,75 @@ impl Myo {
         let level_of: Vec<u32> = (0..levels)
             .flat_map(|k| tree.level(k).map(move |_| k as u32))
             .collect();
-        let cpu = Device::Cpu;
         let mut rng = StdRng::seed_from_u64(cfg.seed);
-        let normal = |rng: &mut StdRng| {
-            let (u1, u2): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
-            (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        let mut randn = |count: usize, std: f64| -> Vec<f64> {
+            (0..count)
+                .map(|_| {
+                    let (u1, u2): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
+                    std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+                })
+                .collect()
         };
-        let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &cpu);
-        if cfg.block == 0 {
-            candle_core::bail!("Myo: block size must be at least 1");
-        }
-        if cfg.block > 1 {
-            // Real d × d blocks from random couplings (HiPPO-N initialises scalar heads).
-            let d = cfg.block;
-            let mut randn = |n: usize, std: f64| -> Vec<f64> {
-                (0..n).map(|_| std * normal(&mut rng)).collect()
+        // Initial values: scalar complex heads ((…, 2) = re, im) or real d × d blocks.
+        let (w, coupling, coupling_shape) = if d == 1 {
+            // HiPPO-N eigenvalues, one of each conjugate pair per head, discretised with ZOH;
+            // the couplings start at −β Λ̄_h.
+            let init = block_init(2 * heads, 1, true)
+                .map_err(|e| candle_core::Error::Msg(format!("Myo: {e}")))?;
+            let (lo, hi) = (cfg.dt_min.ln(), cfg.dt_max.ln());
+            let steps: Vec<f64> = {
+                let mut r = StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
+                (0..heads).map(|_| r.random_range(lo..hi).exp()).collect()
             };
-            let coupling_b = param_with(
-                &vb,
-                "coupling_b",
-                t(randn(heads * per * d * d, 0.5), &[heads, per, d, d])?,
-            )?;
-            let coupling_c = if cfg.symmetric {
-                None
-            } else {
-                Some(param_with(
-                    &vb,
-                    "coupling_c",
-                    t(randn(heads * per * d * d, 0.5), &[heads, per, d, d])?,
-                )?)
-            };
-            return Ok(Myo {
-                node_level: Tensor::new(level_of, vb.device())?,
-                b_in: param_with(
-                    &vb,
-                    "b_in",
-                    t(
-                        randn(heads * d * h, (1.0 / h as f64).sqrt()),
-                        &[heads, d, h],
-                    )?,
-                )?,
-                virtual_u: param_with(
-                    &vb,
-                    "virtual_u",
-                    t(vec![0.0; heads * internal * d], &[heads, internal, d])?,
-                )?,
-                coupling_b,
-                coupling_c,
-                c_out: param_with(
-                    &vb,
-                    "c_out",
-                    t(
-                        randn(h * heads * d, (1.0 / (heads * d) as f64).sqrt()),
-                        &[h, heads, d],
-                    )?,
-                )?,
-                d: param_with(&vb, "d", t(randn(h, 1.0), &[h])?)?,
-                beta,
-                tree,
-                cfg,
-            });
-        }
-        // HiPPO-N eigenvalues, one of each conjugate pair per head, discretised with ZOH.
-        let init = block_init(2 * heads, 1, true)
-            .map_err(|e| candle_core::Error::Msg(format!("Myo: {e}")))?;
-        let (lo, hi) = (cfg.dt_min.ln(), cfg.dt_max.ln());
-        let mut coupling = Vec::with_capacity(heads * per * 2);
-        for lam in &init.lambda {
-            let lbar = (lam * rng.random_range(lo..hi).exp()).exp();
-            let (re, im) = unsquash(-lbar.re * (1.0 - 1e-3), -lbar.im * (1.0 - 1e-3));
-            for _ in 0..per {
-                coupling.extend([re, im]);
+            let mut c = Vec::with_capacity(heads * per * 2);
+            for (lam, step) in init.lambda.iter().zip(&steps) {
+                let lbar = (lam * step).exp();
+                let (re, im) = unsquash(-lbar.re * (1.0 - 1e-3), -lbar.im * (1.0 - 1e-3));
+                for _ in 0..per {
+                    c.extend([re, im]);
+                }
             }
-        }
-        let std_in = (1.0 / h as f64).sqrt();
-        let b_in: Vec<f64> = (0..heads * h * 2)
-            .map(|_| std_in * normal(&mut rng) / 2f64.sqrt())
-            .collect();
-        let std_out = (1.0 / heads as f64).sqrt();
-        let c_out: Vec<f64> = (0..h * heads * 2)
-            .map(|_| std_out * normal(&mut rng) / 2f64.sqrt())
-            .collect();
-        let d: Vec<f64> = (0..h).map(|_| normal(&mut rng)).collect();
-        let coupling_b = param_with(&vb, "coupling_b", t(coupling.clone(), &[heads, per, 2])?)?;
+            (2, c, vec![heads, per, 2])
+        } else {
+            // HiPPO-N initialises scalar heads; blocks start from random couplings.
+            (d, randn(heads * per * d * d, 0.5), vec![heads, per, d, d])
+        };
+        // For scalar heads the complex parts each get half the variance.
+        let part = if d == 1 { 0.5f64.sqrt() } else { 1.0 };
+        let b_in = randn(heads * w * h, part * (1.0 / h as f64).sqrt());
+        let c_out = randn(
+            h * heads * w,
+            part * (1.0 / (heads * if d == 1 { 1 } else { d }) as f64).sqrt(),
+        );
+        let skip = randn(h, 1.0);
+        let (b_in_shape, c_out_shape) = if d == 1 {
+            (vec![heads, h, 2], vec![h, heads, 2])
+        } else {
+            (vec![heads, d, h], vec![h, heads, d])
+        };
+        let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu);
         let coupling_c = if cfg.symmetric {
             None
         } else {
-            Some(param_with(
-                &vb,
-                "coupling_c",
-                t(coupling, &[heads, per, 2])?,
-            )?)
+            let init = if d == 1 {
+                coupling.clone()
+            } else {
+                randn(heads * per * d * d, 0.5)
+            };
+            Some(param_with(&vb, "coupling_c", t(init, &coupling_shape)?)?)
         };
         Ok(Myo {
             node_level: Tensor::new(level_of, vb.device())?,
-            b_in: param_with(&vb, "b_in", t(b_in, &[heads, h, 2])?)?,
+            b_in: param_with(&vb, "b_in", t(b_in, &b_in_shape)?)?,
             virtual_u: param_with(
                 &vb,
                 "virtual_u",
-                t(vec![0.0; heads * internal * 2], &[heads, internal, 2])?,
+                t(vec![0.0; heads * internal * w], &[heads, internal, w])?,
             )?,
-            coupling_b,
+            coupling_b: param_with(&vb, "coupling_b", t(coupling, &coupling_shape)?)?,
             coupling_c,
-            c_out: param_with(&vb, "c_out", t(c_out, &[h, heads, 2])?)?,
-            d: param_with(&vb, "d", t(d, &[h])?)?,
+            c_out: param_with(&vb, "c_out", t(c_out, &c_out_shape)?)?,
+            d: param_with(&vb, "d", t(skip, &[h])?)?,
             beta,
             tree,
             cfg,

@@ -6,6 +6,34 @@ use myosotis::ops::{GateShape, ScanOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Asserts that every variable of `varmap` (but those whose names end in one of `skip`) has a
+/// finite, non-zero gradient in `grads`.
+pub fn assert_all_gradients(
+    varmap: &candle_nn::VarMap,
+    grads: &candle_core::backprop::GradStore,
+    skip: &[&str],
+    what: &str,
+) {
+    for (name, var) in varmap.data().lock().unwrap().iter() {
+        if skip.iter().any(|s| name.ends_with(s)) {
+            continue;
+        }
+        let g = to_vec(
+            grads
+                .get(var)
+                .unwrap_or_else(|| panic!("{what}: no gradient for {name}")),
+        );
+        assert!(
+            g.iter().all(|v| v.is_finite()),
+            "{what}: {name} has a non-finite gradient"
+        );
+        assert!(
+            g.iter().any(|v| *v != 0.0),
+            "{what}: {name} has a zero gradient"
+        );
+    }
+}
+
 /// The first CUDA device, or `None` with the reason printed (the CUDA tests then skip).
 pub fn gpu(test: &str) -> Option<Device> {
     match Device::new_cuda(0) {
