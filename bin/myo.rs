@@ -42,23 +42,15 @@ enum BenchCmd {
     },
 }
 
+/// Flags every kernel benchmark takes.
 #[derive(Args)]
-struct ScanArgs {
+struct BenchFlags {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    #[arg(long, default_value_t = 256)]
-    channels: usize,
-    #[arg(long, default_value_t = 4096)]
-    len: usize,
     /// Complex values (trailing dimension 2).
     #[arg(long)]
     complex: bool,
-    /// Gate shared over batch and length, shape (channels), as in S5.
-    #[arg(long)]
-    shared_a: bool,
     /// Time forward + backward.
     #[arg(long)]
     backward: bool,
@@ -69,7 +61,7 @@ struct ScanArgs {
     warmup: usize,
     #[arg(long, default_value_t = 15)]
     repeats: usize,
-    /// Skip the plain-candle reference (it is a slow loop over the length).
+    /// Skip the plain-candle reference (slow: a loop over the length or the levels).
     #[arg(long)]
     no_reference: bool,
     /// Print one JSON object instead of text.
@@ -78,10 +70,22 @@ struct ScanArgs {
 }
 
 #[derive(Args)]
+struct ScanArgs {
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    #[arg(long, default_value_t = 256)]
+    channels: usize,
+    #[arg(long, default_value_t = 4096)]
+    len: usize,
+    /// Gate shared over batch and length, shape (channels), as in S5.
+    #[arg(long)]
+    shared_a: bool,
+    #[command(flatten)]
+    flags: BenchFlags,
+}
+
+#[derive(Args)]
 struct TreeArgs {
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: String,
     #[arg(long, default_value_t = 16)]
     batch: usize,
     #[arg(long, default_value_t = 64)]
@@ -97,28 +101,11 @@ struct TreeArgs {
     /// Right-hand sides r.
     #[arg(long, default_value_t = 1)]
     rhs: usize,
-    /// Complex values (trailing dimension 2).
-    #[arg(long)]
-    complex: bool,
     /// Coefficients per sample instead of shared across the batch.
     #[arg(long)]
     per_sample: bool,
-    /// Time forward + backward.
-    #[arg(long)]
-    backward: bool,
-    /// f32, f64, f16 or bf16.
-    #[arg(long, default_value = "f32")]
-    dtype: String,
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
-    #[arg(long, default_value_t = 15)]
-    repeats: usize,
-    /// Skip the plain-candle reference (the paper's Listing 1: a loop over levels).
-    #[arg(long)]
-    no_reference: bool,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    flags: BenchFlags,
 }
 
 fn parse_dtype(s: &str) -> Result<DType> {
@@ -176,8 +163,16 @@ fn keep_large_allocations() {
     }
 }
 
-fn main() -> Result<()> {
+fn main() {
     keep_large_allocations();
+    if let Err(e) = run() {
+        // The message chain only: users read it, backtraces are for RUST_BACKTRACE debugging.
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
@@ -186,26 +181,26 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Bench { which } => match which {
             BenchCmd::Scan(a) => {
-                let device = parse_device(&a.device)?;
+                let device = parse_device(&a.flags.device)?;
                 let bench = ScanBench {
                     batch: a.batch,
                     channels: a.channels,
                     len: a.len,
-                    complex: a.complex,
+                    complex: a.flags.complex,
                     shared_a: a.shared_a,
-                    backward: a.backward,
-                    dtype: parse_dtype(&a.dtype)?,
-                    warmup: a.warmup,
-                    repeats: a.repeats,
-                    reference: !a.no_reference,
+                    backward: a.flags.backward,
+                    dtype: parse_dtype(&a.flags.dtype)?,
+                    warmup: a.flags.warmup,
+                    repeats: a.flags.repeats,
+                    reference: !a.flags.no_reference,
                 };
                 emit(
                     &bench.run(&device).context("scan benchmark failed")?,
-                    a.json,
+                    a.flags.json,
                 )?;
             }
             BenchCmd::Tree(a) => {
-                let device = parse_device(&a.device)?;
+                let device = parse_device(&a.flags.device)?;
                 let bench = TreeBench {
                     batch: a.batch,
                     heads: a.heads,
@@ -213,17 +208,17 @@ fn main() -> Result<()> {
                     arity: a.arity,
                     block: a.block,
                     rhs: a.rhs,
-                    complex: a.complex,
+                    complex: a.flags.complex,
                     per_sample: a.per_sample,
-                    backward: a.backward,
-                    dtype: parse_dtype(&a.dtype)?,
-                    warmup: a.warmup,
-                    repeats: a.repeats,
-                    reference: !a.no_reference,
+                    backward: a.flags.backward,
+                    dtype: parse_dtype(&a.flags.dtype)?,
+                    warmup: a.flags.warmup,
+                    repeats: a.flags.repeats,
+                    reference: !a.flags.no_reference,
                 };
                 emit(
                     &bench.run(&device).context("tree benchmark failed")?,
-                    a.json,
+                    a.flags.json,
                 )?;
             }
             BenchCmd::Copy { device, mega_elems } => {
