@@ -24,6 +24,37 @@ enum Command {
         #[command(subcommand)]
         which: BenchCmd,
     },
+    /// Generate datasets.
+    Data {
+        #[command(subcommand)]
+        which: DataCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum DataCmd {
+    /// ListOps in the LRA TSV format (basic_{train,val,test}.tsv) from the built-in generator.
+    Listops {
+        #[arg(long)]
+        out: std::path::PathBuf,
+        #[arg(long, default_value_t = 96_000)]
+        train: usize,
+        #[arg(long, default_value_t = 2_000)]
+        val: usize,
+        #[arg(long, default_value_t = 2_000)]
+        test: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 10)]
+        max_depth: usize,
+        #[arg(long, default_value_t = 10)]
+        max_args: usize,
+        /// Lengths strictly between --min-length and --max-length are kept.
+        #[arg(long, default_value_t = 500)]
+        min_length: usize,
+        #[arg(long, default_value_t = 2000)]
+        max_length: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -228,6 +259,34 @@ fn run() -> Result<()> {
                     "copy  device={}  {} MiB f32  {gbps:.1} GB/s (read + write)",
                     describe(&dev),
                     mega_elems * 4
+                );
+            }
+        },
+        Command::Data { which } => match which {
+            DataCmd::Listops {
+                out,
+                train,
+                val,
+                test,
+                seed,
+                max_depth,
+                max_args,
+                min_length,
+                max_length,
+            } => {
+                let cfg = myosotis::data::listops::ListOpsConfig {
+                    max_depth,
+                    max_args,
+                    min_length,
+                    max_length,
+                    seed,
+                };
+                let splits = myosotis::data::listops::Splits { train, val, test };
+                myosotis::data::listops::write_dataset(&out, &cfg, splits)
+                    .context("generating ListOps")?;
+                println!(
+                    "ListOps written to {} ({train} / {val} / {test} examples)",
+                    out.display()
                 );
             }
         },

@@ -6,6 +6,7 @@
 pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod data;
 pub mod nn;
 pub mod ops;
 pub mod train;

@@ -1,0 +1,3 @@
+//! Datasets: readers of the benchmark formats and the built-in ListOps generator.
+
+pub mod listops;
