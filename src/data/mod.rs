@@ -1,3 +1,4 @@
 //! Datasets: readers of the benchmark formats and the built-in ListOps generator.
 
+pub mod images;
 pub mod listops;

@@ -1,0 +1,194 @@
+//! Readers of the image benchmarks' files (formats in anchors.md), with errors that name the
+//! file and record:
+//! * MNIST IDX: `{train,t10k}-images-idx3-ubyte` (magic 2051, count, rows, cols, pixels) and
+//!   `{train,t10k}-labels-idx1-ubyte` (magic 2049, count, labels), big-endian, plain or `.gz`;
+//! * CIFAR-10 binary: `data_batch_{1..5}.bin`, `test_batch.bin`, records of 1 label byte and
+//!   3,072 pixel bytes (the R, G, B planes of 32 × 32).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// Images with labels, pixels as bytes in (image, row, column, channel) order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageSet {
+    pub pixels: Vec<u8>,
+    pub labels: Vec<u8>,
+    pub height: usize,
+    pub width: usize,
+    pub channels: usize,
+}
+
+impl ImageSet {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Pixels of image i, (row, column, channel).
+    pub fn image(&self, i: usize) -> &[u8] {
+        let n = self.height * self.width * self.channels;
+        &self.pixels[i * n..(i + 1) * n]
+    }
+}
+
+/// `name`, or `name.gz`, in `dir`.
+fn find(dir: &Path, name: &str) -> Result<PathBuf> {
+    let plain = dir.join(name);
+    if plain.exists() {
+        return Ok(plain);
+    }
+    let gz = dir.join(format!("{name}.gz"));
+    if gz.exists() {
+        return Ok(gz);
+    }
+    bail!("{} not found (nor {}.gz)", plain.display(), name)
+}
+
+/// A file's bytes, decompressed when it ends in `.gz`.
+fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    let raw = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        let mut out = vec![];
+        flate2::read::GzDecoder::new(raw.as_slice())
+            .read_to_end(&mut out)
+            .with_context(|| format!("{}: not a valid gzip file", path.display()))?;
+        return Ok(out);
+    }
+    Ok(raw)
+}
+
+fn be_u32(bytes: &[u8], at: usize, path: &Path) -> Result<u32> {
+    let b = bytes.get(at..at + 4).with_context(|| {
+        format!(
+            "{}: truncated header ({} bytes)",
+            path.display(),
+            bytes.len()
+        )
+    })?;
+    Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// One MNIST split (`train` or `t10k`) from the IDX files in `dir`.
+pub fn read_mnist(dir: &Path, split: &str) -> Result<ImageSet> {
+    let ip = find(dir, &format!("{split}-images-idx3-ubyte"))?;
+    let lp = find(dir, &format!("{split}-labels-idx1-ubyte"))?;
+    let (images, labels) = (read_bytes(&ip)?, read_bytes(&lp)?);
+    let magic = be_u32(&images, 0, &ip)?;
+    if magic != 2051 {
+        bail!(
+            "{}: magic number {magic}, expected 2051 (IDX images)",
+            ip.display()
+        );
+    }
+    let (n, rows, cols) = (
+        be_u32(&images, 4, &ip)? as usize,
+        be_u32(&images, 8, &ip)? as usize,
+        be_u32(&images, 12, &ip)? as usize,
+    );
+    let per = rows * cols;
+    let have = images.len().saturating_sub(16);
+    if have != n * per {
+        bail!(
+            "{}: header says {n} images of {rows} x {cols} ({} bytes) but the file has {have}: image {} is {}",
+            ip.display(),
+            n * per,
+            have / per.max(1),
+            if have < n * per { "truncated" } else { "followed by extra bytes" }
+        );
+    }
+    let magic = be_u32(&labels, 0, &lp)?;
+    if magic != 2049 {
+        bail!(
+            "{}: magic number {magic}, expected 2049 (IDX labels)",
+            lp.display()
+        );
+    }
+    let m = be_u32(&labels, 4, &lp)? as usize;
+    if labels.len() - 8 != m {
+        bail!(
+            "{}: header says {m} labels but the file has {}",
+            lp.display(),
+            labels.len() - 8
+        );
+    }
+    if m != n {
+        bail!(
+            "{} has {n} images but {} has {m} labels",
+            ip.display(),
+            lp.display()
+        );
+    }
+    if let Some(i) = labels[8..].iter().position(|&l| l > 9) {
+        bail!(
+            "{}: label {} of record {i} is not a digit",
+            lp.display(),
+            labels[8 + i]
+        );
+    }
+    Ok(ImageSet {
+        pixels: images[16..].to_vec(),
+        labels: labels[8..].to_vec(),
+        height: rows,
+        width: cols,
+        channels: 1,
+    })
+}
+
+/// CIFAR-10 records from the given binary files in `dir` (e.g. `data_batch_1.bin` …).
+pub fn read_cifar10(dir: &Path, files: &[&str]) -> Result<ImageSet> {
+    const SIDE: usize = 32;
+    const PLANE: usize = SIDE * SIDE;
+    const RECORD: usize = 1 + 3 * PLANE;
+    let mut set = ImageSet {
+        pixels: vec![],
+        labels: vec![],
+        height: SIDE,
+        width: SIDE,
+        channels: 3,
+    };
+    for name in files {
+        let path = dir.join(name);
+        let bytes = std::fs::read(&path)
+            .with_context(|| format!("cannot read CIFAR-10 file {}", path.display()))?;
+        if bytes.is_empty() || bytes.len() % RECORD != 0 {
+            bail!(
+                "{}: {} bytes is not a whole number of {RECORD}-byte records (record {} is truncated)",
+                path.display(),
+                bytes.len(),
+                bytes.len() / RECORD
+            );
+        }
+        for (i, rec) in bytes.chunks_exact(RECORD).enumerate() {
+            if rec[0] > 9 {
+                bail!(
+                    "{}: record {i} has label {}, expected 0-9",
+                    path.display(),
+                    rec[0]
+                );
+            }
+            set.labels.push(rec[0]);
+            // planes R, G, B → (row, column, channel)
+            for p in 0..PLANE {
+                set.pixels
+                    .extend([rec[1 + p], rec[1 + PLANE + p], rec[1 + 2 * PLANE + p]]);
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// The CIFAR-10 training files.
+pub const CIFAR_TRAIN: [&str; 5] = [
+    "data_batch_1.bin",
+    "data_batch_2.bin",
+    "data_batch_3.bin",
+    "data_batch_4.bin",
+    "data_batch_5.bin",
+];
+/// The CIFAR-10 test file.
+pub const CIFAR_TEST: [&str; 1] = ["test_batch.bin"];

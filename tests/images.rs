@@ -1,0 +1,149 @@
+//! MNIST IDX and CIFAR-10 binary readers against small files written here, and each
+//! malformed case.
+
+use std::io::Write;
+use std::path::Path;
+
+use myosotis::data::images::{read_cifar10, read_mnist};
+
+fn idx_images(n: u32, rows: u32, cols: u32, pixels: &[u8]) -> Vec<u8> {
+    let mut v = vec![];
+    for x in [2051u32, n, rows, cols] {
+        v.extend(x.to_be_bytes());
+    }
+    v.extend(pixels);
+    v
+}
+
+fn idx_labels(labels: &[u8]) -> Vec<u8> {
+    let mut v = vec![];
+    v.extend(2049u32.to_be_bytes());
+    v.extend((labels.len() as u32).to_be_bytes());
+    v.extend(labels);
+    v
+}
+
+fn dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("myosotis-images-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn write(d: &Path, name: &str, bytes: &[u8]) {
+    std::fs::write(d.join(name), bytes).unwrap();
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(vec![], flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+#[test]
+fn mnist_reads_plain_and_gzip_idx() {
+    let d = dir("mnist");
+    let pixels: Vec<u8> = (0..3 * 4 * 5).map(|i| i as u8).collect();
+    write(&d, "train-images-idx3-ubyte", &idx_images(3, 4, 5, &pixels));
+    write(&d, "train-labels-idx1-ubyte", &idx_labels(&[7, 0, 9]));
+    let set = read_mnist(&d, "train").unwrap();
+    assert_eq!(
+        (set.len(), set.height, set.width, set.channels),
+        (3, 4, 5, 1)
+    );
+    assert_eq!(set.labels, [7, 0, 9]);
+    assert_eq!(set.image(1), &pixels[20..40]);
+    write(
+        &d,
+        "t10k-images-idx3-ubyte.gz",
+        &gzip(&idx_images(3, 4, 5, &pixels)),
+    );
+    write(
+        &d,
+        "t10k-labels-idx1-ubyte.gz",
+        &gzip(&idx_labels(&[7, 0, 9])),
+    );
+    assert_eq!(read_mnist(&d, "t10k").unwrap(), set);
+}
+
+#[test]
+fn mnist_malformed_files_are_errors_naming_the_file() {
+    let pixels = vec![1u8; 2 * 2 * 2];
+    let cases: Vec<(&str, Vec<u8>, Vec<u8>, &str)> = vec![
+        (
+            "magic",
+            {
+                let mut v = idx_images(2, 2, 2, &pixels);
+                v[3] = 1;
+                v
+            },
+            idx_labels(&[1, 2]),
+            "magic number",
+        ),
+        (
+            "truncated",
+            idx_images(2, 2, 2, &pixels[..6]),
+            idx_labels(&[1, 2]),
+            "image 1 is truncated",
+        ),
+        (
+            "counts",
+            idx_images(2, 2, 2, &pixels),
+            idx_labels(&[1, 2, 3]),
+            "has 3 labels",
+        ),
+        (
+            "label",
+            idx_images(2, 2, 2, &pixels),
+            idx_labels(&[1, 12]),
+            "record 1",
+        ),
+        (
+            "header",
+            vec![0, 0, 8],
+            idx_labels(&[1]),
+            "truncated header",
+        ),
+    ];
+    for (name, images, labels, needle) in cases {
+        let d = dir(name);
+        write(&d, "train-images-idx3-ubyte", &images);
+        write(&d, "train-labels-idx1-ubyte", &labels);
+        let err = format!("{:#}", read_mnist(&d, "train").unwrap_err());
+        assert!(err.contains("idx") && err.contains(needle), "{name}: {err}");
+    }
+    let err = format!("{:#}", read_mnist(&dir("missing"), "train").unwrap_err());
+    assert!(
+        err.contains("train-images-idx3-ubyte") && err.contains("not found"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cifar_reads_planes_into_pixels_and_rejects_bad_records() {
+    let d = dir("cifar");
+    let mut rec = vec![3u8];
+    rec.extend((0..1024).map(|_| 10u8)); // R
+    rec.extend((0..1024).map(|_| 20u8)); // G
+    rec.extend((0..1024).map(|_| 30u8)); // B
+    let two: Vec<u8> = [rec.clone(), rec.clone()].concat();
+    write(&d, "data_batch_1.bin", &two);
+    let set = read_cifar10(&d, &["data_batch_1.bin"]).unwrap();
+    assert_eq!((set.len(), set.channels), (2, 3));
+    assert_eq!(&set.image(1)[..6], &[10, 20, 30, 10, 20, 30]);
+    write(&d, "short.bin", &two[..5000]);
+    let err = format!("{:#}", read_cifar10(&d, &["short.bin"]).unwrap_err());
+    assert!(
+        err.contains("short.bin") && err.contains("record 1 is truncated"),
+        "{err}"
+    );
+    let mut bad = two.clone();
+    bad[3073] = 11;
+    write(&d, "label.bin", &bad);
+    let err = format!("{:#}", read_cifar10(&d, &["label.bin"]).unwrap_err());
+    assert!(
+        err.contains("label.bin") && err.contains("record 1 has label 11"),
+        "{err}"
+    );
+    assert!(format!("{:#}", read_cifar10(&d, &["absent.bin"]).unwrap_err()).contains("absent.bin"));
+}
