@@ -1,3 +1,5 @@
-//! Training support: checkpoints (safetensors with the model config in the metadata).
+//! Training support: checkpoints (safetensors with the model config in the metadata) and the
+//! optimiser (AdamW in the reference's parameter groups, warm-up + cosine schedule).
 
 pub mod checkpoint;
+pub mod optim;

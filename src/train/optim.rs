@@ -1,0 +1,213 @@
+//! The optimiser of the S5 reference (`train_helpers.py`; anchors.md): AdamW in two parameter
+//! groups — the SSM parameters (Λ, B, log Δ, tree coefficients, norms) at `ssm_lr` without
+//! weight decay, everything else at `lr` with `weight_decay` — under a linear warm-up followed
+//! by a per-step cosine decay to `lr_min`, with optional gradient clipping by global norm.
+//!
+//! AdamW, per parameter θ with gradient g at step t (1-based):
+//!   m ← β₁m + (1−β₁)g,  v ← β₂v + (1−β₂)g²,
+//!   θ ← θ − η_t (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε) − η_t λ θ.
+//! Written here (rather than candle-nn's `AdamW`) so that its moments can be saved with a
+//! checkpoint and a resumed run continues exactly.
+
+use std::collections::HashMap;
+
+use candle_core::backprop::GradStore;
+use candle_core::{Result, Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+/// Which group a parameter belongs to, from its name in the module tree.
+pub fn is_ssm_param(name: &str) -> bool {
+    const SSM: [&str; 9] = [
+        "lambda_re",
+        "lambda_im",
+        "log_step",
+        "coupling_b",
+        "coupling_c",
+        "virtual_u",
+        "b_in",
+        "a",
+        "b",
+    ];
+    let last = name.rsplit('.').next().unwrap_or(name);
+    let in_ssm = name.contains(".ssm.");
+    (in_ssm && SSM.contains(&last)) || name.contains(".norm.")
+}
+
+/// Hyper-parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OptimConfig {
+    /// Learning rate of the regular group.
+    pub lr: f64,
+    /// Learning rate of the SSM group.
+    pub ssm_lr: f64,
+    pub lr_min: f64,
+    pub weight_decay: f64,
+    pub warmup_steps: usize,
+    pub total_steps: usize,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Clip the global gradient norm to this value (none when `None`).
+    pub clip: Option<f64>,
+}
+
+impl OptimConfig {
+    /// The learning rate of a group with base rate `base` at step `step` (0-based): linear from
+    /// 0 to `base` over the warm-up, then cosine from `base` to `lr_min` over the rest.
+    pub fn rate(&self, base: f64, step: usize) -> f64 {
+        if step < self.warmup_steps {
+            return base * (step + 1) as f64 / self.warmup_steps as f64;
+        }
+        let span = self.total_steps.saturating_sub(self.warmup_steps).max(1);
+        let t = ((step - self.warmup_steps) as f64 / span as f64).min(1.0);
+        self.lr_min + 0.5 * (base - self.lr_min) * (1.0 + (std::f64::consts::PI * t).cos())
+    }
+}
+
+struct Slot {
+    name: String,
+    var: Var,
+    m: Var,
+    v: Var,
+    ssm: bool,
+}
+
+/// AdamW over named variables in the two groups.
+pub struct Optimizer {
+    cfg: OptimConfig,
+    slots: Vec<Slot>,
+    step: usize,
+}
+
+impl Optimizer {
+    /// Trains `vars` (name → variable), skipping the names `frozen` accepts (e.g. BatchNorm's
+    /// running statistics, which are updated, not trained).
+    pub fn new(
+        cfg: OptimConfig,
+        vars: &HashMap<String, Var>,
+        frozen: impl Fn(&str) -> bool,
+    ) -> Result<Self> {
+        let mut names: Vec<&String> = vars.keys().filter(|n| !frozen(n)).collect();
+        names.sort();
+        let slots = names
+            .into_iter()
+            .map(|n| {
+                let var = vars[n].clone();
+                let zeros = || Var::zeros(var.shape(), var.dtype(), var.device());
+                Ok(Slot {
+                    name: n.clone(),
+                    m: zeros()?,
+                    v: zeros()?,
+                    ssm: is_ssm_param(n),
+                    var,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Optimizer {
+            cfg,
+            slots,
+            step: 0,
+        })
+    }
+
+    /// Steps taken so far.
+    pub fn step_count(&self) -> usize {
+        self.step
+    }
+
+    /// The two groups' learning rates at the current step: (regular, ssm).
+    pub fn rates(&self) -> (f64, f64) {
+        (
+            self.cfg.rate(self.cfg.lr, self.step),
+            self.cfg.rate(self.cfg.ssm_lr, self.step),
+        )
+    }
+
+    /// One AdamW step with the gradients in `grads` (missing gradients count as zero).
+    /// Returns the global gradient norm before clipping.
+    pub fn step(&mut self, grads: &GradStore) -> Result<f64> {
+        let mut sq = 0.0;
+        for s in &self.slots {
+            if let Some(g) = grads.get(&s.var) {
+                sq += g
+                    .sqr()?
+                    .sum_all()?
+                    .to_dtype(candle_core::DType::F64)?
+                    .to_scalar::<f64>()?;
+            }
+        }
+        let norm = sq.sqrt();
+        let scale = match self.cfg.clip {
+            Some(c) if norm > c => c / norm,
+            _ => 1.0,
+        };
+        let (lr, ssm_lr) = self.rates();
+        self.step += 1;
+        let t = self.step as i32;
+        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
+        let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        for s in &self.slots {
+            let Some(g) = grads.get(&s.var) else { continue };
+            let g = (g * scale)?;
+            let m = ((s.m.as_tensor() * b1)? + (&g * (1.0 - b1))?)?;
+            let v = ((s.v.as_tensor() * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+            let (eta, wd) = if s.ssm {
+                (ssm_lr, 0.0)
+            } else {
+                (lr, self.cfg.weight_decay)
+            };
+            let update = ((&m / c1)? / ((&v / c2)?.sqrt()? + self.cfg.eps)?)?;
+            let theta = s.var.as_tensor();
+            let next = ((theta - (update * eta)?)? - (theta * (eta * wd))?)?;
+            s.m.set(&m)?;
+            s.v.set(&v)?;
+            s.var.set(&next)?;
+        }
+        Ok(norm)
+    }
+
+    /// The optimiser state as named tensors (`adam.m.<param>`, `adam.v.<param>`, `adam.step`),
+    /// to save beside the model.
+    pub fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = vec![(
+            "adam.step".to_string(),
+            Tensor::new(
+                &[self.step as u32],
+                self.slots
+                    .first()
+                    .map_or(&candle_core::Device::Cpu, |s| s.var.device()),
+            )?,
+        )];
+        for s in &self.slots {
+            out.push((format!("adam.m.{}", s.name), s.m.as_tensor().clone()));
+            out.push((format!("adam.v.{}", s.name), s.v.as_tensor().clone()));
+        }
+        Ok(out)
+    }
+
+    /// Restores a state saved by [`Optimizer::state`]; every moment must be present with its
+    /// shape.
+    pub fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        let step = state.get("adam.step").ok_or_else(|| {
+            candle_core::Error::Msg("optimizer state: 'adam.step' is missing".into())
+        })?;
+        for s in &self.slots {
+            for (kind, var) in [("m", &s.m), ("v", &s.v)] {
+                let key = format!("adam.{kind}.{}", s.name);
+                let t = state.get(&key).ok_or_else(|| {
+                    candle_core::Error::Msg(format!("optimizer state: '{key}' is missing"))
+                })?;
+                if t.dims() != var.dims() {
+                    candle_core::bail!(
+                        "optimizer state: '{key}' has shape {:?}, expected {:?}",
+                        t.dims(),
+                        var.dims()
+                    );
+                }
+                var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
+            }
+        }
+        self.step = step.flatten_all()?.to_vec1::<u32>()?[0] as usize;
+        Ok(())
+    }
+}

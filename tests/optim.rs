@@ -1,0 +1,171 @@
+//! The optimiser: schedule, AdamW arithmetic per group, clipping, and exact resumption.
+
+use std::collections::HashMap;
+
+use candle_core::{Device, Tensor, Var};
+use myosotis::train::optim::{is_ssm_param, OptimConfig, Optimizer};
+
+fn cfg() -> OptimConfig {
+    OptimConfig {
+        lr: 0.01,
+        ssm_lr: 0.002,
+        lr_min: 0.0,
+        weight_decay: 0.1,
+        warmup_steps: 4,
+        total_steps: 20,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        clip: None,
+    }
+}
+
+#[test]
+fn schedule_warms_up_linearly_then_decays_by_cosine() {
+    let c = cfg();
+    let r: Vec<f64> = (0..21).map(|s| c.rate(1.0, s)).collect();
+    assert_eq!(&r[..4], &[0.25, 0.5, 0.75, 1.0]);
+    assert!((r[4] - 1.0).abs() < 1e-12);
+    assert!(
+        (r[12] - 0.5).abs() < 1e-12,
+        "half way down the cosine: {}",
+        r[12]
+    );
+    assert!(r[20].abs() < 1e-12);
+    assert!(r[4..].windows(2).all(|w| w[1] <= w[0]));
+}
+
+fn scalar_var(x: f64) -> Var {
+    Var::from_tensor(&Tensor::new(&[x], &Device::Cpu).unwrap()).unwrap()
+}
+
+#[test]
+fn one_step_is_adamw_with_decay_only_on_the_regular_group() {
+    let vars: HashMap<String, Var> = [
+        ("layers.0.ssm.lambda_re".to_string(), scalar_var(1.5)),
+        ("decoder.weight".to_string(), scalar_var(-2.0)),
+    ]
+    .into_iter()
+    .collect();
+    let c = OptimConfig {
+        warmup_steps: 0,
+        ..cfg()
+    };
+    let mut opt = Optimizer::new(c.clone(), &vars, |_| false).unwrap();
+    let loss = ((vars["layers.0.ssm.lambda_re"].as_tensor() * 3.0).unwrap()
+        + (vars["decoder.weight"].as_tensor() * 0.5).unwrap())
+    .unwrap()
+    .sum_all()
+    .unwrap();
+    opt.step(&loss.backward().unwrap()).unwrap();
+    // t = 1: m̂ = g, v̂ = g², so the Adam part is η g/(|g| + ε) ≈ η sign(g).
+    let after = |n: &str| vars[n].as_tensor().to_vec1::<f64>().unwrap()[0];
+    let adam = |g: f64| g / ((g * g).sqrt() + c.eps);
+    let lr0 = c.rate(c.ssm_lr, 0);
+    assert!((after("layers.0.ssm.lambda_re") - (1.5 - lr0 * adam(3.0))).abs() < 1e-12);
+    let lr0 = c.rate(c.lr, 0);
+    assert!(
+        (after("decoder.weight") - (-2.0 - lr0 * adam(0.5) - lr0 * c.weight_decay * -2.0)).abs()
+            < 1e-12
+    );
+}
+
+#[test]
+fn clipping_scales_the_global_norm() {
+    let vars: HashMap<String, Var> = [("decoder.weight".to_string(), scalar_var(0.0))]
+        .into_iter()
+        .collect();
+    let mut opt = Optimizer::new(
+        OptimConfig {
+            clip: Some(1.0),
+            ..cfg()
+        },
+        &vars,
+        |_| false,
+    )
+    .unwrap();
+    let loss = (vars["decoder.weight"].as_tensor() * 10.0)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let norm = opt.step(&loss.backward().unwrap()).unwrap();
+    assert!((norm - 10.0).abs() < 1e-12);
+}
+
+fn train(opt: &mut Optimizer, w: &Var, steps: usize) {
+    let x = Tensor::new(&[[1.0f64, 2.0], [3.0, -1.0]], &Device::Cpu).unwrap();
+    for _ in 0..steps {
+        let loss = x
+            .matmul(w.as_tensor())
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        opt.step(&loss.backward().unwrap()).unwrap();
+    }
+}
+
+#[test]
+fn resumed_optimizer_continues_exactly() {
+    let init = Tensor::new(&[[0.3f64], [-0.7]], &Device::Cpu).unwrap();
+    let w = Var::from_tensor(&init).unwrap();
+    let vars: HashMap<String, Var> = [("encoder.weight".to_string(), w.clone())]
+        .into_iter()
+        .collect();
+    let mut a = Optimizer::new(cfg(), &vars, |_| false).unwrap();
+    train(&mut a, &w, 3);
+    let state: HashMap<String, Tensor> = a
+        .state()
+        .unwrap()
+        .into_iter()
+        .map(|(k, t)| (k, t.copy().unwrap()))
+        .collect();
+    let w_saved = w.as_tensor().copy().unwrap();
+    train(&mut a, &w, 4);
+    let w2 = Var::from_tensor(&w_saved).unwrap();
+    let vars2: HashMap<String, Var> = [("encoder.weight".to_string(), w2.clone())]
+        .into_iter()
+        .collect();
+    let mut b = Optimizer::new(cfg(), &vars2, |_| false).unwrap();
+    b.load_state(&state).unwrap();
+    assert_eq!(b.step_count(), 3);
+    train(&mut b, &w2, 4);
+    assert_eq!(
+        w.as_tensor().to_vec2::<f64>().unwrap(),
+        w2.as_tensor().to_vec2::<f64>().unwrap()
+    );
+    let mut missing = state.clone();
+    missing.remove("adam.v.encoder.weight");
+    assert!(b
+        .load_state(&missing)
+        .unwrap_err()
+        .to_string()
+        .contains("adam.v.encoder.weight"));
+}
+
+#[test]
+fn parameters_fall_into_the_reference_groups() {
+    for n in [
+        "layers.0.ssm.lambda_re",
+        "layers.0.ssm.lambda_im",
+        "layers.0.ssm.b",
+        "layers.2.ssm.log_step",
+        "layers.1.ssm.coupling_b",
+        "layers.0.norm.weight",
+        "layers.0.ssm.dirs.1.a",
+    ] {
+        assert!(is_ssm_param(n), "{n} is an SSM parameter");
+    }
+    for n in [
+        "layers.0.ssm.c",
+        "layers.0.ssm.d",
+        "encoder.weight",
+        "decoder.bias",
+        "layers.0.out2.weight",
+        "layers.0.ssm.gate.weight",
+        "layers.0.ssm.c_out",
+    ] {
+        assert!(!is_ssm_param(n), "{n} is a regular parameter");
+    }
+}
