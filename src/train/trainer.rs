@@ -1,0 +1,204 @@
+//! The training loop: shuffled mini-batches, the classifier's log-likelihood, AdamW steps, and
+//! evaluation (loss and accuracy) over a split.
+
+use candle_core::{DType, Device, Result, Tensor};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use super::optim::Optimizer;
+use crate::nn::SequenceClassifier;
+
+/// A labelled split held in memory.
+#[derive(Clone, Debug)]
+pub enum Dataset {
+    /// Token sequences of any lengths (padded per batch with id 0).
+    Tokens {
+        seqs: Vec<Vec<u32>>,
+        labels: Vec<u32>,
+    },
+    /// Real sequences of one length: `values` is (examples, len, features).
+    Real {
+        values: Vec<f32>,
+        len: usize,
+        features: usize,
+        labels: Vec<u32>,
+    },
+}
+
+impl Dataset {
+    pub fn len(&self) -> usize {
+        self.labels().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn labels(&self) -> &[u32] {
+        match self {
+            Dataset::Tokens { labels, .. } | Dataset::Real { labels, .. } => labels,
+        }
+    }
+
+    /// The first `n` examples (all when fewer).
+    pub fn truncated(&self, n: usize) -> Dataset {
+        match self {
+            Dataset::Tokens { seqs, labels } => Dataset::Tokens {
+                seqs: seqs.iter().take(n).cloned().collect(),
+                labels: labels.iter().take(n).copied().collect(),
+            },
+            Dataset::Real {
+                values,
+                len,
+                features,
+                labels,
+            } => {
+                let k = n.min(labels.len());
+                Dataset::Real {
+                    values: values[..k * len * features].to_vec(),
+                    len: *len,
+                    features: *features,
+                    labels: labels[..k].to_vec(),
+                }
+            }
+        }
+    }
+
+    /// The batch of examples `idx`: inputs, their lengths (u32) and labels (u32). Token
+    /// sequences are padded to `pad_to` when given (a Myo tree's leaves), else to the longest.
+    pub fn batch(
+        &self,
+        idx: &[usize],
+        pad_to: Option<usize>,
+        device: &Device,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let labels: Vec<u32> = idx.iter().map(|&i| self.labels()[i]).collect();
+        let (x, lengths) = match self {
+            Dataset::Tokens { seqs, .. } => {
+                let longest = idx.iter().map(|&i| seqs[i].len()).max().unwrap_or(0);
+                let width = pad_to.unwrap_or(longest);
+                if let Some(&i) = idx
+                    .iter()
+                    .find(|&&i| seqs[i].len() > width || seqs[i].is_empty())
+                {
+                    candle_core::bail!(
+                        "example {i} has {} tokens; sequences must have 1..={width}",
+                        seqs[i].len()
+                    );
+                }
+                let mut flat = vec![0u32; idx.len() * width];
+                for (r, &i) in idx.iter().enumerate() {
+                    flat[r * width..r * width + seqs[i].len()].copy_from_slice(&seqs[i]);
+                }
+                let lengths: Vec<u32> = idx.iter().map(|&i| seqs[i].len() as u32).collect();
+                (Tensor::from_vec(flat, (idx.len(), width), device)?, lengths)
+            }
+            Dataset::Real {
+                values,
+                len,
+                features,
+                ..
+            } => {
+                let per = len * features;
+                let mut flat = Vec::with_capacity(idx.len() * per);
+                for &i in idx {
+                    flat.extend_from_slice(&values[i * per..(i + 1) * per]);
+                }
+                (
+                    Tensor::from_vec(flat, (idx.len(), *len, *features), device)?,
+                    vec![*len as u32; idx.len()],
+                )
+            }
+        };
+        Ok((
+            x,
+            Tensor::new(lengths, device)?,
+            Tensor::new(labels, device)?,
+        ))
+    }
+}
+
+/// How a split is cut into batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batching {
+    pub batch_size: usize,
+    /// Pad token sequences to this length (a Myo tree's leaves) instead of the batch's longest.
+    pub pad_to: Option<usize>,
+}
+
+/// Loss and accuracy over a split.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evaluation {
+    pub loss: f64,
+    pub accuracy: f64,
+}
+
+/// Mean loss and accuracy of `model` (eval mode) over `data`.
+pub fn evaluate(
+    model: &SequenceClassifier,
+    data: &Dataset,
+    batching: Batching,
+    device: &Device,
+) -> Result<Evaluation> {
+    let (mut loss, mut correct) = (0.0, 0usize);
+    let order: Vec<usize> = (0..data.len()).collect();
+    for idx in order.chunks(batching.batch_size.max(1)) {
+        let (x, lengths, y) = data.batch(idx, batching.pad_to, device)?;
+        let logp = model.forward(&x, Some(&lengths), false)?;
+        loss += candle_nn::loss::nll(&logp, &y)?
+            .to_dtype(DType::F64)?
+            .to_scalar::<f64>()?
+            * idx.len() as f64;
+        correct += logp
+            .argmax(1)?
+            .eq(&y)?
+            .to_dtype(DType::U32)?
+            .sum_all()?
+            .to_scalar::<u32>()? as usize;
+    }
+    let n = data.len().max(1) as f64;
+    Ok(Evaluation {
+        loss: loss / n,
+        accuracy: correct as f64 / n,
+    })
+}
+
+/// One epoch of training: examples shuffled with `seed`, one optimiser step per batch. Returns
+/// the mean training loss and accuracy; a non-finite loss stops with the step number.
+pub fn train_epoch(
+    model: &SequenceClassifier,
+    opt: &mut Optimizer,
+    data: &Dataset,
+    batching: Batching,
+    seed: u64,
+    device: &Device,
+    mut on_batch: impl FnMut(usize, f64),
+) -> Result<Evaluation> {
+    let mut order: Vec<usize> = (0..data.len()).collect();
+    order.shuffle(&mut StdRng::seed_from_u64(seed));
+    let (mut loss_sum, mut correct) = (0.0, 0usize);
+    for idx in order.chunks(batching.batch_size.max(1)) {
+        let (x, lengths, y) = data.batch(idx, batching.pad_to, device)?;
+        let logp = model.forward(&x, Some(&lengths), true)?;
+        let loss = candle_nn::loss::nll(&logp, &y)?;
+        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        if !value.is_finite() {
+            candle_core::bail!("the training loss is {value} at step {}; stopping (the last good checkpoint is kept)", opt.step_count() + 1);
+        }
+        opt.step(&loss.backward()?)?;
+        loss_sum += value * idx.len() as f64;
+        correct += logp
+            .argmax(1)?
+            .eq(&y)?
+            .to_dtype(DType::U32)?
+            .sum_all()?
+            .to_scalar::<u32>()? as usize;
+        on_batch(idx.len(), value);
+    }
+    let n = data.len().max(1) as f64;
+    Ok(Evaluation {
+        loss: loss_sum / n,
+        accuracy: correct as f64 / n,
+    })
+}
