@@ -19,6 +19,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train a sequence classifier (with no options: S5 on generated ListOps, a few minutes on a
+    /// CPU).
+    Train(TrainArgs),
+    /// Evaluate a checkpoint on its task's test split; prints JSON.
+    Eval {
+        #[arg(long)]
+        checkpoint: std::path::PathBuf,
+        /// Read the task's files from here instead of the checkpoint's own task.
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
     /// Benchmark a kernel against its plain-candle reference.
     Bench {
         #[command(subcommand)]
@@ -29,6 +42,53 @@ enum Command {
         #[command(subcommand)]
         which: DataCmd,
     },
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    /// s5, myo or mingru.
+    #[arg(long, default_value = "s5")]
+    model: String,
+    /// listops (generated unless --data-dir has basic_{train,val,test}.tsv).
+    #[arg(long, default_value = "listops")]
+    task: String,
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
+    #[arg(long, default_value_t = 10)]
+    epochs: usize,
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long, default_value = "runs/latest")]
+    out: std::path::PathBuf,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Continue the run in --out from its last checkpoint.
+    #[arg(long)]
+    resume: bool,
+    #[arg(long, default_value_t = 64)]
+    d_model: usize,
+    #[arg(long, default_value_t = 32)]
+    state_size: usize,
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    /// Myo heads (default: the state size).
+    #[arg(long)]
+    heads: Option<usize>,
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
+    #[arg(long, default_value_t = 0.003)]
+    ssm_lr: f64,
+    /// Default: 3 x --ssm-lr (the reference's lr_factor for ListOps).
+    #[arg(long)]
+    lr: Option<f64>,
+    #[arg(long, default_value_t = 0.04)]
+    weight_decay: f64,
+    #[arg(long)]
+    max_train_samples: Option<usize>,
+    #[arg(long)]
+    max_eval_samples: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -262,6 +322,40 @@ fn run() -> Result<()> {
                 );
             }
         },
+        Command::Train(a) => {
+            let device = parse_device(&a.device)?;
+            let cfg = run_config(&a)?;
+            let summary =
+                myosotis::train::run::train(&cfg, &a.out, &device, a.resume, |epoch, tr, val| {
+                    eprintln!(
+                        "epoch {epoch:>3}/{}  train loss {:.4} acc {:.3}  val loss {:.4} acc {:.3}",
+                        cfg.epochs, tr.loss, tr.accuracy, val.loss, val.accuracy
+                    );
+                })?;
+            println!(
+                "done: {} epochs, {} steps in {:.0} s; best val accuracy {:.4} (epoch {}), test accuracy {:.4}; outputs in {}",
+                summary.epochs,
+                summary.steps,
+                summary.seconds,
+                summary.best_val_accuracy,
+                summary.best_epoch,
+                summary.test_accuracy,
+                a.out.display()
+            );
+        }
+        Command::Eval {
+            checkpoint,
+            data_dir,
+            device,
+        } => {
+            let device = parse_device(&device)?;
+            let e =
+                myosotis::train::run::eval_checkpoint(&checkpoint, data_dir.as_deref(), &device)?;
+            println!(
+                "{}",
+                serde_json::json!({"checkpoint": checkpoint, "split": "test", "loss": e.loss, "accuracy": e.accuracy})
+            );
+        }
         Command::Data { which } => match which {
             DataCmd::Listops {
                 out,
@@ -292,4 +386,93 @@ fn run() -> Result<()> {
         },
     }
     Ok(())
+}
+
+/// The run a `myo train` command line describes.
+fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
+    use myosotis::nn::*;
+    use myosotis::train::run::{RunConfig, TaskConfig};
+    if a.task != "listops" {
+        anyhow::bail!(
+            "--task {}: only 'listops' is implemented so far (the image and LRA tasks come next)",
+            a.task
+        );
+    }
+    let task = match &a.data_dir {
+        Some(dir) => TaskConfig::ListopsTsv { dir: dir.clone() },
+        // The embedded default: short expressions, so that a CPU run takes minutes.
+        None => TaskConfig::ListopsGenerated {
+            train: 4000,
+            val: 500,
+            test: 500,
+            max_depth: 4,
+            max_args: 5,
+            min_length: 8,
+            max_length: 64,
+            seed: a.seed,
+        },
+    };
+    let leaves = task.max_tokens();
+    let layer = match a.model.as_str() {
+        "s5" => SeqLayerConfig::S5(S5Config {
+            state: a.state_size,
+            blocks: (a.state_size / 8).max(1),
+            bidirectional: true,
+            seed: a.seed,
+            ..S5Config::default()
+        }),
+        "myo" => SeqLayerConfig::Myo(MyoConfig {
+            d_model: a.d_model,
+            heads: a.heads.unwrap_or(a.state_size),
+            tree: TreeSpec::Ragged { leaves, arity: 2 },
+            per_level: false,
+            symmetric: true,
+            block: 1,
+            dt_min: 0.001,
+            dt_max: 0.1,
+            seed: a.seed,
+        }),
+        "mingru" => SeqLayerConfig::MinGru(MinGruConfig {
+            d_model: a.d_model,
+            hidden: a.d_model,
+            tanh_impulse: false,
+            seed: a.seed,
+        }),
+        m => anyhow::bail!("--model {m}: expected s5, myo or mingru"),
+    };
+    Ok(RunConfig {
+        task,
+        model: ClassifierConfig {
+            encoder: EncoderConfig::Embedding {
+                vocab: myosotis::data::listops::VOCAB,
+            },
+            d_model: a.d_model,
+            layers: a.layers,
+            layer,
+            norm: NormKind::Layer,
+            prenorm: true,
+            activation: Activation::HalfGlu2,
+            dropout: a.dropout,
+            pooling: Pooling::Mean,
+            classes: 10,
+            seed: a.seed,
+        },
+        optim: myosotis::train::optim::OptimConfig {
+            lr: a.lr.unwrap_or(3.0 * a.ssm_lr),
+            ssm_lr: a.ssm_lr,
+            lr_min: 0.0,
+            weight_decay: a.weight_decay,
+            warmup_steps: 50,
+            total_steps: 0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            clip: None,
+        },
+        epochs: a.epochs,
+        batch_size: a.batch_size,
+        seed: a.seed,
+        max_train_samples: a.max_train_samples,
+        max_eval_samples: a.max_eval_samples,
+    })
 }

@@ -37,6 +37,7 @@ fn layer_kinds(len: usize) -> Vec<SeqLayerConfig> {
             height: 4,
             width: len / 4,
             directions: 2,
+            seed: 0,
         }),
         SeqLayerConfig::MinGru(MinGruConfig::default()),
     ]
@@ -59,6 +60,7 @@ fn config(
         dropout: 0.1,
         pooling,
         classes: 4,
+        seed: 0,
     }
 }
 

@@ -18,6 +18,7 @@ fn equals_the_sequential_definition() {
             d_model: 3,
             hidden: 4,
             tanh_impulse,
+            seed: 1,
         };
         let varmap = VarMap::new();
         let layer = MinGru::new(

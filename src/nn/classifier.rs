@@ -12,12 +12,12 @@
 //! and BatchNorm's batch statistics.
 
 use candle_core::{DType, Module, ModuleT, Result, Tensor, D};
-use candle_nn::{
-    batch_norm, embedding, linear, BatchNorm, BatchNormConfig, Embedding, Linear, VarBuilder,
-};
+use candle_nn::{batch_norm, BatchNorm, BatchNormConfig, Embedding, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
-use super::{MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig, S5};
+use super::{
+    embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig, S5,
+};
 
 /// The sequence layer of every block (each block gets its own seed: config seed + block index).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -84,6 +84,9 @@ pub struct ClassifierConfig {
     pub dropout: f64,
     pub pooling: Pooling,
     pub classes: usize,
+    /// Seed of the encoder, GLU and decoder initialisation (the layers have their own).
+    #[serde(default)]
+    pub seed: u64,
 }
 
 enum Layer {
@@ -189,10 +192,10 @@ impl SequenceClassifier {
         }
         let encoder = match cfg.encoder {
             EncoderConfig::Linear { features } => {
-                Encoder::Linear(linear(features, h, vb.pp("encoder"))?)
+                Encoder::Linear(linear(features, h, vb.pp("encoder"), cfg.seed)?)
             }
             EncoderConfig::Embedding { vocab } => {
-                Encoder::Embedding(embedding(vocab, h, vb.pp("encoder"))?)
+                Encoder::Embedding(embedding(vocab, h, vb.pp("encoder"), cfg.seed)?)
             }
         };
         let mut blocks = Vec::with_capacity(cfg.layers);
@@ -230,6 +233,7 @@ impl SequenceClassifier {
                 SeqLayerConfig::Ssm2d(c) => Layer::Ssm2d(Ssm2d::new(
                     Ssm2dConfig {
                         d_model: h,
+                        seed: seed(c.seed),
                         ..c.clone()
                     },
                     vb.pp("ssm"),
@@ -238,6 +242,7 @@ impl SequenceClassifier {
                     MinGruConfig {
                         d_model: h,
                         hidden: h,
+                        seed: seed(c.seed),
                         ..c.clone()
                     },
                     vb.pp("ssm"),
@@ -245,11 +250,11 @@ impl SequenceClassifier {
             };
             let (out1, out2) = match cfg.activation {
                 Activation::FullGlu => (
-                    Some(linear(h, h, vb.pp("out1"))?),
-                    Some(linear(h, h, vb.pp("out2"))?),
+                    Some(linear(h, h, vb.pp("out1"), cfg.seed)?),
+                    Some(linear(h, h, vb.pp("out2"), cfg.seed)?),
                 ),
                 Activation::HalfGlu1 | Activation::HalfGlu2 => {
-                    (None, Some(linear(h, h, vb.pp("out2"))?))
+                    (None, Some(linear(h, h, vb.pp("out2"), cfg.seed)?))
                 }
                 Activation::Gelu => (None, None),
             };
@@ -261,7 +266,7 @@ impl SequenceClassifier {
             });
         }
         Ok(SequenceClassifier {
-            decoder: linear(h, cfg.classes, vb.pp("decoder"))?,
+            decoder: linear(h, cfg.classes, vb.pp("decoder"), cfg.seed)?,
             encoder,
             blocks,
             cfg,

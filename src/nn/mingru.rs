@@ -8,7 +8,9 @@
 //! time-varying gate a_t = 1 − z_t and input b_t = z_t ⊙ h̃_t (h_0 = 0).
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{linear, Linear, VarBuilder};
+use candle_nn::{Linear, VarBuilder};
+
+use super::linear;
 use serde::{Deserialize, Serialize};
 
 use crate::ops::{linear_scan, ScanOptions};
@@ -23,6 +25,8 @@ pub struct MinGruConfig {
     pub hidden: usize,
     /// GILR's impulse activation τ = tanh instead of minGRU's identity.
     pub tanh_impulse: bool,
+    /// Seed of the initialisation.
+    pub seed: u64,
 }
 
 impl Default for MinGruConfig {
@@ -31,6 +35,7 @@ impl Default for MinGruConfig {
             d_model: 128,
             hidden: 128,
             tanh_impulse: false,
+            seed: 0,
         }
     }
 }
@@ -46,8 +51,8 @@ pub struct MinGru {
 impl MinGru {
     pub fn new(cfg: MinGruConfig, vb: VarBuilder) -> Result<Self> {
         Ok(MinGru {
-            gate: linear(cfg.d_model, cfg.hidden, vb.pp("gate"))?,
-            impulse: linear(cfg.d_model, cfg.hidden, vb.pp("impulse"))?,
+            gate: linear(cfg.d_model, cfg.hidden, vb.pp("gate"), cfg.seed)?,
+            impulse: linear(cfg.d_model, cfg.hidden, vb.pp("impulse"), cfg.seed)?,
             cfg,
         })
     }

@@ -33,6 +33,74 @@ pub(crate) fn param_with(vb: &VarBuilder, name: &str, init: Tensor) -> Result<Te
     Ok(t)
 }
 
+/// A generator for the initial values of the parameters under `vb`'s path, from `seed`: every
+/// path gets its own stream, so a model's initialisation depends on its seed alone (candle's
+/// CPU generator cannot be seeded).
+pub(crate) fn init_rng(seed: u64, vb: &VarBuilder) -> rand::rngs::StdRng {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    vb.prefix().hash(&mut h);
+    rand::SeedableRng::seed_from_u64(seed ^ h.finish())
+}
+
+/// `n` samples of N(0, std²) (Box–Muller).
+pub(crate) fn normal_vec(rng: &mut rand::rngs::StdRng, n: usize, std: f64) -> Vec<f64> {
+    use rand::Rng;
+    (0..n)
+        .map(|_| {
+            let (u1, u2): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
+            std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        })
+        .collect()
+}
+
+/// A linear layer initialised as PyTorch and candle do, U(±1/√fan_in) for weight and bias, from
+/// a seeded generator.
+pub(crate) fn linear(
+    in_dim: usize,
+    out_dim: usize,
+    vb: VarBuilder,
+    seed: u64,
+) -> Result<candle_nn::Linear> {
+    use rand::Rng;
+    let mut rng = init_rng(seed, &vb);
+    let bound = 1.0 / (in_dim as f64).sqrt();
+    let mut uniform =
+        |n: usize| -> Vec<f64> { (0..n).map(|_| rng.random_range(-bound..bound)).collect() };
+    let cpu = candle_core::Device::Cpu;
+    let w = param_with(
+        &vb,
+        "weight",
+        Tensor::from_vec(uniform(out_dim * in_dim), (out_dim, in_dim), &cpu)?,
+    )?;
+    let b = param_with(
+        &vb,
+        "bias",
+        Tensor::from_vec(uniform(out_dim), out_dim, &cpu)?,
+    )?;
+    Ok(candle_nn::Linear::new(w, Some(b)))
+}
+
+/// An embedding initialised N(0, 1) from a seeded generator.
+pub(crate) fn embedding(
+    vocab: usize,
+    dim: usize,
+    vb: VarBuilder,
+    seed: u64,
+) -> Result<candle_nn::Embedding> {
+    let mut rng = init_rng(seed, &vb);
+    let w = param_with(
+        &vb,
+        "weight",
+        Tensor::from_vec(
+            normal_vec(&mut rng, vocab * dim, 1.0),
+            (vocab, dim),
+            &candle_core::Device::Cpu,
+        )?,
+    )?;
+    Ok(candle_nn::Embedding::new(w, dim))
+}
+
 /// Complex tensors as (re, im) pairs of real tensors of one shape.
 pub mod complex {
     use candle_core::{Result, Tensor};

@@ -21,6 +21,7 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
+use super::{init_rng, normal_vec, param_with};
 use crate::ops::{linear_scan, ScanOptions};
 
 /// Configuration of an [`Ssm2d`] layer.
@@ -35,6 +36,9 @@ pub struct Ssm2dConfig {
     pub width: usize,
     /// 1, 2 or 4 scan directions.
     pub directions: usize,
+    /// Seed of the initialisation.
+    #[serde(default)]
+    pub seed: u64,
 }
 
 struct Direction {
@@ -64,32 +68,32 @@ impl Ssm2d {
             candle_core::bail!("Ssm2d: d_model, state, height and width must be positive");
         }
         let (h, n) = (cfg.d_model, cfg.state);
-        let init = candle_nn::Init::Randn {
-            mean: 0.,
-            stdev: 1.,
-        };
         let flips = [(false, false), (false, true), (true, false), (true, true)];
+        let cpu = candle_core::Device::Cpu;
+        // N(0, 1) for A, B and D; N(0, 1/N) for C: from a seeded generator per parameter path.
+        let randn = |vb: &VarBuilder, name: &str, shape: &[usize], std: f64| -> Result<Tensor> {
+            let mut rng = init_rng(cfg.seed, &vb.pp(name));
+            let init = Tensor::from_vec(
+                normal_vec(&mut rng, shape.iter().product(), std),
+                shape,
+                &cpu,
+            )?;
+            param_with(vb, name, init)
+        };
         let dirs = (0..cfg.directions)
             .map(|k| {
                 let vb = vb.pp(format!("dirs.{k}"));
                 Ok(Direction {
-                    a: vb.get_with_hints((4, h, n), "a", init)?,
-                    b: vb.get_with_hints((2, h, n), "b", init)?,
-                    c: vb.get_with_hints(
-                        (2, h, n),
-                        "c",
-                        candle_nn::Init::Randn {
-                            mean: 0.,
-                            stdev: (1.0 / n as f64).sqrt(),
-                        },
-                    )?,
+                    a: randn(&vb, "a", &[4, h, n], 1.0)?,
+                    b: randn(&vb, "b", &[2, h, n], 1.0)?,
+                    c: randn(&vb, "c", &[2, h, n], (1.0 / n as f64).sqrt())?,
                     flip_rows: flips[k].0,
                     flip_cols: flips[k].1,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Ssm2d {
-            d: vb.get_with_hints(h, "d", init)?,
+            d: randn(&vb, "d", &[h], 1.0)?,
             dirs,
             cfg,
         })

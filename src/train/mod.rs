@@ -3,4 +3,5 @@
 
 pub mod checkpoint;
 pub mod optim;
+pub mod run;
 pub mod trainer;

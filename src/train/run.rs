@@ -1,0 +1,328 @@
+//! A training run as `myo train` performs it: data, model, optimiser, the epoch loop,
+//! metrics and checkpoints in an output folder, resumable.
+//!
+//! Output folder:
+//! * `config.json` — the [`RunConfig`] (also in every checkpoint's metadata);
+//! * `metrics.jsonl` — one JSON object per evaluation: `epoch`, `split`, `loss`, `accuracy`,
+//!   `step`, `seconds`;
+//! * `last.safetensors` (+ `last.optim.safetensors`: optimiser moments and the progress) after
+//!   every epoch, `best.safetensors` at the best validation accuracy — all written atomically.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use candle_nn::{VarBuilder, VarMap};
+use serde::{Deserialize, Serialize};
+
+use super::checkpoint;
+use super::optim::{OptimConfig, Optimizer};
+use super::trainer::{evaluate, train_epoch, Batching, Dataset, Evaluation};
+use crate::data::listops::{self, ListOpsConfig};
+use crate::nn::{ClassifierConfig, SeqLayerConfig, SequenceClassifier};
+
+/// Where a run's data comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TaskConfig {
+    /// ListOps from the built-in generator (the embedded default task).
+    ListopsGenerated {
+        train: usize,
+        val: usize,
+        test: usize,
+        max_depth: usize,
+        max_args: usize,
+        min_length: usize,
+        max_length: usize,
+        seed: u64,
+    },
+    /// ListOps from LRA TSV files `basic_{train,val,test}.tsv` in `dir`.
+    ListopsTsv { dir: PathBuf },
+}
+
+impl TaskConfig {
+    /// The longest token sequence the task can produce (with EOS): the padding for Myo trees.
+    pub fn max_tokens(&self) -> usize {
+        match self {
+            TaskConfig::ListopsGenerated { max_length, .. } => *max_length,
+            TaskConfig::ListopsTsv { .. } => 2048,
+        }
+    }
+
+    /// The train, validation and test splits.
+    pub fn load(&self) -> Result<[Dataset; 3]> {
+        let to_set = |examples: Vec<listops::Example>| Dataset::Tokens {
+            seqs: examples
+                .iter()
+                .map(|e| listops::tokenize(&e.source))
+                .collect(),
+            labels: examples.iter().map(|e| e.label as u32).collect(),
+        };
+        match self {
+            TaskConfig::ListopsGenerated {
+                train,
+                val,
+                test,
+                max_depth,
+                max_args,
+                min_length,
+                max_length,
+                seed,
+            } => {
+                let mut out = vec![];
+                for (k, n) in [*train, *val, *test].into_iter().enumerate() {
+                    // max_length counts tokens with EOS, so expressions stay one shorter
+                    let cfg = ListOpsConfig {
+                        max_depth: *max_depth,
+                        max_args: *max_args,
+                        min_length: *min_length,
+                        max_length: max_length - 1,
+                        seed: seed + k as u64,
+                    };
+                    let ex = listops::generate(&cfg, n)?
+                        .iter()
+                        .map(|e| listops::Example {
+                            source: e.to_lra_string(),
+                            label: e.value(),
+                        })
+                        .collect();
+                    out.push(to_set(ex));
+                }
+                Ok(out.try_into().expect("three splits"))
+            }
+            TaskConfig::ListopsTsv { dir } => {
+                let read =
+                    |s: &str| listops::read_tsv(&dir.join(format!("basic_{s}.tsv"))).map(to_set);
+                Ok([read("train")?, read("val")?, read("test")?])
+            }
+        }
+    }
+}
+
+/// Everything that defines a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    pub task: TaskConfig,
+    pub model: ClassifierConfig,
+    pub optim: OptimConfig,
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub seed: u64,
+    pub max_train_samples: Option<usize>,
+    pub max_eval_samples: Option<usize>,
+}
+
+impl RunConfig {
+    fn batching(&self) -> Batching {
+        // Myo needs every sequence on the tree's leaves.
+        let pad_to = match &self.model.layer {
+            SeqLayerConfig::Myo(m) => m.tree.build().ok().map(|t| t.leaves()),
+            _ => None,
+        };
+        Batching {
+            batch_size: self.batch_size,
+            pad_to,
+        }
+    }
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub epochs: usize,
+    pub steps: usize,
+    pub best_epoch: usize,
+    pub best_val_accuracy: f64,
+    /// Test accuracy of the best-validation model.
+    pub test_accuracy: f64,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Progress {
+    epoch: usize,
+    best_epoch: usize,
+    best_val: f64,
+    test_at_best: f64,
+    seconds: f64,
+}
+
+const PROGRESS_KEY: &str = "myosotis.progress";
+
+fn frozen(name: &str) -> bool {
+    name.ends_with("running_mean") || name.ends_with("running_var")
+}
+
+fn build(model: &ClassifierConfig, device: &Device) -> Result<(VarMap, SequenceClassifier)> {
+    let varmap = VarMap::new();
+    let m = SequenceClassifier::new(
+        model.clone(),
+        VarBuilder::from_varmap(&varmap, DType::F32, device),
+    )?;
+    Ok((varmap, m))
+}
+
+fn vars(varmap: &VarMap) -> HashMap<String, candle_core::Var> {
+    varmap
+        .data()
+        .lock()
+        .expect("varmap lock")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn append_metric(out: &Path, value: serde_json::Value) -> Result<()> {
+    let path = out.join("metrics.jsonl");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(f, "{value}").with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Trains `cfg` into `out` on `device`; with `resume`, continues from `out/last.*`.
+/// `on_epoch` sees each epoch's (epoch, train, val) results.
+pub fn train(
+    cfg: &RunConfig,
+    out: &Path,
+    device: &Device,
+    resume: bool,
+    mut on_epoch: impl FnMut(usize, Evaluation, Evaluation),
+) -> Result<Summary> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let [train_set, val_set, test_set] = cfg.task.load()?;
+    let cut = |d: Dataset, n: Option<usize>| n.map_or(d.clone(), |n| d.truncated(n));
+    let train_set = cut(train_set, cfg.max_train_samples);
+    let (val_set, test_set) = (
+        cut(val_set, cfg.max_eval_samples),
+        cut(test_set, cfg.max_eval_samples),
+    );
+    if train_set.is_empty() || val_set.is_empty() || test_set.is_empty() {
+        bail!(
+            "a split is empty ({} / {} / {} examples)",
+            train_set.len(),
+            val_set.len(),
+            test_set.len()
+        );
+    }
+    let (varmap, model) = build(&cfg.model, device)?;
+    let steps_per_epoch = train_set.len().div_ceil(cfg.batch_size.max(1));
+    let optim_cfg = OptimConfig {
+        total_steps: cfg.epochs * steps_per_epoch,
+        ..cfg.optim.clone()
+    };
+    let mut opt = Optimizer::new(optim_cfg, &vars(&varmap), frozen)?;
+    let mut progress = Progress::default();
+    let (last, last_optim, best) = (
+        out.join("last.safetensors"),
+        out.join("last.optim.safetensors"),
+        out.join("best.safetensors"),
+    );
+    if resume {
+        let ck = checkpoint::read::<RunConfig>(&last)
+            .context("--resume needs a previous run's last.safetensors")?;
+        if ck.config != *cfg {
+            bail!(
+                "--resume: {} was written by a run with a different configuration",
+                last.display()
+            );
+        }
+        checkpoint::load_into(&varmap, &ck.tensors, &last)?;
+        let bytes = std::fs::read(&last_optim)
+            .with_context(|| format!("cannot read {}", last_optim.display()))?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", last_optim.display()))?;
+        let json = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get(PROGRESS_KEY))
+            .with_context(|| format!("{} has no progress record", last_optim.display()))?;
+        progress = serde_json::from_str(json)?;
+        opt.load_state(&candle_core::safetensors::load_buffer(&bytes, device)?)?;
+    } else {
+        std::fs::write(out.join("config.json"), serde_json::to_string_pretty(cfg)?)?;
+        let _ = std::fs::remove_file(out.join("metrics.jsonl"));
+    }
+    let batching = cfg.batching();
+    let start = Instant::now() - std::time::Duration::from_secs_f64(progress.seconds);
+    for epoch in progress.epoch..cfg.epochs {
+        let tr = train_epoch(
+            &model,
+            &mut opt,
+            &train_set,
+            batching,
+            cfg.seed.wrapping_add(epoch as u64),
+            device,
+            |_, _| {},
+        )?;
+        let val = evaluate(&model, &val_set, batching, device)?;
+        let seconds = start.elapsed().as_secs_f64();
+        for (split, e) in [("train", tr), ("val", val)] {
+            append_metric(
+                out,
+                serde_json::json!({"epoch": epoch + 1, "split": split, "loss": e.loss, "accuracy": e.accuracy, "step": opt.step_count(), "seconds": seconds}),
+            )?;
+        }
+        if epoch == 0 || val.accuracy > progress.best_val {
+            let test = evaluate(&model, &test_set, batching, device)?;
+            append_metric(
+                out,
+                serde_json::json!({"epoch": epoch + 1, "split": "test", "loss": test.loss, "accuracy": test.accuracy, "step": opt.step_count(), "seconds": seconds}),
+            )?;
+            progress.best_val = val.accuracy;
+            progress.best_epoch = epoch + 1;
+            progress.test_at_best = test.accuracy;
+            checkpoint::save(&varmap, cfg, &best)?;
+        }
+        progress.epoch = epoch + 1;
+        progress.seconds = seconds;
+        checkpoint::save(&varmap, cfg, &last)?;
+        let meta = HashMap::from([(PROGRESS_KEY.to_string(), serde_json::to_string(&progress)?)]);
+        let state = opt.state()?;
+        let tmp = out.join(".last.optim.safetensors.tmp");
+        safetensors::serialize_to_file(
+            state.iter().map(|(k, t)| (k.as_str(), t)),
+            Some(meta),
+            &tmp,
+        )?;
+        std::fs::rename(&tmp, &last_optim)?;
+        on_epoch(epoch + 1, tr, val);
+    }
+    Ok(Summary {
+        epochs: progress.epoch,
+        steps: opt.step_count(),
+        best_epoch: progress.best_epoch,
+        best_val_accuracy: progress.best_val,
+        test_accuracy: progress.test_at_best,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Loss and accuracy of the checkpoint at `path` on its task's test split (or `data_dir`'s
+/// TSV files when given).
+pub fn eval_checkpoint(
+    path: &Path,
+    data_dir: Option<&Path>,
+    device: &Device,
+) -> Result<Evaluation> {
+    let ck = checkpoint::read::<RunConfig>(path)?;
+    let mut cfg = ck.config;
+    if let Some(dir) = data_dir {
+        cfg.task = TaskConfig::ListopsTsv {
+            dir: dir.to_path_buf(),
+        };
+    }
+    let (varmap, model) = build(&cfg.model, device)?;
+    checkpoint::load_into(&varmap, &ck.tensors, path)?;
+    let [_, _, test] = cfg.task.load()?;
+    let test = cfg
+        .max_eval_samples
+        .map_or(test.clone(), |n| test.truncated(n));
+    Ok(evaluate(&model, &test, cfg.batching(), device)?)
+}
