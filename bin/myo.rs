@@ -49,7 +49,8 @@ struct TrainArgs {
     /// s5, myo or mingru.
     #[arg(long, default_value = "s5")]
     model: String,
-    /// listops (generated unless --data-dir has basic_{train,val,test}.tsv).
+    /// listops (generated unless --data-dir has basic_{train,val,test}.tsv), or with --data-dir:
+    /// smnist, psmnist, zmnist (MNIST IDX), scifar, zcifar, lra-image (CIFAR-10 binary).
     #[arg(long, default_value = "listops")]
     task: String,
     #[arg(long)]
@@ -392,27 +393,32 @@ fn run() -> Result<()> {
 fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
     use myosotis::nn::*;
     use myosotis::train::run::{RunConfig, TaskConfig};
-    if a.task != "listops" {
-        anyhow::bail!(
-            "--task {}: only 'listops' is implemented so far (the image and LRA tasks come next)",
-            a.task
-        );
-    }
-    let task = match &a.data_dir {
-        Some(dir) => TaskConfig::ListopsTsv { dir: dir.clone() },
+    let image = myosotis::train::run::ImageTask::parse(&a.task);
+    let task = match (a.task.as_str(), image, &a.data_dir) {
+        ("listops", _, Some(dir)) => TaskConfig::ListopsTsv { dir: dir.clone() },
         // The embedded default: short expressions, so that a CPU run takes minutes.
-        None => TaskConfig::ListopsGenerated {
-            train: 4000,
-            val: 500,
-            test: 500,
-            max_depth: 4,
-            max_args: 5,
-            min_length: 8,
-            max_length: 64,
-            seed: a.seed,
-        },
+        ("listops", _, None) => TaskConfig::ListopsGenerated { train: 4000, val: 500, test: 500, max_depth: 4, max_args: 5, min_length: 8, max_length: 64, seed: a.seed },
+        (_, Some(task), Some(dir)) => TaskConfig::Image { task, dir: dir.clone() },
+        (t, Some(_), None) => anyhow::bail!("--task {t} needs --data-dir: MNIST IDX files (train-images-idx3-ubyte, …) or CIFAR-10 binary files (data_batch_1.bin, …)"),
+        (t, None, _) => anyhow::bail!("--task {t}: expected listops, smnist, psmnist, zmnist, scifar, zcifar or lra-image (pathfinder, pathx: not yet)"),
     };
     let leaves = task.max_tokens();
+    let tree = match image {
+        Some(t) if t.morton() => TreeSpec::Quad {
+            height: t.shape().0,
+            width: t.shape().0,
+        },
+        Some(_) => TreeSpec::Ragged { leaves, arity: 4 },
+        None => TreeSpec::Ragged { leaves, arity: 2 },
+    };
+    let encoder = match image {
+        Some(t) => EncoderConfig::Linear {
+            features: t.shape().1,
+        },
+        None => EncoderConfig::Embedding {
+            vocab: myosotis::data::listops::VOCAB,
+        },
+    };
     let layer = match a.model.as_str() {
         "s5" => SeqLayerConfig::S5(S5Config {
             state: a.state_size,
@@ -424,7 +430,7 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
         "myo" => SeqLayerConfig::Myo(MyoConfig {
             d_model: a.d_model,
             heads: a.heads.unwrap_or(a.state_size),
-            tree: TreeSpec::Ragged { leaves, arity: 2 },
+            tree,
             per_level: false,
             symmetric: true,
             block: 1,
@@ -443,9 +449,7 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
     Ok(RunConfig {
         task,
         model: ClassifierConfig {
-            encoder: EncoderConfig::Embedding {
-                vocab: myosotis::data::listops::VOCAB,
-            },
+            encoder,
             d_model: a.d_model,
             layers: a.layers,
             layer,

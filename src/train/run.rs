@@ -41,6 +41,137 @@ pub enum TaskConfig {
     },
     /// ListOps from LRA TSV files `basic_{train,val,test}.tsv` in `dir`.
     ListopsTsv { dir: PathBuf },
+    /// An image benchmark as a pixel sequence (see [`ImageTask`]), from the files in `dir`.
+    Image { task: ImageTask, dir: PathBuf },
+}
+
+/// The image tasks: which dataset, how its pixels are normalised, and their order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ImageTask {
+    /// MNIST, raster order.
+    Smnist,
+    /// MNIST, a fixed random permutation of the pixels (seed 92).
+    Psmnist,
+    /// MNIST, Morton order (its Myo tree: the 28 × 28 quad tree).
+    Zmnist,
+    /// CIFAR-10 RGB (3 channels, S5's normalisation), raster order.
+    Scifar,
+    /// CIFAR-10 RGB, Morton order.
+    Zcifar,
+    /// CIFAR-10 greyscale (LRA's normalisation), raster order.
+    LraImage,
+}
+
+impl ImageTask {
+    pub fn parse(name: &str) -> Option<ImageTask> {
+        Some(match name {
+            "smnist" => ImageTask::Smnist,
+            "psmnist" => ImageTask::Psmnist,
+            "zmnist" => ImageTask::Zmnist,
+            "scifar" => ImageTask::Scifar,
+            "zcifar" => ImageTask::Zcifar,
+            "lra-image" => ImageTask::LraImage,
+            _ => return None,
+        })
+    }
+
+    fn mnist(self) -> bool {
+        matches!(
+            self,
+            ImageTask::Smnist | ImageTask::Psmnist | ImageTask::Zmnist
+        )
+    }
+
+    /// Image side and input features per pixel.
+    pub fn shape(self) -> (usize, usize) {
+        match self {
+            ImageTask::Smnist | ImageTask::Psmnist | ImageTask::Zmnist => (28, 1),
+            ImageTask::Scifar | ImageTask::Zcifar => (32, 3),
+            ImageTask::LraImage => (32, 1),
+        }
+    }
+
+    /// True when the pixels are in Morton order (the quad tree fits them).
+    pub fn morton(self) -> bool {
+        matches!(self, ImageTask::Zmnist | ImageTask::Zcifar)
+    }
+
+    /// Pixel order: sequence position → row-major pixel index.
+    fn order(self) -> Vec<usize> {
+        let (side, _) = self.shape();
+        match self {
+            ImageTask::Zmnist | ImageTask::Zcifar => {
+                crate::tree::Ordering::morton(side, side)
+                    .expect("valid side")
+                    .perm
+            }
+            ImageTask::Psmnist => {
+                use rand::seq::SliceRandom;
+                let mut p: Vec<usize> = (0..side * side).collect();
+                p.shuffle(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(92));
+                p
+            }
+            _ => (0..side * side).collect(),
+        }
+    }
+
+    /// The images as normalised pixel sequences.
+    fn to_dataset(self, set: &crate::data::images::ImageSet, idx: &[usize]) -> Dataset {
+        let (side, features) = self.shape();
+        let order = self.order();
+        let (mean, std): (Vec<f32>, Vec<f32>) = match self {
+            _ if self.mnist() => (vec![0.1307], vec![0.3081]),
+            ImageTask::LraImage => (vec![122.6 / 255.0], vec![61.0 / 255.0]),
+            _ => (vec![0.4914, 0.4822, 0.4465], vec![0.247, 0.243, 0.261]),
+        };
+        let mut values = Vec::with_capacity(idx.len() * side * side * features);
+        for &i in idx {
+            let img = set.image(i);
+            for &px in &order {
+                let p = &img[px * set.channels..(px + 1) * set.channels];
+                if self == ImageTask::LraImage {
+                    let grey = 0.2989 * p[0] as f32 + 0.5870 * p[1] as f32 + 0.1140 * p[2] as f32;
+                    values.push((grey / 255.0 - mean[0]) / std[0]);
+                } else {
+                    for c in 0..features {
+                        values.push((p[c] as f32 / 255.0 - mean[c]) / std[c]);
+                    }
+                }
+            }
+        }
+        Dataset::Real {
+            values,
+            len: side * side,
+            features,
+            labels: idx.iter().map(|&i| set.labels[i] as u32).collect(),
+        }
+    }
+
+    /// Train (90% of the training images), validation (the other 10%, drawn with seed 42, as
+    /// the reference) and test splits.
+    fn load(self, dir: &Path) -> Result<[Dataset; 3]> {
+        use crate::data::images::{read_cifar10, read_mnist, CIFAR_TEST, CIFAR_TRAIN};
+        let (train, test) = if self.mnist() {
+            (read_mnist(dir, "train")?, read_mnist(dir, "t10k")?)
+        } else {
+            (
+                read_cifar10(dir, &CIFAR_TRAIN)?,
+                read_cifar10(dir, &CIFAR_TEST)?,
+            )
+        };
+        use rand::seq::SliceRandom;
+        let mut idx: Vec<usize> = (0..train.len()).collect();
+        idx.shuffle(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(42));
+        let n_val = train.len() / 10;
+        let (val_idx, train_idx) = idx.split_at(n_val);
+        let all_test: Vec<usize> = (0..test.len()).collect();
+        Ok([
+            self.to_dataset(&train, train_idx),
+            self.to_dataset(&train, val_idx),
+            self.to_dataset(&test, &all_test),
+        ])
+    }
 }
 
 impl TaskConfig {
@@ -49,6 +180,7 @@ impl TaskConfig {
         match self {
             TaskConfig::ListopsGenerated { max_length, .. } => *max_length,
             TaskConfig::ListopsTsv { .. } => 2048,
+            TaskConfig::Image { task, .. } => task.shape().0 * task.shape().0,
         }
     }
 
@@ -98,6 +230,7 @@ impl TaskConfig {
                     |s: &str| listops::read_tsv(&dir.join(format!("basic_{s}.tsv"))).map(to_set);
                 Ok([read("train")?, read("val")?, read("test")?])
             }
+            TaskConfig::Image { task, dir } => task.load(dir),
         }
     }
 }
@@ -314,8 +447,14 @@ pub fn eval_checkpoint(
     let ck = checkpoint::read::<RunConfig>(path)?;
     let mut cfg = ck.config;
     if let Some(dir) = data_dir {
-        cfg.task = TaskConfig::ListopsTsv {
-            dir: dir.to_path_buf(),
+        cfg.task = match cfg.task {
+            TaskConfig::Image { task, .. } => TaskConfig::Image {
+                task,
+                dir: dir.to_path_buf(),
+            },
+            _ => TaskConfig::ListopsTsv {
+                dir: dir.to_path_buf(),
+            },
         };
     }
     let (varmap, model) = build(&cfg.model, device)?;
