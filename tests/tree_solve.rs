@@ -39,9 +39,9 @@ fn opts(case: &TreeCase) -> TreeSolveOptions {
 type Solve =
     fn(&Tree, &Tensor, &Tensor, &Tensor, &Tensor, TreeSolveOptions) -> candle_core::Result<Tensor>;
 
-fn solve_with(f: Solve, tree: &Tree, case: &TreeCase, x: &TreeInputs, dtype: DType) -> Vec<f64> {
-    let v = vars(tree, case, x, dtype);
-    let out = f(
+/// `f` applied to the variables' tensors.
+fn apply(f: Solve, tree: &Tree, case: &TreeCase, v: &Vars) -> Tensor {
+    f(
         tree,
         v.a.as_tensor(),
         v.b.as_tensor(),
@@ -49,7 +49,12 @@ fn solve_with(f: Solve, tree: &Tree, case: &TreeCase, x: &TreeInputs, dtype: DTy
         v.u.as_tensor(),
         opts(case),
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn solve_with(f: Solve, tree: &Tree, case: &TreeCase, x: &TreeInputs, dtype: DType) -> Vec<f64> {
+    let v = vars(tree, case, x, dtype);
+    let out = apply(f, tree, case, &v);
     assert_eq!(out.dims(), case.u_shape(tree.len()).as_slice());
     to_vec(&out)
 }
@@ -57,15 +62,7 @@ fn solve_with(f: Solve, tree: &Tree, case: &TreeCase, x: &TreeInputs, dtype: DTy
 /// x and the gradients of Σ w ⊙ x with respect to (u, a, b, c), through `f`, in f64.
 fn grads_with(f: Solve, tree: &Tree, case: &TreeCase, x: &TreeInputs, w: &[f64]) -> [Vec<f64>; 5] {
     let v = vars(tree, case, x, DType::F64);
-    let out = f(
-        tree,
-        v.a.as_tensor(),
-        v.b.as_tensor(),
-        v.c.as_tensor(),
-        v.u.as_tensor(),
-        opts(case),
-    )
-    .unwrap();
+    let out = apply(f, tree, case, &v);
     let w = tensor(w, out.dims(), DType::F64, &Device::Cpu);
     let grads = (&out * w).unwrap().sum_all().unwrap().backward().unwrap();
     // A variable outside the graph (B, C of a single-node tree) has a zero gradient.

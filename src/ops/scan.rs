@@ -526,6 +526,16 @@ struct Rows {
 }
 
 impl Rows {
+    fn new(op: &ScanOp, bi: usize, d0: usize) -> Self {
+        Rows {
+            dims: op.dims,
+            gate: op.gate,
+            reverse: op.opts.reverse,
+            bi,
+            d0,
+        }
+    }
+
     /// Time of scan step j (scan order is reversed time order for a reverse scan).
     #[inline(always)]
     fn time(&self, j: usize) -> usize {
@@ -586,13 +596,7 @@ fn forward_tile<F: WithDType, V: Value<F>>(
     Tile { bi, d0, lanes }: Tile,
 ) {
     let (dims, w) = (op.dims, V::WIDTH);
-    let r = Rows {
-        dims,
-        gate: op.gate,
-        reverse: op.opts.reverse,
-        bi,
-        d0,
-    };
+    let r = Rows::new(op, bi, d0);
     let h0 = &h0[r.state_elem() * w..];
     let mut carry = std::array::from_fn(|l| if l < lanes { V::load(h0, l) } else { V::zero() });
     chunked_scan::<F, V, false>(
@@ -645,14 +649,8 @@ fn backward_tile<F: WithDType, V: Value<F>>(
     [db, da, dh0]: [SharedOut<F>; 3],
     Tile { bi, d0, lanes }: Tile,
 ) {
-    let (dims, w, len) = (op.dims, V::WIDTH, op.dims.len);
-    let r = Rows {
-        dims,
-        gate: op.gate,
-        reverse: op.opts.reverse,
-        bi,
-        d0,
-    };
+    let (w, len) = (V::WIDTH, op.dims.len);
+    let r = Rows::new(op, bi, d0);
     let mut carry = [V::zero(); CPU_TILE];
     let mut da_sum = [V::zero(); CPU_TILE];
     chunked_scan::<F, V, true>(

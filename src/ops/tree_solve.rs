@@ -476,7 +476,7 @@ impl LaneLayout {
 
     /// Gradient partials per head: one per batch group when lanes share a head (already
     /// summed over their lanes), else one per batch element.
-    fn partials(&self, _dims: Dims) -> usize {
+    fn partials(&self) -> usize {
         if self.same {
             self.per_head
         } else {
@@ -888,7 +888,7 @@ impl TreeSolveOp {
         let (n, r, w) = (dims.nodes, dims.r, if self.opts.complex { 2 } else { 1 });
         let per_tree = n * r * w;
         let layout = LaneLayout::new(dims);
-        let partials = layout.partials(dims);
+        let partials = layout.partials();
         let set = partials * dims.heads * n * w;
         let mut du = OutBuf::new(g.len());
         let mut dcoef = OutBuf::new(3 * set);
@@ -939,15 +939,6 @@ impl TreeSolveOp {
     /// λ = T_G⁻ᴴ g, then the block gradients from λ and x: returns (∂u, ∂coef) with ∂coef
     /// stacked like the coefficients, per sample (summed over the batch by the caller when
     /// shared).
-    fn backward_t<F: WithDType>(&self, coef: &[F], x: &[F], g: &[F]) -> Result<(Vec<F>, Vec<F>)> {
-        let lam = if self.opts.complex {
-            self.adjoint_and_grads::<F, Complex<F>>(coef, x, g)
-        } else {
-            self.adjoint_and_grads::<F, Re<F>>(coef, x, g)
-        }?;
-        Ok(lam)
-    }
-
     fn adjoint_and_grads<F: WithDType, V: Value<F>>(
         &self,
         coef: &[F],
@@ -1097,7 +1088,11 @@ impl TreeSolveOp {
             };
             (du, self.reduce_partials(dcoef, partials, 1)?)
         } else {
-            let (du, dcoef) = self.backward_t(coef_s, x_s, g_s)?;
+            let (du, dcoef) = if self.opts.complex {
+                self.adjoint_and_grads::<F, Complex<F>>(coef_s, x_s, g_s)?
+            } else {
+                self.adjoint_and_grads::<F, Re<F>>(coef_s, x_s, g_s)?
+            };
             (du, self.reduce_partials(dcoef, dims.batch, dims.d)?)
         };
         Ok((Tensor::from_vec(du, g.shape(), &Device::Cpu)?, dcoef))

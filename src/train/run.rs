@@ -330,7 +330,10 @@ pub fn train(
 ) -> Result<Summary> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let [train_set, val_set, test_set] = cfg.task.load()?;
-    let cut = |d: Dataset, n: Option<usize>| n.map_or(d.clone(), |n| d.truncated(n));
+    let cut = |d: Dataset, n: Option<usize>| match n {
+        Some(n) => d.truncated(n),
+        None => d,
+    };
     let train_set = cut(train_set, cfg.max_train_samples);
     let (val_set, test_set) = (
         cut(val_set, cfg.max_eval_samples),
@@ -460,8 +463,9 @@ pub fn eval_checkpoint(
     let (varmap, model) = build(&cfg.model, device)?;
     checkpoint::load_into(&varmap, &ck.tensors, path)?;
     let [_, _, test] = cfg.task.load()?;
-    let test = cfg
-        .max_eval_samples
-        .map_or(test.clone(), |n| test.truncated(n));
+    let test = match cfg.max_eval_samples {
+        Some(n) => test.truncated(n),
+        None => test,
+    };
     Ok(evaluate(&model, &test, cfg.batching(), device)?)
 }
