@@ -15,8 +15,11 @@ use candle_core::{DType, Module, ModuleT, Result, Tensor, D};
 use candle_nn::{batch_norm, BatchNorm, BatchNormConfig, Embedding, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
+use crate::ops::gelu;
+
 use super::{
-    embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig, S5,
+    dense, embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig,
+    S5,
 };
 
 /// The sequence layer of every block (each block gets its own seed: config seed + block index).
@@ -107,9 +110,9 @@ impl Layer {
     }
 }
 
-/// LayerNorm over the last dimension, in plain tensor ops: candle-nn's fused LayerNorm runs
-/// without a backward pass (no gradient reaches its input or its scale and shift), which would
-/// stop training behind every norm.
+/// LayerNorm over the last dimension ([`crate::ops::layer_norm`]): candle-nn's fused LayerNorm
+/// runs without a backward pass (no gradient reaches its input or its scale and shift), which
+/// would stop training behind every norm.
 struct LayerNorm {
     weight: Tensor,
     bias: Tensor,
@@ -124,11 +127,7 @@ impl LayerNorm {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let xc = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
-        let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
-        xc.broadcast_div(&(var + 1e-5)?.sqrt()?)?
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)
+        crate::ops::layer_norm(x, &self.weight, &self.bias, 1e-5)
     }
 }
 
@@ -280,24 +279,24 @@ impl SequenceClassifier {
     fn activate(&self, block: &Block, y: &Tensor, train: bool) -> Result<Tensor> {
         let p = self.cfg.dropout;
         let sig = |l: &Option<Linear>, x: &Tensor| {
-            candle_nn::ops::sigmoid(&l.as_ref().expect("gate").forward(x)?)
+            candle_nn::ops::sigmoid(&dense(l.as_ref().expect("gate"), x)?)
         };
         match self.cfg.activation {
-            Activation::Gelu => dropout(&y.gelu()?, p, train),
+            Activation::Gelu => dropout(&gelu(y)?, p, train),
             Activation::FullGlu => {
-                let z = dropout(&y.gelu()?, p, train)?;
+                let z = dropout(&gelu(y)?, p, train)?;
                 dropout(
-                    &(block.out1.as_ref().expect("out1").forward(&z)? * sig(&block.out2, &z)?)?,
+                    &(dense(block.out1.as_ref().expect("out1"), &z)? * sig(&block.out2, &z)?)?,
                     p,
                     train,
                 )
             }
             Activation::HalfGlu1 => {
-                let z = dropout(&y.gelu()?, p, train)?;
+                let z = dropout(&gelu(y)?, p, train)?;
                 dropout(&(&z * sig(&block.out2, &z)?)?, p, train)
             }
             Activation::HalfGlu2 => {
-                let z = dropout(&y.gelu()?, p, train)?;
+                let z = dropout(&gelu(y)?, p, train)?;
                 dropout(&(y * sig(&block.out2, &z)?)?, p, train)
             }
         }
@@ -307,7 +306,7 @@ impl SequenceClassifier {
     /// sequences for mean and last pooling (all steps when `None`).
     pub fn forward(&self, x: &Tensor, lengths: Option<&Tensor>, train: bool) -> Result<Tensor> {
         let mut h = match &self.encoder {
-            Encoder::Linear(l) => l.forward(x)?,
+            Encoder::Linear(l) => dense(l, x)?,
             Encoder::Embedding(e) => e.forward(x)?,
         };
         let node_pooling = matches!(self.cfg.pooling, Pooling::Root | Pooling::TopLevels { .. });
@@ -322,7 +321,7 @@ impl SequenceClassifier {
             {
                 // The last block's output is its tree nodes, pooled.
                 let pooled = self.pool_nodes(m, &z, block, train)?;
-                return candle_nn::ops::log_softmax(&self.decoder.forward(&pooled)?, D::Minus1);
+                return candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1);
             }
             let y = self.activate(block, &block.layer.forward(&z)?, train)?;
             h = (h + y)?;
@@ -331,7 +330,7 @@ impl SequenceClassifier {
             }
         }
         let pooled = self.pool_steps(&h, lengths)?;
-        candle_nn::ops::log_softmax(&self.decoder.forward(&pooled)?, D::Minus1)
+        candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1)
     }
 
     /// Mean over valid steps or the last valid step: (batch, H).

@@ -81,6 +81,23 @@ pub(crate) fn linear(
     Ok(candle_nn::Linear::new(w, Some(b)))
 }
 
+/// `x Wᵀ + b` over the last dimension of `x` (any leading dimensions) for a candle-nn `Linear`:
+/// one 2-D matmul and [`crate::ops::channel_add`], whose bias gradient is a single pass of row
+/// sums.
+pub(crate) fn dense(l: &candle_nn::Linear, x: &Tensor) -> Result<Tensor> {
+    let w = l.weight();
+    let mut dims = x.dims().to_vec();
+    let k = dims.pop().unwrap_or(1);
+    let rows = x.elem_count() / k.max(1);
+    let y = x.reshape((rows, k))?.matmul(&w.t()?)?;
+    let y = match l.bias() {
+        Some(b) => crate::ops::channel_add(&y, b)?,
+        None => y,
+    };
+    dims.push(w.dim(0)?);
+    y.reshape(dims)
+}
+
 /// An embedding initialised N(0, 1) from a seeded generator.
 pub(crate) fn embedding(
     vocab: usize,

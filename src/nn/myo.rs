@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hippo::block_init;
 use super::param_with;
-use crate::ops::{tree_solve, TreeSolveOptions};
+use crate::ops::{channel_mul, swap_dims12, tree_solve, TreeSolveOptions};
 use crate::tree::Tree;
 
 /// The tree of a Myo layer, as a config can name it.
@@ -273,8 +273,19 @@ impl Myo {
     /// Outputs of every node: (batch, nodes, H); the leaves include the D skip (internal nodes
     /// have no input to skip).
     pub fn forward_nodes(&self, x: &Tensor) -> Result<Tensor> {
-        let (_, len, h) = x.dims3()?;
+        let len = self.check_input(x)?;
         let n = self.tree.len();
+        let y = self.outputs(x, n)?;
+        let leaves = (y.narrow(1, 0, len)? + channel_mul(x, &self.d)?)?;
+        if n == len {
+            return Ok(leaves);
+        }
+        Tensor::cat(&[leaves, y.narrow(1, len, n - len)?], 1)
+    }
+
+    /// The input's length, checked against the tree and d_model.
+    fn check_input(&self, x: &Tensor) -> Result<usize> {
+        let (_, len, h) = x.dims3()?;
         if len != self.tree.leaves() || h != self.cfg.d_model {
             candle_core::bail!(
                 "Myo: input (batch, {len}, {h}) does not match the tree's {} leaves and d_model {}",
@@ -282,33 +293,39 @@ impl Myo {
                 self.cfg.d_model
             );
         }
-        let y = if self.cfg.block > 1 {
-            self.block_outputs(x)?
-        } else {
-            self.scalar_outputs(x)?
-        };
-        let leaves = (y.narrow(1, 0, len)? + x.broadcast_mul(&self.d)?)?;
-        Tensor::cat(&[leaves, y.narrow(1, len, n - len)?], 1)
+        Ok(len)
     }
 
-    /// Re(C_out x_v) for every node with scalar complex heads: (batch, nodes, H).
-    fn scalar_outputs(&self, x: &Tensor) -> Result<Tensor> {
-        let (batch, len, _) = x.dims3()?;
-        let (heads, n) = (self.cfg.heads, self.tree.len());
-        let part = |t: &Tensor, i: usize| t.narrow(D::Minus1, i, 1)?.squeeze(D::Minus1);
-        // Leaves: B_in x, (batch, heads, L) per part; internal nodes: the learned inputs.
-        let mut u_parts = Vec::with_capacity(2);
-        for i in 0..2 {
-            let leaf = x
-                .broadcast_matmul(&part(&self.b_in, i)?.t()?)?
-                .transpose(1, 2)?;
-            let virt =
-                part(&self.virtual_u, i)?
-                    .unsqueeze(0)?
-                    .broadcast_as((batch, heads, n - len))?;
-            u_parts.push(Tensor::cat(&[leaf, virt.contiguous()?], 2)?);
+    /// Re(C_out x_v) (scalar heads) or C_out x_v (blocks) for the first `count` nodes (the
+    /// leaves come first in the numbering): (batch, count, H).
+    fn outputs(&self, x: &Tensor, count: usize) -> Result<Tensor> {
+        if self.cfg.block > 1 {
+            self.block_outputs(x)?.narrow(1, 0, count)
+        } else {
+            self.scalar_outputs(x, count)
         }
-        let u = Tensor::stack(&u_parts, 3)?.reshape((batch, heads, n, 1, 1, 2))?;
+    }
+
+    /// Re(C_out x_v) for the first `count` nodes with scalar complex heads: (batch, count, H).
+    fn scalar_outputs(&self, x: &Tensor, count: usize) -> Result<Tensor> {
+        let (batch, len, h) = x.dims3()?;
+        let (heads, n) = (self.cfg.heads, self.tree.len());
+        // Leaves: B_in x in one matmul against B_in viewed as (H, heads·2), so the result is
+        // (batch, L, heads, 2), then per head; internal nodes: the learned inputs.
+        let b_mat = self.b_in.transpose(0, 1)?.reshape((h, 2 * heads))?;
+        let leaf = x
+            .reshape((batch * len, h))?
+            .matmul(&b_mat)?
+            .reshape((batch, len, heads, 2))?;
+        let mut u = swap_dims12(&leaf)?;
+        if n > len {
+            let virt = self
+                .virtual_u
+                .unsqueeze(0)?
+                .broadcast_as((batch, heads, n - len, 2))?;
+            u = Tensor::cat(&[u, virt.contiguous()?], 2)?;
+        }
+        let u = u.reshape((batch, heads, n, 1, 1, 2))?;
         let (a, b, c) = self.blocks()?;
         let xs = tree_solve(
             &self.tree,
@@ -319,13 +336,14 @@ impl Myo {
             TreeSolveOptions { complex: true },
         )?
         .reshape((batch, heads, n, 2))?;
-        // Re(C_out x): (batch, nodes, H)
-        let (x_re, x_im) = (
-            part(&xs, 0)?.transpose(1, 2)?,
-            part(&xs, 1)?.transpose(1, 2)?,
-        );
-        x_re.broadcast_matmul(&part(&self.c_out, 0)?.t()?)?
-            - x_im.broadcast_matmul(&part(&self.c_out, 1)?.t()?)?
+        // Re(C_out x) = Σ_h C_re x_re − C_im x_im: one matmul against C_out viewed as
+        // (H, heads·2) with its imaginary columns negated.
+        let signs = Tensor::new(&[1.0, -1.0], x.device())?.to_dtype(x.dtype())?;
+        let c_mat = self.c_out.broadcast_mul(&signs)?.reshape((h, 2 * heads))?;
+        swap_dims12(&xs.narrow(2, 0, count)?)?
+            .reshape((batch * count, 2 * heads))?
+            .matmul(&c_mat.t()?)?
+            .reshape((batch, count, h))
     }
 
     /// C_out x_v for every node with real d × d blocks: (batch, nodes, H).
@@ -353,7 +371,9 @@ impl Myo {
 }
 
 impl Module for Myo {
+    /// The leaves' outputs (batch, L, H), with the D skip.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_nodes(x)?.narrow(1, 0, self.tree.leaves())
+        let len = self.check_input(x)?;
+        self.outputs(x, len)? + channel_mul(x, &self.d)?
     }
 }

@@ -15,7 +15,7 @@
 //! Parameters (names as in checkpoints): `lambda_re`, `lambda_im` (P), `b` (P, H, 2) = B̃,
 //! `c` (H, P or 2P, 2) = C̃, `d` (H), `log_step` (P).
 
-use candle_core::{Module, Result, Tensor, D};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hippo::block_init;
 use super::{complex::C, param_with};
-use crate::ops::{linear_scan, ScanOptions};
+use crate::ops::{channel_mul, linear_scan, ScanOptions};
 
 /// How the continuous system is discretised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -227,46 +227,43 @@ impl S5 {
 
 impl Module for S5 {
     fn forward(&self, u: &Tensor) -> Result<Tensor> {
+        let (batch, len, h) = u.dims3()?;
         let (lbar, bbar) = self.discretize()?;
-        // B̄u: (batch, length, P) complex, as (…, P, 2)
-        let bu = Tensor::stack(
-            &[
-                u.broadcast_matmul(&bbar.re.t()?)?,
-                u.broadcast_matmul(&bbar.im.t()?)?,
-            ],
-            3,
-        )?;
+        let p = lbar.re.dim(0)?;
+        // B̄ as an (H, 2P) matrix whose columns interleave (re, im), so that one matmul writes
+        // B̄u straight into the scan's (batch, length, P, 2) layout.
+        let b_mat = Tensor::stack(&[&bbar.re, &bbar.im], 2)?
+            .transpose(0, 1)?
+            .reshape((h, 2 * p))?;
+        let bu = u
+            .reshape((batch * len, h))?
+            .matmul(&b_mat)?
+            .reshape((batch, len, p, 2))?;
         let gate = Tensor::stack(&[&lbar.re, &lbar.im], 1)?;
         let fwd = ScanOptions {
             complex: true,
             reverse: false,
         };
-        let mut x = linear_scan(&gate, &bu, None, fwd)?;
+        let mut states = vec![linear_scan(&gate, &bu, None, fwd)?];
         if self.cfg.bidirectional {
-            let bwd = linear_scan(
-                &gate,
-                &bu,
-                None,
-                ScanOptions {
-                    reverse: true,
-                    ..fwd
-                },
-            )?;
-            x = Tensor::cat(&[x, bwd], 2)?;
+            let bwd = ScanOptions {
+                reverse: true,
+                ..fwd
+            };
+            states.push(linear_scan(&gate, &bu, None, bwd)?);
         }
-        // Re(C̃ x) = x_re C_reᵀ − x_im C_imᵀ
-        let (x_re, x_im) = (
-            x.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?,
-            x.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?,
-        );
-        let (c_re, c_im) = (
-            self.c.narrow(2, 0, 1)?.squeeze(2)?,
-            self.c.narrow(2, 1, 1)?.squeeze(2)?,
-        );
-        let mut y = (x_re.broadcast_matmul(&c_re.t()?)? - x_im.broadcast_matmul(&c_im.t()?)?)?;
-        if self.cfg.conj_sym {
-            y = (y * 2.0)?;
+        // Re(C̃ x) = Σ_p C_re x_re − C_im x_im: with C̃ stored (H, P, 2) and x (…, P, 2), one
+        // matmul per direction against C̃ viewed as (H, 2P) with its imaginary columns negated
+        // (and × 2 with conj_sym).
+        let scale = if self.cfg.conj_sym { 2.0 } else { 1.0 };
+        let signs = Tensor::new(&[scale, -scale], u.device())?.to_dtype(u.dtype())?;
+        let c = self.c.broadcast_mul(&signs)?;
+        let mut y = channel_mul(u, &self.d)?;
+        for (i, x) in states.iter().enumerate() {
+            let c_mat = c.narrow(1, i * p, p)?.reshape((h, 2 * p))?;
+            let yi = x.reshape((batch * len, 2 * p))?.matmul(&c_mat.t()?)?;
+            y = (y + yi.reshape((batch, len, h))?)?;
         }
-        y + u.broadcast_mul(&self.d)?
+        Ok(y)
     }
 }

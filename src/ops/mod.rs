@@ -1,13 +1,21 @@
 //! Differentiable custom ops, one per file: the candle `CustomOp` glue, the CPU implementation
 //! (the "twin" of the CUDA kernel, following the same algorithm) and the CUDA launch code.
 
+pub mod channel;
+pub mod gelu;
+pub mod layer_norm;
 pub mod scan;
+pub mod transpose;
 pub mod tree_solve;
 mod value;
 
+pub use channel::{channel_add, channel_mul};
+pub use gelu::gelu;
+pub use layer_norm::{layer_norm, layer_norm_composed};
 pub use scan::{
     linear_scan, linear_scan_backward, linear_scan_reference, GateShape, ScanGrads, ScanOptions,
 };
+pub use transpose::swap_dims12;
 pub use tree_solve::{
     tree_solve, tree_solve_backward, tree_solve_reference, TreeSolveGrads, TreeSolveOptions,
 };

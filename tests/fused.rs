@@ -1,0 +1,246 @@
+//! The fused CPU ops behind the layers (layer_norm, gelu, channel_add/mul, swap_dims12):
+//! forward against independent f64 loops, backward against central finite differences of the
+//! op itself (f64) and against candle autograd through the same computation in plain candle
+//! ops (f32), on shapes that do and do not fill the ops' row tiles.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor, Var};
+use common::{fresh_rng, rel_err, tensor, to_vec};
+use myosotis::ops::{channel_add, channel_mul, gelu, layer_norm, layer_norm_composed, swap_dims12};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+fn randn(rng: &mut StdRng, n: usize) -> Vec<f64> {
+    (0..n).map(|_| rng.random_range(-2.0..2.0)).collect()
+}
+
+/// Checks the gradients of `sum(f(inputs) ⊙ r)` for every input against central differences.
+fn check_fd(
+    what: &str,
+    inputs: &[(Vec<f64>, Vec<usize>)],
+    f: impl Fn(&[Tensor]) -> Tensor,
+    rng: &mut StdRng,
+) {
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|(v, s)| Var::from_tensor(&tensor(v, s, DType::F64, &Device::Cpu)).unwrap())
+        .collect();
+    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let y = f(&ts);
+    let r = tensor(
+        &randn(rng, y.elem_count()),
+        y.dims(),
+        DType::F64,
+        &Device::Cpu,
+    );
+    let loss = |ts: &[Tensor]| -> f64 {
+        (f(ts) * &r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    };
+    let grads = (y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+    let eps = 1e-6;
+    for (k, (v, s)) in inputs.iter().enumerate() {
+        let g = to_vec(grads.get(vars[k].as_tensor()).expect("gradient"));
+        let mut fd = vec![0.0; v.len()];
+        for i in 0..v.len() {
+            let at = |d: f64| {
+                let mut ts = ts.clone();
+                let mut w = v.clone();
+                w[i] += d;
+                ts[k] = tensor(&w, s, DType::F64, &Device::Cpu);
+                loss(&ts)
+            };
+            fd[i] = (at(eps) - at(-eps)) / (2.0 * eps);
+        }
+        let e = rel_err(&g, &fd);
+        assert!(
+            e < 1e-6,
+            "{what}: input {k} gradient vs finite differences: {e:e}"
+        );
+    }
+}
+
+#[test]
+fn layer_norm_matches_loop_and_finite_differences() {
+    let (mut rng, _) = fresh_rng("layer_norm");
+    for &(rows, h) in &[(1, 1), (3, 5), (64, 8), (65, 7), (130, 64), (2, 300)] {
+        let (x, w, b) = (
+            randn(&mut rng, rows * h),
+            randn(&mut rng, h),
+            randn(&mut rng, h),
+        );
+        let mut want = vec![0.0; rows * h];
+        for r in 0..rows {
+            let row = &x[r * h..(r + 1) * h];
+            let mean = row.iter().sum::<f64>() / h as f64;
+            let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / h as f64;
+            for i in 0..h {
+                want[r * h + i] = (row[i] - mean) / (var + 1e-5).sqrt() * w[i] + b[i];
+            }
+        }
+        for dtype in [DType::F64, DType::F32] {
+            let t = |v: &[f64], s: &[usize]| tensor(v, s, dtype, &Device::Cpu);
+            let got = layer_norm(&t(&x, &[rows, h]), &t(&w, &[h]), &t(&b, &[h]), 1e-5).unwrap();
+            let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+            let e = rel_err(&to_vec(&got), &want);
+            assert!(e < tol, "layer_norm ({rows}, {h}) {dtype:?}: {e:e}");
+        }
+        if rows * h <= 400 {
+            check_fd(
+                &format!("layer_norm ({rows}, {h})"),
+                &[(x, vec![rows, h]), (w, vec![h]), (b, vec![h])],
+                |ts| layer_norm(&ts[0], &ts[1], &ts[2], 1e-5).unwrap(),
+                &mut rng,
+            );
+        }
+    }
+}
+
+#[test]
+fn layer_norm_gradients_match_candle_ops_on_3d_views() {
+    let (mut rng, _) = fresh_rng("layer_norm_3d");
+    let (b, l, h) = (3, 67, 24);
+    let x = Var::new(randn(&mut rng, b * l * h), &Device::Cpu).unwrap();
+    let w = Var::new(randn(&mut rng, h), &Device::Cpu).unwrap();
+    let bias = Var::new(randn(&mut rng, h), &Device::Cpu).unwrap();
+    let x = Var::from_tensor(&x.to_dtype(DType::F32).unwrap().reshape((b, h, l)).unwrap()).unwrap();
+    let (w, bias) = (
+        Var::from_tensor(&w.to_dtype(DType::F32).unwrap()).unwrap(),
+        Var::from_tensor(&bias.to_dtype(DType::F32).unwrap()).unwrap(),
+    );
+    // A transposed (non-contiguous) input.
+    let xt = x.transpose(1, 2).unwrap();
+    let r = Tensor::randn(0f32, 1f32, (b, l, h), &Device::Cpu).unwrap();
+    let fused = layer_norm(&xt, &w, &bias, 1e-5).unwrap();
+    let plain = layer_norm_composed(&xt, &w, &bias, 1e-5).unwrap();
+    assert!(rel_err(&to_vec(&fused), &to_vec(&plain)) < 1e-5);
+    let gf = (fused * &r).unwrap().sum_all().unwrap().backward().unwrap();
+    let gp = (plain * &r).unwrap().sum_all().unwrap().backward().unwrap();
+    for (name, v) in [("x", &x), ("weight", &w), ("bias", &bias)] {
+        let e = rel_err(&to_vec(gf.get(v).unwrap()), &to_vec(gp.get(v).unwrap()));
+        assert!(
+            e < 1e-4,
+            "layer_norm gradient of {name} vs candle ops: {e:e}"
+        );
+    }
+}
+
+#[test]
+fn layer_norm_rejects_bad_parameters() {
+    let x = Tensor::zeros((2, 4), DType::F32, &Device::Cpu).unwrap();
+    let ok = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
+    let bad = Tensor::zeros(5, DType::F32, &Device::Cpu).unwrap();
+    let e = layer_norm(&x, &bad, &ok, 1e-5).unwrap_err().to_string();
+    assert!(e.contains("weight") && e.contains("(4)"), "{e}");
+    let e = layer_norm(&x, &ok, &ok.to_dtype(DType::F64).unwrap(), 1e-5)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bias"), "{e}");
+}
+
+#[test]
+fn gelu_matches_tanh_formula_and_finite_differences() {
+    let (mut rng, _) = fresh_rng("gelu");
+    let mut x: Vec<f64> = (0..40_000).map(|_| rng.random_range(-12.0..12.0)).collect();
+    x.extend([0.0, -0.0, 1e-8, -1e-8, 30.0, -30.0, 200.0, -200.0]);
+    let want: Vec<f64> = x
+        .iter()
+        .map(|&v| {
+            let z = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
+            0.5 * v * (1.0 + z.tanh())
+        })
+        .collect();
+    for (dtype, tol) in [(DType::F64, 1e-13), (DType::F32, 1e-6)] {
+        let got = to_vec(&gelu(&tensor(&x, &[x.len()], dtype, &Device::Cpu)).unwrap());
+        // Absolute error per element, relative to max(1, |x|).
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let err = (g - w).abs() / x[i].abs().max(1.0);
+            assert!(err < tol, "gelu {dtype:?} at x = {}: {g} vs {w}", x[i]);
+        }
+    }
+    let small: Vec<f64> = (0..300).map(|_| rng.random_range(-5.0..5.0)).collect();
+    check_fd(
+        "gelu",
+        &[(small.clone(), vec![3, 100])],
+        |ts| gelu(&ts[0]).unwrap(),
+        &mut rng,
+    );
+    // f32 gradient against candle's own gelu (same approximation), on a strided view.
+    let v = Var::from_tensor(&tensor(&small, &[3, 100], DType::F32, &Device::Cpu)).unwrap();
+    let view = v.t().unwrap();
+    let gf = gelu(&view).unwrap().sum_all().unwrap().backward().unwrap();
+    let gc = view.gelu().unwrap().sum_all().unwrap().backward().unwrap();
+    let e = rel_err(&to_vec(gf.get(&v).unwrap()), &to_vec(gc.get(&v).unwrap()));
+    assert!(e < 1e-5, "gelu gradient vs candle: {e:e}");
+}
+
+#[test]
+fn channel_ops_match_broadcasts_and_finite_differences() {
+    let (mut rng, _) = fresh_rng("channel");
+    for &(rows, h) in &[(1, 1), (129, 3), (5, 64), (300, 17)] {
+        let (x, p) = (randn(&mut rng, rows * h), randn(&mut rng, h));
+        let t = |v: &[f64], s: &[usize]| tensor(v, s, DType::F64, &Device::Cpu);
+        let (xt, pt) = (t(&x, &[rows, h]), t(&p, &[h]));
+        let add = to_vec(&channel_add(&xt, &pt).unwrap());
+        let mul = to_vec(&channel_mul(&xt, &pt).unwrap());
+        for r in 0..rows {
+            for i in 0..h {
+                assert_eq!(add[r * h + i], x[r * h + i] + p[i]);
+                assert_eq!(mul[r * h + i], x[r * h + i] * p[i]);
+            }
+        }
+        if rows * h <= 600 {
+            let inputs = [(x.clone(), vec![rows, h]), (p.clone(), vec![h])];
+            check_fd(
+                "channel_add",
+                &inputs,
+                |ts| channel_add(&ts[0], &ts[1]).unwrap(),
+                &mut rng,
+            );
+            check_fd(
+                "channel_mul",
+                &inputs,
+                |ts| channel_mul(&ts[0], &ts[1]).unwrap(),
+                &mut rng,
+            );
+        }
+    }
+    let x = Tensor::zeros((2, 3, 4), DType::F32, &Device::Cpu).unwrap();
+    let e = channel_mul(&x, &Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("(4)"), "{e}");
+}
+
+#[test]
+fn swap_dims12_matches_transpose_on_views() {
+    let (mut rng, _) = fresh_rng("swap");
+    for &(b, m, n, k) in &[(1, 1, 1, 1), (2, 3, 17, 2), (3, 64, 33, 2), (2, 5, 40, 3)] {
+        let x = randn(&mut rng, b * m * (n + 4) * k);
+        let full = tensor(&x, &[b, m, n + 4, k], DType::F64, &Device::Cpu);
+        // A narrowed view: the op reads strided input.
+        let view = full.narrow(2, 1, n).unwrap();
+        let got = swap_dims12(&view).unwrap();
+        assert_eq!(got.dims(), &[b, n, m, k]);
+        let want = view.transpose(1, 2).unwrap().contiguous().unwrap();
+        assert_eq!(to_vec(&got), to_vec(&want));
+        if b * m * n * k <= 300 {
+            let small = randn(&mut rng, b * m * n * k);
+            check_fd(
+                "swap_dims12",
+                &[(small, vec![b, m, n, k])],
+                |ts| swap_dims12(&ts[0].narrow(2, 0, n).unwrap()).unwrap(),
+                &mut rng,
+            );
+        }
+    }
+    let e = swap_dims12(&Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("4-D"), "{e}");
+}
