@@ -5,7 +5,7 @@
 use candle_core::Device;
 use myosotis::nn::*;
 use myosotis::train::optim::OptimConfig;
-use myosotis::train::run::{eval_checkpoint, train, RunConfig, TaskConfig};
+use myosotis::train::run::{eval_checkpoint, train, Event, Exec, RunConfig, TaskConfig};
 
 fn config(epochs: usize) -> RunConfig {
     RunConfig {
@@ -76,7 +76,7 @@ fn metrics(dir: &std::path::Path) -> Vec<serde_json::Value> {
 #[test]
 fn tiny_run_writes_outputs_and_eval_reproduces_its_accuracy() {
     let dir = out("tiny");
-    let summary = train(&config(6), &dir, &Device::Cpu, false, |_, _, _| {}).unwrap();
+    let summary = train(&config(6), &dir, &Exec::on(&Device::Cpu), false, |_| {}).unwrap();
     for f in [
         "config.json",
         "metrics.jsonl",
@@ -102,7 +102,7 @@ fn tiny_run_writes_outputs_and_eval_reproduces_its_accuracy() {
             assert!(!r[key].is_null(), "{key} missing in {r}");
         }
     }
-    let e = eval_checkpoint(&dir.join("best.safetensors"), None, &Device::Cpu).unwrap();
+    let e = eval_checkpoint(&dir.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();
     assert!(
         (e.accuracy - summary.test_accuracy).abs() < 1e-12,
         "eval {} vs run {}",
@@ -114,19 +114,26 @@ fn tiny_run_writes_outputs_and_eval_reproduces_its_accuracy() {
 #[test]
 fn resumed_run_equals_the_uninterrupted_run() {
     let (a, b) = (out("whole"), out("resumed"));
-    train(&config(4), &a, &Device::Cpu, false, |_, _, _| {}).unwrap();
+    // Two data-parallel shards: summation in shard order keeps the run deterministic.
+    let two = Exec {
+        device: Device::Cpu,
+        shards: 2,
+    };
+    train(&config(4), &a, &two, false, |_| {}).unwrap();
     // Interrupt after two epochs: a run asked for 4 epochs that stops early.
     let mut stop = 0;
     let interrupted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        train(&config(4), &b, &Device::Cpu, false, |epoch, _, _| {
-            stop = epoch;
-            if epoch == 2 {
-                panic!("interrupted");
+        train(&config(4), &b, &two, false, |ev| {
+            if let Event::EpochEnd { epoch, .. } = ev {
+                stop = epoch;
+                if epoch == 2 {
+                    panic!("interrupted");
+                }
             }
         })
     }));
     assert!(interrupted.is_err() && stop == 2);
-    train(&config(4), &b, &Device::Cpu, true, |_, _, _| {}).unwrap();
+    train(&config(4), &b, &two, true, |_| {}).unwrap();
     let strip = |v: Vec<serde_json::Value>| -> Vec<(String, String, String)> {
         v.into_iter()
             .map(|r| {
@@ -154,7 +161,7 @@ fn resumed_run_equals_the_uninterrupted_run() {
         batch_size: 8,
         ..config(4)
     };
-    assert!(train(&other, &b, &Device::Cpu, true, |_, _, _| {})
+    assert!(train(&other, &b, &Exec::on(&Device::Cpu), true, |_| {})
         .unwrap_err()
         .to_string()
         .contains("different configuration"));
@@ -227,14 +234,15 @@ fn image_tasks_train_from_idx_files() {
         cfg.model.encoder = EncoderConfig::Linear { features: 1 };
         cfg.model.layer = layer;
         let dir = out(&format!("{task:?}"));
-        let summary = train(&cfg, &dir, &Device::Cpu, false, |_, _, _| {}).unwrap();
+        let summary = train(&cfg, &dir, &Exec::on(&Device::Cpu), false, |_| {}).unwrap();
         eprintln!("{task:?}: test accuracy {}", summary.test_accuracy);
         assert!(
             summary.test_accuracy > 0.3,
             "{task:?}: test accuracy {} (chance 0.1)",
             summary.test_accuracy
         );
-        let e = eval_checkpoint(&dir.join("best.safetensors"), None, &Device::Cpu).unwrap();
+        let e =
+            eval_checkpoint(&dir.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();
         assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
     }
 }

@@ -112,6 +112,7 @@ fn training_on_listops_lowers_the_loss() {
         let batching = Batching {
             batch_size: 16,
             pad_to,
+            shards: 2,
         };
         let epochs = 12;
         let mut opt = optimizer(&varmap, epochs * 4);
@@ -125,8 +126,8 @@ fn training_on_listops_lowers_the_loss() {
                 batching,
                 e as u64,
                 &Device::Cpu,
-                |n, loss| {
-                    assert!(loss.is_finite());
+                |n, loss, correct| {
+                    assert!(loss.is_finite() && correct <= n);
                     seen += n;
                 },
             )
@@ -152,4 +153,81 @@ fn sequences_longer_than_the_padding_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("tokens"), "{err}");
+}
+
+/// A batch cut into data-parallel shards (uneven: 6 + 5 + 5) takes the same step as the whole
+/// batch: the same loss and correct count, and the same gradient (seen through an update that
+/// is linear in it: Adam with a large ε, so Δθ ≈ −lr·g).
+#[test]
+fn sharded_batches_take_the_same_step() {
+    let data = listops(16, 7);
+    let s5 = SeqLayerConfig::S5(S5Config {
+        state: 8,
+        blocks: 2,
+        ..S5Config::default()
+    });
+    let mut deltas = Vec::new();
+    let mut reports = Vec::new();
+    for shards in [1, 3] {
+        let (varmap, m) = model(s5.clone(), Pooling::Mean);
+        let vars: HashMap<_, _> = varmap
+            .data()
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let before: HashMap<String, Vec<f32>> = vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.flatten_all().unwrap().to_vec1().unwrap()))
+            .collect();
+        let cfg = OptimConfig {
+            lr: 1e-3,
+            ssm_lr: 1e-3,
+            lr_min: 1e-3,
+            weight_decay: 0.0,
+            warmup_steps: 0,
+            total_steps: 1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e3,
+            clip: None,
+        };
+        let mut opt = Optimizer::new(cfg, &vars, |_| false).unwrap();
+        let batching = Batching {
+            batch_size: 16,
+            pad_to: None,
+            shards,
+        };
+        train_epoch(
+            &m,
+            &mut opt,
+            &data,
+            batching,
+            0,
+            &Device::Cpu,
+            |n, loss, c| reports.push((n, loss, c)),
+        )
+        .unwrap();
+        let mut delta = Vec::new();
+        let mut names: Vec<_> = vars.keys().cloned().collect();
+        names.sort();
+        for k in names {
+            let after: Vec<f32> = vars[&k].flatten_all().unwrap().to_vec1().unwrap();
+            delta.extend(after.iter().zip(&before[&k]).map(|(a, b)| (a - b) as f64));
+        }
+        deltas.push(delta);
+    }
+    assert_eq!(reports.len(), 2);
+    assert_eq!((reports[0].0, reports[0].2), (reports[1].0, reports[1].2));
+    assert!((reports[0].1 - reports[1].1).abs() < 1e-5 * reports[0].1.abs());
+    let scale = deltas[0].iter().fold(0f64, |m, v| m.max(v.abs()));
+    let diff = deltas[0]
+        .iter()
+        .zip(&deltas[1])
+        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        scale > 0.0 && diff < 1e-3 * scale,
+        "update differs: {diff:e} of {scale:e}"
+    );
 }

@@ -51,14 +51,27 @@ fn swap_t<F: WithDType>(src: &[F], l: &Layout) -> Vec<F> {
     out.par_chunks_mut(row * ROWS_PER_TASK)
         .enumerate()
         .for_each(|(task, chunk)| {
-            let first = task * ROWS_PER_TASK;
-            let rows = chunk.len() / row;
-            for mi in 0..m {
-                for r in 0..rows {
-                    let (bi, ni) = ((first + r) / n, (first + r) % n);
-                    let from = off + bi * s[0] + mi * s[1] + ni * s[2];
-                    let to = r * row + mi * k;
-                    chunk[to..to + k].copy_from_slice(&src[from..from + k]);
+            for (r, dst) in chunk.chunks_exact_mut(row).enumerate() {
+                let (bi, ni) = (
+                    (task * ROWS_PER_TASK + r) / n,
+                    (task * ROWS_PER_TASK + r) % n,
+                );
+                let base = off + bi * s[0] + ni * s[2];
+                // Consecutive rows read neighbouring elements of the same source lines, which
+                // stay cached across the task's rows.
+                if k == 2 {
+                    for (mi, d) in dst.chunks_exact_mut(2).enumerate() {
+                        let f = base + mi * s[1];
+                        d[0] = src[f];
+                        d[1] = src[f + 1];
+                    }
+                } else {
+                    for (mi, d) in dst.chunks_exact_mut(k).enumerate() {
+                        let f = base + mi * s[1];
+                        for (j, v) in d.iter_mut().enumerate() {
+                            *v = src[f + j];
+                        }
+                    }
                 }
             }
         });

@@ -249,15 +249,23 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
-    fn batching(&self) -> Batching {
+    /// How batches are cut; `shards` data-parallel parts in training only without BatchNorm
+    /// (whose batch statistics and running averages need the whole batch in one pass).
+    fn batching(&self, shards: usize, training: bool) -> Batching {
         // Myo needs every sequence on the tree's leaves.
         let pad_to = match &self.model.layer {
             SeqLayerConfig::Myo(m) => m.tree.build().ok().map(|t| t.leaves()),
             _ => None,
         };
+        let batch_norm = self.model.norm == crate::nn::NormKind::Batch;
         Batching {
             batch_size: self.batch_size,
             pad_to,
+            shards: if training && batch_norm {
+                1
+            } else {
+                shards.max(1)
+            },
         }
     }
 }
@@ -319,15 +327,63 @@ fn append_metric(out: &Path, value: serde_json::Value) -> Result<()> {
     Ok(())
 }
 
-/// Trains `cfg` into `out` on `device`; with `resume`, continues from `out/last.*`.
-/// `on_epoch` sees each epoch's (epoch, train, val) results.
+/// Where and how a run executes; not part of the run's definition (a run resumed with other
+/// settings is the same run, up to floating-point summation order).
+#[derive(Clone, Debug)]
+pub struct Exec {
+    pub device: Device,
+    /// Data-parallel shards per training batch (see [`Batching::shards`]).
+    pub shards: usize,
+}
+
+impl Exec {
+    /// One shard on `device`.
+    pub fn on(device: &Device) -> Self {
+        Exec {
+            device: device.clone(),
+            shards: 1,
+        }
+    }
+}
+
+/// What [`train`] reports while it runs (for progress bars and logs).
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// An epoch (1-based) of `batches` batches over `samples` examples begins.
+    EpochStart {
+        epoch: usize,
+        epochs: usize,
+        samples: usize,
+        batches: usize,
+    },
+    /// A training batch: its size, mean loss and number of correct predictions.
+    Batch {
+        samples: usize,
+        loss: f64,
+        correct: usize,
+    },
+    /// Evaluation of a split ("val", "test") begins.
+    Evaluating { split: &'static str },
+    /// An epoch ended (`test` when validation improved), `seconds` since the run began.
+    EpochEnd {
+        epoch: usize,
+        train: Evaluation,
+        val: Evaluation,
+        test: Option<Evaluation>,
+        seconds: f64,
+    },
+}
+
+/// Trains `cfg` into `out`; with `resume`, continues from `out/last.*`. `on_event` sees the
+/// run's progress ([`Event`]).
 pub fn train(
     cfg: &RunConfig,
     out: &Path,
-    device: &Device,
+    exec: &Exec,
     resume: bool,
-    mut on_epoch: impl FnMut(usize, Evaluation, Evaluation),
+    mut on_event: impl FnMut(Event),
 ) -> Result<Summary> {
+    let device = &exec.device;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let [train_set, val_set, test_set] = cfg.task.load()?;
     let cut = |d: Dataset, n: Option<usize>| match n {
@@ -385,36 +441,56 @@ pub fn train(
         std::fs::write(out.join("config.json"), serde_json::to_string_pretty(cfg)?)?;
         let _ = std::fs::remove_file(out.join("metrics.jsonl"));
     }
-    let batching = cfg.batching();
+    let (train_batching, eval_batching) = (
+        cfg.batching(exec.shards, true),
+        cfg.batching(exec.shards, false),
+    );
     let start = Instant::now() - std::time::Duration::from_secs_f64(progress.seconds);
     for epoch in progress.epoch..cfg.epochs {
+        on_event(Event::EpochStart {
+            epoch: epoch + 1,
+            epochs: cfg.epochs,
+            samples: train_set.len(),
+            batches: steps_per_epoch,
+        });
         let tr = train_epoch(
             &model,
             &mut opt,
             &train_set,
-            batching,
+            train_batching,
             cfg.seed.wrapping_add(epoch as u64),
             device,
-            |_, _| {},
+            |samples, loss, correct| {
+                on_event(Event::Batch {
+                    samples,
+                    loss,
+                    correct,
+                })
+            },
         )?;
-        let val = evaluate(&model, &val_set, batching, device)?;
-        let seconds = start.elapsed().as_secs_f64();
+        on_event(Event::Evaluating { split: "val" });
+        let val = evaluate(&model, &val_set, eval_batching, device)?;
+        let mut seconds = start.elapsed().as_secs_f64();
         for (split, e) in [("train", tr), ("val", val)] {
             append_metric(
                 out,
                 serde_json::json!({"epoch": epoch + 1, "split": split, "loss": e.loss, "accuracy": e.accuracy, "step": opt.step_count(), "seconds": seconds}),
             )?;
         }
+        let mut test = None;
         if epoch == 0 || val.accuracy > progress.best_val {
-            let test = evaluate(&model, &test_set, batching, device)?;
+            on_event(Event::Evaluating { split: "test" });
+            let t = evaluate(&model, &test_set, eval_batching, device)?;
+            seconds = start.elapsed().as_secs_f64();
             append_metric(
                 out,
-                serde_json::json!({"epoch": epoch + 1, "split": "test", "loss": test.loss, "accuracy": test.accuracy, "step": opt.step_count(), "seconds": seconds}),
+                serde_json::json!({"epoch": epoch + 1, "split": "test", "loss": t.loss, "accuracy": t.accuracy, "step": opt.step_count(), "seconds": seconds}),
             )?;
             progress.best_val = val.accuracy;
             progress.best_epoch = epoch + 1;
-            progress.test_at_best = test.accuracy;
+            progress.test_at_best = t.accuracy;
             checkpoint::save(&varmap, cfg, &best)?;
+            test = Some(t);
         }
         progress.epoch = epoch + 1;
         progress.seconds = seconds;
@@ -428,7 +504,13 @@ pub fn train(
             &tmp,
         )?;
         std::fs::rename(&tmp, &last_optim)?;
-        on_epoch(epoch + 1, tr, val);
+        on_event(Event::EpochEnd {
+            epoch: epoch + 1,
+            train: tr,
+            val,
+            test,
+            seconds,
+        });
     }
     Ok(Summary {
         epochs: progress.epoch,
@@ -442,11 +524,8 @@ pub fn train(
 
 /// Loss and accuracy of the checkpoint at `path` on its task's test split (or `data_dir`'s
 /// TSV files when given).
-pub fn eval_checkpoint(
-    path: &Path,
-    data_dir: Option<&Path>,
-    device: &Device,
-) -> Result<Evaluation> {
+pub fn eval_checkpoint(path: &Path, data_dir: Option<&Path>, exec: &Exec) -> Result<Evaluation> {
+    let device = &exec.device;
     let ck = checkpoint::read::<RunConfig>(path)?;
     let mut cfg = ck.config;
     if let Some(dir) = data_dir {
@@ -467,5 +546,10 @@ pub fn eval_checkpoint(
         Some(n) => test.truncated(n),
         None => test,
     };
-    Ok(evaluate(&model, &test, cfg.batching(), device)?)
+    Ok(evaluate(
+        &model,
+        &test,
+        cfg.batching(exec.shards, false),
+        device,
+    )?)
 }

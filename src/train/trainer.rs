@@ -1,10 +1,12 @@
 //! The training loop: shuffled mini-batches, the classifier's log-likelihood, AdamW steps, and
 //! evaluation (loss and accuracy) over a split.
 
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Result, Tensor};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use rayon::prelude::*;
 
 use super::optim::Optimizer;
 use crate::nn::SequenceClassifier;
@@ -125,6 +127,44 @@ pub struct Batching {
     pub batch_size: usize,
     /// Pad token sequences to this length (a Myo tree's leaves) instead of the batch's longest.
     pub pad_to: Option<usize>,
+    /// Data-parallel shards per batch (1: none): each shard's forward and backward run on its
+    /// own rayon worker and the gradients are summed, in shard order (deterministic). Meant
+    /// for the CPU with candle's own ops single-threaded (as `myo train` sets up), where one
+    /// shard per core beats parallelism inside each op. Not with BatchNorm in training (its
+    /// batch statistics would be per shard); [`crate::train::run`] uses 1 there.
+    pub shards: usize,
+}
+
+/// Runs `f` on `idx` cut into up to `shards` contiguous, nearly equal parts, in parallel;
+/// results in part order.
+fn sharded<T: Send>(
+    idx: &[usize],
+    shards: usize,
+    f: impl Fn(&[usize]) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let k = shards.clamp(1, idx.len().max(1));
+    if k == 1 {
+        return Ok(vec![f(idx)?]);
+    }
+    let (base, extra) = (idx.len() / k, idx.len() % k);
+    let mut parts = Vec::with_capacity(k);
+    let mut at = 0;
+    for i in 0..k {
+        let n = base + usize::from(i < extra);
+        parts.push(&idx[at..at + n]);
+        at += n;
+    }
+    parts.into_par_iter().map(&f).collect()
+}
+
+/// Number of `logp`'s rows whose argmax is `y`.
+fn count_correct(logp: &Tensor, y: &Tensor) -> Result<usize> {
+    Ok(logp
+        .argmax(1)?
+        .eq(y)?
+        .to_dtype(DType::U32)?
+        .sum_all()?
+        .to_scalar::<u32>()? as usize)
 }
 
 /// Loss and accuracy over a split.
@@ -144,18 +184,18 @@ pub fn evaluate(
     let (mut loss, mut correct) = (0.0, 0usize);
     let order: Vec<usize> = (0..data.len()).collect();
     for idx in order.chunks(batching.batch_size.max(1)) {
-        let (x, lengths, y) = data.batch(idx, batching.pad_to, device)?;
-        let logp = model.forward(&x, Some(&lengths), false)?;
-        loss += candle_nn::loss::nll(&logp, &y)?
-            .to_dtype(DType::F64)?
-            .to_scalar::<f64>()?
-            * idx.len() as f64;
-        correct += logp
-            .argmax(1)?
-            .eq(&y)?
-            .to_dtype(DType::U32)?
-            .sum_all()?
-            .to_scalar::<u32>()? as usize;
+        let parts = sharded(idx, batching.shards, |part| {
+            let (x, lengths, y) = data.batch(part, batching.pad_to, device)?;
+            let logp = model.forward(&x, Some(&lengths), false)?;
+            let loss = candle_nn::loss::nll(&logp, &y)?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?;
+            Ok((loss * part.len() as f64, count_correct(&logp, &y)?))
+        })?;
+        for (l, c) in parts {
+            loss += l;
+            correct += c;
+        }
     }
     let n = data.len().max(1) as f64;
     Ok(Evaluation {
@@ -164,8 +204,10 @@ pub fn evaluate(
     })
 }
 
-/// One epoch of training: examples shuffled with `seed`, one optimiser step per batch. Returns
-/// the mean training loss and accuracy; a non-finite loss stops with the step number.
+/// One epoch of training: examples shuffled with `seed`, one optimiser step per batch (the
+/// loss is the batch mean, however the batch is sharded). `on_batch` sees each batch's size,
+/// mean loss and correct count. Returns the mean training loss and accuracy; a non-finite
+/// loss stops with the step number.
 pub fn train_epoch(
     model: &SequenceClassifier,
     opt: &mut Optimizer,
@@ -173,28 +215,35 @@ pub fn train_epoch(
     batching: Batching,
     seed: u64,
     device: &Device,
-    mut on_batch: impl FnMut(usize, f64),
+    mut on_batch: impl FnMut(usize, f64, usize),
 ) -> Result<Evaluation> {
     let mut order: Vec<usize> = (0..data.len()).collect();
     order.shuffle(&mut StdRng::seed_from_u64(seed));
     let (mut loss_sum, mut correct) = (0.0, 0usize);
     for idx in order.chunks(batching.batch_size.max(1)) {
-        let (x, lengths, y) = data.batch(idx, batching.pad_to, device)?;
-        let logp = model.forward(&x, Some(&lengths), true)?;
-        let loss = candle_nn::loss::nll(&logp, &y)?;
-        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let parts = sharded(idx, batching.shards, |part| {
+            let (x, lengths, y) = data.batch(part, batching.pad_to, device)?;
+            let logp = model.forward(&x, Some(&lengths), true)?;
+            // This shard's share of the batch mean.
+            let loss = (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
+            let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            Ok((value, count_correct(&logp, &y)?, loss.backward()?))
+        })?;
+        let mut parts = parts.into_iter();
+        let (mut value, mut right, mut grads): (f64, usize, GradStore) =
+            parts.next().expect("a batch has at least one shard");
+        for (v, c, g) in parts {
+            value += v;
+            right += c;
+            grads.extend(g)?;
+        }
         if !value.is_finite() {
             candle_core::bail!("the training loss is {value} at step {}; stopping (the last good checkpoint is kept)", opt.step_count() + 1);
         }
-        opt.step(&loss.backward()?)?;
+        opt.step(&grads)?;
         loss_sum += value * idx.len() as f64;
-        correct += logp
-            .argmax(1)?
-            .eq(&y)?
-            .to_dtype(DType::U32)?
-            .sum_all()?
-            .to_scalar::<u32>()? as usize;
-        on_batch(idx.len(), value);
+        correct += right;
+        on_batch(idx.len(), value, right);
     }
     let n = data.len().max(1) as f64;
     Ok(Evaluation {
