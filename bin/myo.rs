@@ -61,10 +61,17 @@ struct TrainArgs {
     task: String,
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
-    #[arg(long, default_value_t = 10)]
-    epochs: usize,
-    #[arg(long, default_value_t = 32)]
-    batch_size: usize,
+    /// Start from the reference's hyper-parameters for this task (S5 Table 11 and run scripts:
+    /// listops, pathfinder, pathx, lra-image, scifar, zcifar, smnist, zmnist, psmnist); the
+    /// flags below override it. Without a preset the defaults are a small, quick model.
+    #[arg(long)]
+    preset: Option<String>,
+    /// [default: 10]
+    #[arg(long)]
+    epochs: Option<usize>,
+    /// [default: 32]
+    #[arg(long)]
+    batch_size: Option<usize>,
     #[arg(long, default_value = "cpu")]
     device: String,
     #[arg(long, default_value = "runs/latest")]
@@ -74,30 +81,67 @@ struct TrainArgs {
     /// Continue the run in --out from its last checkpoint.
     #[arg(long)]
     resume: bool,
-    #[arg(long, default_value_t = 64)]
-    d_model: usize,
-    #[arg(long, default_value_t = 32)]
-    state_size: usize,
-    #[arg(long, default_value_t = 2)]
-    layers: usize,
-    /// Myo heads (default: the state size).
+    /// Width H. [default: 64]
+    #[arg(long)]
+    d_model: Option<usize>,
+    /// S5 latent size P. [default: 32]
+    #[arg(long)]
+    state_size: Option<usize>,
+    /// [default: 2]
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Myo heads. [default: the state size]
     #[arg(long)]
     heads: Option<usize>,
-    #[arg(long, default_value_t = 0.0)]
-    dropout: f64,
-    #[arg(long, default_value_t = 0.003)]
-    ssm_lr: f64,
-    /// Default: 3 x --ssm-lr (the reference's lr_factor for ListOps).
+    /// Myo block size d (1: scalar complex heads). [default: 1]
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// S5 HiPPO-N blocks J. [default: state size / 8]
+    #[arg(long)]
+    blocks: Option<usize>,
+    /// S5: also scan in reverse. [default: false for smnist and psmnist (causal, as S5), else true]
+    #[arg(long)]
+    bidirectional: Option<bool>,
+    /// S5: trunc_standard_normal, lecun_normal or complex_normal. [default: trunc_standard_normal]
+    #[arg(long)]
+    c_init: Option<String>,
+    /// S5: clamp Re(λ) ≤ −1e-4.
+    #[arg(long)]
+    clip_eigs: Option<bool>,
+    /// layer or batch. [default: layer; presets: batch]
+    #[arg(long)]
+    norm: Option<String>,
+    /// Normalise after the residual instead of before the layer.
+    #[arg(long)]
+    postnorm: Option<bool>,
+    /// gelu, full_glu, half_glu1 or half_glu2. [default: half_glu2]
+    #[arg(long)]
+    activation: Option<String>,
+    /// [default: 0]
+    #[arg(long)]
+    dropout: Option<f64>,
+    /// Learning rate of the SSM parameters. [default: 0.003]
+    #[arg(long)]
+    ssm_lr: Option<f64>,
+    /// Learning rate of the other parameters. [default: 3 x --ssm-lr]
     #[arg(long)]
     lr: Option<f64>,
-    #[arg(long, default_value_t = 0.04)]
-    weight_decay: f64,
+    /// [default: 0.04]
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    /// Linear warm-up steps. [default: 50; presets: one epoch]
+    #[arg(long)]
+    warmup_steps: Option<usize>,
+    /// Clip the global gradient norm.
+    #[arg(long)]
+    clip: Option<f64>,
     #[arg(long)]
     max_train_samples: Option<usize>,
     #[arg(long)]
     max_eval_samples: Option<usize>,
     /// CPU threads: each batch is cut into this many data-parallel shards, one per thread, with
     /// candle's own ops single-threaded inside each (default: RAYON_NUM_THREADS, else all cores).
+    /// BatchNorm models train with one shard (their statistics need the whole batch).
     #[arg(long)]
     threads: Option<usize>,
 }
@@ -505,10 +549,49 @@ fn run() -> Result<()> {
     Ok(())
 }
 
-/// The run a `myo train` command line describes.
+/// The run a `myo train` command line describes: flags over the preset over the quick defaults.
 fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
     use myosotis::nn::*;
     use myosotis::train::run::{RunConfig, TaskConfig};
+    let preset = match &a.preset {
+        Some(p) => Some(myosotis::train::preset::preset(p).with_context(|| {
+            format!(
+                "--preset {p}: expected one of {}",
+                myosotis::train::preset::TASKS.join(", ")
+            )
+        })?),
+        None => None,
+    };
+    let pick = |flag: Option<usize>, from_preset: Option<usize>, quick: usize| {
+        flag.or(from_preset).unwrap_or(quick)
+    };
+    let pickf = |flag: Option<f64>, from_preset: Option<f64>, quick: f64| {
+        flag.or(from_preset).unwrap_or(quick)
+    };
+    let p = preset.as_ref();
+    let d_model = pick(a.d_model, p.map(|p| p.d_model), 64);
+    let state = pick(a.state_size, p.map(|p| p.state), 32);
+    let layers = pick(a.layers, p.map(|p| p.layers), 2);
+    let epochs = pick(a.epochs, p.map(|p| p.epochs), 10);
+    let batch_size = pick(a.batch_size, p.map(|p| p.batch_size), 32);
+    let dropout = pickf(a.dropout, p.map(|p| p.dropout), 0.0);
+    let ssm_lr = pickf(a.ssm_lr, p.map(|p| p.ssm_lr), 0.003);
+    let lr = a.lr.or(p.map(|p| p.lr)).unwrap_or(3.0 * ssm_lr);
+    let weight_decay = pickf(a.weight_decay, p.map(|p| p.weight_decay), 0.04);
+    for (name, v) in [
+        ("--d-model", d_model),
+        ("--state-size", state),
+        ("--layers", layers),
+        ("--epochs", epochs),
+        ("--batch-size", batch_size),
+    ] {
+        if v == 0 {
+            anyhow::bail!("{name} must be at least 1");
+        }
+    }
+    if !(0.0..1.0).contains(&dropout) {
+        anyhow::bail!("--dropout {dropout}: expected a rate in [0, 1)");
+    }
     let image = myosotis::train::run::ImageTask::parse(&a.task);
     let task = match (a.task.as_str(), image, &a.data_dir) {
         ("listops", _, Some(dir)) => TaskConfig::ListopsTsv { dir: dir.clone() },
@@ -516,7 +599,8 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
         ("listops", _, None) => TaskConfig::ListopsGenerated { train: 4000, val: 500, test: 500, max_depth: 4, max_args: 5, min_length: 8, max_length: 64, seed: a.seed },
         (_, Some(task), Some(dir)) => TaskConfig::Image { task, dir: dir.clone() },
         (t, Some(_), None) => anyhow::bail!("--task {t} needs --data-dir: MNIST IDX files (train-images-idx3-ubyte, …) or CIFAR-10 binary files (data_batch_1.bin, …)"),
-        (t, None, _) => anyhow::bail!("--task {t}: expected listops, smnist, psmnist, zmnist, scifar, zcifar or lra-image (pathfinder, pathx: not yet)"),
+        ("pathfinder" | "pathx", _, _) => anyhow::bail!("--task {}: the Pathfinder reader is not written yet", a.task),
+        (t, None, _) => anyhow::bail!("--task {t}: expected listops, smnist, psmnist, zmnist, scifar, zcifar or lra-image"),
     };
     let leaves = task.max_tokens();
     let tree = match image {
@@ -535,64 +619,108 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
             vocab: myosotis::data::listops::VOCAB,
         },
     };
+    // S5 used causal models for sMNIST and psMNIST (S5 Appendix G.2.2), bidirectional ones
+    // elsewhere.
+    let causal_task = matches!(a.task.as_str(), "smnist" | "psmnist");
+    let bidirectional = a
+        .bidirectional
+        .or(p.map(|p| p.bidirectional))
+        .unwrap_or(!causal_task);
+    let c_init = match a.c_init.as_deref() {
+        None => p.map_or(CInit::TruncStandardNormal, |p| p.c_init),
+        Some("trunc_standard_normal") => CInit::TruncStandardNormal,
+        Some("lecun_normal") => CInit::LecunNormal,
+        Some("complex_normal") => CInit::ComplexNormal,
+        Some(o) => anyhow::bail!(
+            "--c-init {o}: expected trunc_standard_normal, lecun_normal or complex_normal"
+        ),
+    };
     let layer = match a.model.as_str() {
         "s5" => SeqLayerConfig::S5(S5Config {
-            state: a.state_size,
-            blocks: (a.state_size / 8).max(1),
-            bidirectional: true,
+            d_model,
+            state,
+            blocks: a
+                .blocks
+                .or(p.map(|p| p.blocks))
+                .unwrap_or((state / 8).max(1)),
+            bidirectional,
+            c_init,
+            clip_eigs: a.clip_eigs.or(p.map(|p| p.clip_eigs)).unwrap_or(false),
             seed: a.seed,
             ..S5Config::default()
         }),
         "myo" => SeqLayerConfig::Myo(MyoConfig {
-            d_model: a.d_model,
-            heads: a.heads.unwrap_or(a.state_size),
+            d_model,
+            heads: a.heads.unwrap_or(state),
             tree,
             per_level: false,
             symmetric: true,
-            block: 1,
+            block: a.block_size.unwrap_or(1),
             dt_min: 0.001,
             dt_max: 0.1,
             seed: a.seed,
         }),
         "mingru" => SeqLayerConfig::MinGru(MinGruConfig {
-            d_model: a.d_model,
-            hidden: a.d_model,
+            d_model,
+            hidden: d_model,
             tanh_impulse: false,
             seed: a.seed,
         }),
         m => anyhow::bail!("--model {m}: expected s5, myo or mingru"),
     };
+    let norm = match a.norm.as_deref() {
+        None => p.map_or(NormKind::Layer, |p| p.norm),
+        Some("layer") => NormKind::Layer,
+        Some("batch") => NormKind::Batch,
+        Some(o) => anyhow::bail!("--norm {o}: expected layer or batch"),
+    };
+    let activation = match a.activation.as_deref() {
+        None => p.map_or(Activation::HalfGlu2, |p| p.activation),
+        Some("gelu") => Activation::Gelu,
+        Some("full_glu") => Activation::FullGlu,
+        Some("half_glu1") => Activation::HalfGlu1,
+        Some("half_glu2") => Activation::HalfGlu2,
+        Some(o) => {
+            anyhow::bail!("--activation {o}: expected gelu, full_glu, half_glu1 or half_glu2")
+        }
+    };
+    let prenorm = !a.postnorm.unwrap_or(p.is_some_and(|p| !p.prenorm));
     Ok(RunConfig {
         task,
         model: ClassifierConfig {
             encoder,
-            d_model: a.d_model,
-            layers: a.layers,
+            d_model,
+            layers,
             layer,
-            norm: NormKind::Layer,
-            prenorm: true,
-            activation: Activation::HalfGlu2,
-            dropout: a.dropout,
+            norm,
+            prenorm,
+            activation,
+            dropout,
             pooling: Pooling::Mean,
             classes: 10,
             seed: a.seed,
         },
         optim: myosotis::train::optim::OptimConfig {
-            lr: a.lr.unwrap_or(3.0 * a.ssm_lr),
-            ssm_lr: a.ssm_lr,
+            lr,
+            ssm_lr,
             lr_min: 0.0,
-            weight_decay: a.weight_decay,
-            warmup_steps: 50,
+            weight_decay,
+            warmup_steps: a.warmup_steps.unwrap_or(50),
             total_steps: 0,
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
-            clip: None,
+            clip: a.clip,
         },
-        epochs: a.epochs,
-        batch_size: a.batch_size,
+        epochs,
+        batch_size,
         seed: a.seed,
         max_train_samples: a.max_train_samples,
         max_eval_samples: a.max_eval_samples,
+        // Presets warm up over one epoch, as the reference's warmup_end = 1.
+        warmup_epochs: match (a.warmup_steps, p) {
+            (None, Some(p)) => Some(p.warmup_epochs),
+            _ => None,
+        },
     })
 }

@@ -56,6 +56,7 @@ fn config(epochs: usize) -> RunConfig {
         seed: 3,
         max_train_samples: None,
         max_eval_samples: None,
+        warmup_epochs: None,
     }
 }
 

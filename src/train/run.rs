@@ -246,6 +246,9 @@ pub struct RunConfig {
     pub seed: u64,
     pub max_train_samples: Option<usize>,
     pub max_eval_samples: Option<usize>,
+    /// Warm-up in epochs (the reference's `warmup_end`), replacing `optim.warmup_steps`.
+    #[serde(default)]
+    pub warmup_epochs: Option<usize>,
 }
 
 impl RunConfig {
@@ -407,6 +410,9 @@ pub fn train(
     let steps_per_epoch = train_set.len().div_ceil(cfg.batch_size.max(1));
     let optim_cfg = OptimConfig {
         total_steps: cfg.epochs * steps_per_epoch,
+        warmup_steps: cfg
+            .warmup_epochs
+            .map_or(cfg.optim.warmup_steps, |e| e * steps_per_epoch),
         ..cfg.optim.clone()
     };
     let mut opt = Optimizer::new(optim_cfg, &vars(&varmap), frozen)?;
@@ -511,6 +517,10 @@ pub fn train(
             test,
             seconds,
         });
+    }
+    // The curves are a convenience: a failure to draw them does not fail the run.
+    if let Err(e) = super::plot::curves(&out.join("metrics.jsonl"), &out.join("curves.svg")) {
+        tracing::warn!("{e:#}");
     }
     Ok(Summary {
         epochs: progress.epoch,

@@ -1,0 +1,101 @@
+//! The reference's hyper-parameters per task (`myo train --preset TASK`): S5's Table 11
+//! (Smith et al., Appendix G.2) and its LRA run scripts (anchors.md) — depth, width H, latent
+//! size P, HiPPO blocks J, dropout, learning rates, batch size, epochs, weight decay, and the
+//! task-specific choices of G.3 (C initialisation, activation, post-norm for psMNIST, causal
+//! models for sMNIST/psMNIST). Myo takes the same settings with heads = P (Myosotis §5).
+//! zMNIST and zCIFAR use the sMNIST and sCIFAR settings (Morton order only changes the input).
+
+use crate::nn::{Activation, CInit, NormKind};
+
+/// One task's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Preset {
+    pub layers: usize,
+    pub d_model: usize,
+    /// S5 latent size P (Myo heads).
+    pub state: usize,
+    /// HiPPO-N blocks J.
+    pub blocks: usize,
+    pub dropout: f64,
+    /// Global learning rate (lr_factor × ssm_lr).
+    pub lr: f64,
+    pub ssm_lr: f64,
+    pub batch_size: usize,
+    pub epochs: usize,
+    pub weight_decay: f64,
+    pub bidirectional: bool,
+    pub c_init: CInit,
+    pub activation: Activation,
+    pub clip_eigs: bool,
+    pub norm: NormKind,
+    pub prenorm: bool,
+    /// Linear warm-up length in epochs (the reference's `warmup_end`).
+    pub warmup_epochs: usize,
+}
+
+/// The preset of `task`, or `None` for an unknown name.
+pub fn preset(task: &str) -> Option<Preset> {
+    // (layers, H, P, J, dropout, lr, ssm_lr, batch, epochs, wd)
+    type Row = (usize, usize, usize, usize, f64, f64, f64, usize, usize, f64);
+    let base = |r: Row| Preset {
+        layers: r.0,
+        d_model: r.1,
+        state: r.2,
+        blocks: r.3,
+        dropout: r.4,
+        lr: r.5,
+        ssm_lr: r.6,
+        batch_size: r.7,
+        epochs: r.8,
+        weight_decay: r.9,
+        bidirectional: true,
+        c_init: CInit::TruncStandardNormal,
+        activation: Activation::HalfGlu1,
+        clip_eigs: false,
+        norm: NormKind::Batch,
+        prenorm: true,
+        warmup_epochs: 1,
+    };
+    let image: Row = (6, 512, 384, 3, 0.1, 0.0045, 0.001, 50, 250, 0.07);
+    let p = match task {
+        "listops" => Preset {
+            c_init: CInit::LecunNormal,
+            activation: Activation::HalfGlu2,
+            ..base((8, 128, 16, 8, 0.0, 0.003, 0.001, 50, 40, 0.04))
+        },
+        "pathfinder" => base((6, 192, 256, 8, 0.05, 0.0045, 0.0009, 64, 200, 0.03)),
+        "pathx" => Preset {
+            c_init: CInit::ComplexNormal,
+            ..base((6, 128, 256, 16, 0.0, 0.0018, 0.0006, 32, 75, 0.06))
+        },
+        "lra-image" | "scifar" | "zcifar" => Preset {
+            c_init: CInit::LecunNormal,
+            clip_eigs: true,
+            ..base(image)
+        },
+        "smnist" | "zmnist" => Preset {
+            bidirectional: false,
+            ..base((4, 96, 128, 1, 0.1, 0.008, 0.002, 50, 150, 0.01))
+        },
+        "psmnist" => Preset {
+            bidirectional: false,
+            prenorm: false,
+            ..base((4, 128, 128, 2, 0.15, 0.004, 0.001, 50, 150, 0.01))
+        },
+        _ => return None,
+    };
+    Some(p)
+}
+
+/// The tasks that have a preset.
+pub const TASKS: [&str; 9] = [
+    "listops",
+    "pathfinder",
+    "pathx",
+    "lra-image",
+    "scifar",
+    "zcifar",
+    "smnist",
+    "zmnist",
+    "psmnist",
+];
