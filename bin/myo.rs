@@ -24,7 +24,7 @@ struct Cli {
 enum Command {
     /// Train a sequence classifier (with no options: S5 on generated ListOps, a few minutes on a
     /// CPU).
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Evaluate a checkpoint on its task's test split; prints JSON.
     Eval {
         #[arg(long)]
