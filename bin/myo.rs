@@ -56,7 +56,8 @@ struct TrainArgs {
     #[arg(long, default_value = "s5")]
     model: String,
     /// listops (generated unless --data-dir has basic_{train,val,test}.tsv), or with --data-dir:
-    /// smnist, psmnist, zmnist (MNIST IDX), scifar, zcifar, lra-image (CIFAR-10 binary).
+    /// smnist, psmnist, zmnist (MNIST IDX), scifar, zcifar, lra-image (CIFAR-10 binary),
+    /// pathfinder, pathx (LRA folders).
     #[arg(long, default_value = "listops")]
     task: String,
     #[arg(long)]
@@ -598,9 +599,8 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
         // The embedded default: short expressions, so that a CPU run takes minutes.
         ("listops", _, None) => TaskConfig::ListopsGenerated { train: 4000, val: 500, test: 500, max_depth: 4, max_args: 5, min_length: 8, max_length: 64, seed: a.seed },
         (_, Some(task), Some(dir)) => TaskConfig::Image { task, dir: dir.clone() },
-        (t, Some(_), None) => anyhow::bail!("--task {t} needs --data-dir: MNIST IDX files (train-images-idx3-ubyte, …) or CIFAR-10 binary files (data_batch_1.bin, …)"),
-        ("pathfinder" | "pathx", _, _) => anyhow::bail!("--task {}: the Pathfinder reader is not written yet", a.task),
-        (t, None, _) => anyhow::bail!("--task {t}: expected listops, smnist, psmnist, zmnist, scifar, zcifar or lra-image"),
+        (t, Some(_), None) => anyhow::bail!("--task {t} needs --data-dir: MNIST IDX files (train-images-idx3-ubyte, …), CIFAR-10 binary files (data_batch_1.bin, …) or the LRA Pathfinder folder (pathfinder32/curv_contour_length_14 with metadata/ and imgs/)"),
+        (t, None, _) => anyhow::bail!("--task {t}: expected listops, smnist, psmnist, zmnist, scifar, zcifar, lra-image, pathfinder or pathx"),
     };
     let leaves = task.max_tokens();
     let tree = match image {
@@ -608,6 +608,8 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
             height: t.shape().0,
             width: t.shape().0,
         },
+        // Binary trees for Path-X, 4-ary for the other images (Myosotis §5).
+        Some(myosotis::train::run::ImageTask::Pathx) => TreeSpec::Ragged { leaves, arity: 2 },
         Some(_) => TreeSpec::Ragged { leaves, arity: 4 },
         None => TreeSpec::Ragged { leaves, arity: 2 },
     };
@@ -697,7 +699,7 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
             activation,
             dropout,
             pooling: Pooling::Mean,
-            classes: 10,
+            classes: image.map_or(10, |t| t.classes()),
             seed: a.seed,
         },
         optim: myosotis::train::optim::OptimConfig {

@@ -2,3 +2,4 @@
 
 pub mod images;
 pub mod listops;
+pub mod pathfinder;

@@ -61,6 +61,10 @@ pub enum ImageTask {
     Zcifar,
     /// CIFAR-10 greyscale (LRA's normalisation), raster order.
     LraImage,
+    /// LRA Pathfinder, 32 × 32 greyscale, raster order, 2 classes.
+    Pathfinder,
+    /// LRA Path-X, 128 × 128 greyscale, raster order, 2 classes.
+    Pathx,
 }
 
 impl ImageTask {
@@ -72,6 +76,8 @@ impl ImageTask {
             "scifar" => ImageTask::Scifar,
             "zcifar" => ImageTask::Zcifar,
             "lra-image" => ImageTask::LraImage,
+            "pathfinder" => ImageTask::Pathfinder,
+            "pathx" => ImageTask::Pathx,
             _ => return None,
         })
     }
@@ -88,8 +94,21 @@ impl ImageTask {
         match self {
             ImageTask::Smnist | ImageTask::Psmnist | ImageTask::Zmnist => (28, 1),
             ImageTask::Scifar | ImageTask::Zcifar => (32, 3),
-            ImageTask::LraImage => (32, 1),
+            ImageTask::LraImage | ImageTask::Pathfinder => (32, 1),
+            ImageTask::Pathx => (128, 1),
         }
+    }
+
+    /// Number of classes.
+    pub fn classes(self) -> usize {
+        match self {
+            ImageTask::Pathfinder | ImageTask::Pathx => 2,
+            _ => 10,
+        }
+    }
+
+    fn pathfinder(self) -> bool {
+        matches!(self, ImageTask::Pathfinder | ImageTask::Pathx)
     }
 
     /// True when the pixels are in Morton order (the quad tree fits them).
@@ -123,6 +142,7 @@ impl ImageTask {
         let (mean, std): (Vec<f32>, Vec<f32>) = match self {
             _ if self.mnist() => (vec![0.1307], vec![0.3081]),
             ImageTask::LraImage => (vec![122.6 / 255.0], vec![61.0 / 255.0]),
+            _ if self.pathfinder() => (vec![0.5], vec![0.5]),
             _ => (vec![0.4914, 0.4822, 0.4465], vec![0.247, 0.243, 0.261]),
         };
         let mut values = Vec::with_capacity(idx.len() * side * side * features);
@@ -149,9 +169,26 @@ impl ImageTask {
     }
 
     /// Train (90% of the training images), validation (the other 10%, drawn with seed 42, as
-    /// the reference) and test splits.
+    /// the reference) and test splits; Pathfinder and Path-X have one set of images, split
+    /// 80/10/10 at random with seed 42 (as S5; the permutation is ours, not torch's).
     fn load(self, dir: &Path) -> Result<[Dataset; 3]> {
         use crate::data::images::{read_cifar10, read_mnist, CIFAR_TEST, CIFAR_TRAIN};
+        use rand::seq::SliceRandom;
+        if self.pathfinder() {
+            use crate::data::pathfinder::{locate, read_pathfinder};
+            let side = self.shape().0;
+            let all = read_pathfinder(&locate(dir, side)?, side)?;
+            let mut idx: Vec<usize> = (0..all.len()).collect();
+            idx.shuffle(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(42));
+            let (n_val, n_test) = (all.len() / 10, all.len() / 10);
+            let (val, rest) = idx.split_at(n_val);
+            let (test, train) = rest.split_at(n_test);
+            return Ok([
+                self.to_dataset(&all, train),
+                self.to_dataset(&all, val),
+                self.to_dataset(&all, test),
+            ]);
+        }
         let (train, test) = if self.mnist() {
             (read_mnist(dir, "train")?, read_mnist(dir, "t10k")?)
         } else {
@@ -160,7 +197,6 @@ impl ImageTask {
                 read_cifar10(dir, &CIFAR_TEST)?,
             )
         };
-        use rand::seq::SliceRandom;
         let mut idx: Vec<usize> = (0..train.len()).collect();
         idx.shuffle(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(42));
         let n_val = train.len() / 10;
