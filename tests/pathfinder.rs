@@ -78,7 +78,8 @@ fn reads_images_in_metadata_order() {
 
 #[test]
 fn malformed_folders_are_errors_naming_the_place() {
-    let cases: [(&str, fn(&Path)); 6] = [
+    type Breaker = fn(&Path);
+    let cases: [(&str, Breaker); 6] = [
         ("missing image", |r| {
             std::fs::remove_file(r.join("imgs/1/sample_1.png")).unwrap()
         }),
