@@ -118,6 +118,10 @@ struct TrainArgs {
     /// gelu, full_glu, half_glu1 or half_glu2. [default: half_glu2]
     #[arg(long)]
     activation: Option<String>,
+    /// mean, last, root (Myo) or top:K (Myo: the mean over the top K BFS levels, paper §3.2).
+    /// [default: mean]
+    #[arg(long)]
+    pooling: Option<String>,
     /// [default: 0]
     #[arg(long)]
     dropout: Option<f64>,
@@ -686,6 +690,19 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
             anyhow::bail!("--activation {o}: expected gelu, full_glu, half_glu1 or half_glu2")
         }
     };
+    let pooling = match a.pooling.as_deref() {
+        None | Some("mean") => Pooling::Mean,
+        Some("last") => Pooling::Last,
+        Some("root") => Pooling::Root,
+        Some(t) if t.starts_with("top:") => Pooling::TopLevels {
+            k: t[4..]
+                .parse()
+                .ok()
+                .filter(|&k| k >= 1)
+                .with_context(|| format!("--pooling {t}: expected top:K with K ≥ 1"))?,
+        },
+        Some(o) => anyhow::bail!("--pooling {o}: expected mean, last, root or top:K"),
+    };
     let prenorm = !a.postnorm.unwrap_or(p.is_some_and(|p| !p.prenorm));
     Ok(RunConfig {
         task,
@@ -698,7 +715,7 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
             prenorm,
             activation,
             dropout,
-            pooling: Pooling::Mean,
+            pooling,
             classes: image.map_or(10, |t| t.classes()),
             seed: a.seed,
         },
