@@ -119,7 +119,8 @@ struct TrainArgs {
     #[arg(long)]
     activation: Option<String>,
     /// mean, last, root (Myo) or top:K (Myo: the mean over the top K BFS levels, paper §3.2).
-    /// [default: mean]
+    /// [default: root for Myo (the paper's classification node; on zMNIST it learned twice as
+    /// fast as mean pooling), mean otherwise]
     #[arg(long)]
     pooling: Option<String>,
     /// [default: 0]
@@ -691,6 +692,7 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
         }
     };
     let pooling = match a.pooling.as_deref() {
+        None if a.model == "myo" => Pooling::Root,
         None | Some("mean") => Pooling::Mean,
         Some("last") => Pooling::Last,
         Some("root") => Pooling::Root,
