@@ -48,14 +48,19 @@ fn model(layer: SeqLayerConfig, pooling: Pooling) -> (VarMap, SequenceClassifier
     (varmap, m)
 }
 
-fn optimizer(varmap: &VarMap, steps: usize) -> Optimizer {
-    let vars: HashMap<_, _> = varmap
+/// The model's variables by name.
+fn vars_of(varmap: &VarMap) -> HashMap<String, candle_core::Var> {
+    varmap
         .data()
         .lock()
         .unwrap()
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+        .collect()
+}
+
+fn optimizer(varmap: &VarMap, steps: usize) -> Optimizer {
+    let vars = vars_of(varmap);
     let cfg = OptimConfig {
         lr: 0.01,
         ssm_lr: 0.003,
@@ -170,13 +175,7 @@ fn sharded_batches_take_the_same_step() {
     let mut reports = Vec::new();
     for shards in [1, 3] {
         let (varmap, m) = model(s5.clone(), Pooling::Mean);
-        let vars: HashMap<_, _> = varmap
-            .data()
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let vars = vars_of(&varmap);
         let before: HashMap<String, Vec<f32>> = vars
             .iter()
             .map(|(k, v)| (k.clone(), v.flatten_all().unwrap().to_vec1().unwrap()))
