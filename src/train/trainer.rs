@@ -157,6 +157,15 @@ fn sharded<T: Send>(
     parts.into_par_iter().map(&f).collect()
 }
 
+/// The padding of batch `idx`: `pad_to`, else the longest token sequence of the whole batch, so
+/// that every shard pads as the unsharded batch would (padding reaches a bidirectional layer).
+fn batch_padding(data: &Dataset, idx: &[usize], pad_to: Option<usize>) -> Option<usize> {
+    match data {
+        Dataset::Tokens { seqs, .. } => pad_to.or_else(|| idx.iter().map(|&i| seqs[i].len()).max()),
+        Dataset::Real { .. } => pad_to,
+    }
+}
+
 /// Number of `logp`'s rows whose argmax is `y`.
 fn count_correct(logp: &Tensor, y: &Tensor) -> Result<usize> {
     Ok(logp
@@ -184,8 +193,9 @@ pub fn evaluate(
     let (mut loss, mut correct) = (0.0, 0usize);
     let order: Vec<usize> = (0..data.len()).collect();
     for idx in order.chunks(batching.batch_size.max(1)) {
+        let pad = batch_padding(data, idx, batching.pad_to);
         let parts = sharded(idx, batching.shards, |part| {
-            let (x, lengths, y) = data.batch(part, batching.pad_to, device)?;
+            let (x, lengths, y) = data.batch(part, pad, device)?;
             let logp = model.forward(&x, Some(&lengths), false)?;
             let loss = candle_nn::loss::nll(&logp, &y)?
                 .to_dtype(DType::F64)?
@@ -221,8 +231,9 @@ pub fn train_epoch(
     order.shuffle(&mut StdRng::seed_from_u64(seed));
     let (mut loss_sum, mut correct) = (0.0, 0usize);
     for idx in order.chunks(batching.batch_size.max(1)) {
+        let pad = batch_padding(data, idx, batching.pad_to);
         let parts = sharded(idx, batching.shards, |part| {
-            let (x, lengths, y) = data.batch(part, batching.pad_to, device)?;
+            let (x, lengths, y) = data.batch(part, pad, device)?;
             let logp = model.forward(&x, Some(&lengths), true)?;
             // This shard's share of the batch mean.
             let loss = (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
