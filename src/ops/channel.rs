@@ -16,6 +16,8 @@ use candle_core::{
 use num_traits::{Float, NumAssign};
 use rayon::prelude::*;
 
+use super::value::contiguous;
+
 /// Rows per rayon task.
 const ROWS_PER_TASK: usize = 128;
 
@@ -55,13 +57,6 @@ fn apply(x: &Tensor, p: &Tensor, kind: Kind) -> Result<Tensor> {
 }
 
 struct ChannelOp(Kind);
-
-fn slice<'a, F: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [F]> {
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&s.as_slice::<F>()?[start..end]),
-        None => bail!("channel op: internal error, input is not contiguous"),
-    }
-}
 
 impl ChannelOp {
     fn fwd_t<F: WithDType + Float + NumAssign>(&self, x: &[F], p: &[F]) -> Vec<F> {
@@ -148,7 +143,11 @@ impl ChannelOp {
         let (Storage::Cpu(sx), Storage::Cpu(sp), Storage::Cpu(sg)) = (&*sx, &*sp, &*sg) else {
             bail!("channel op backward: tensors are not all on the CPU")
         };
-        let (dx, dp) = self.bwd_t::<F>(slice(sx, lx)?, slice(sp, lp)?, slice(sg, lg)?);
+        let (dx, dp) = self.bwd_t::<F>(
+            contiguous(sx, lx)?,
+            contiguous(sp, lp)?,
+            contiguous(sg, lg)?,
+        );
         let dx = match dx {
             Some(dx) => Tensor::from_vec(dx, x.shape(), &Device::Cpu)?,
             None => g.clone(),
@@ -176,8 +175,12 @@ impl CustomOp2 for ChannelOp {
         lp: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let out = match sx.dtype() {
-            DType::F32 => CpuStorage::F32(self.fwd_t::<f32>(slice(sx, lx)?, slice(sp, lp)?)),
-            DType::F64 => CpuStorage::F64(self.fwd_t::<f64>(slice(sx, lx)?, slice(sp, lp)?)),
+            DType::F32 => {
+                CpuStorage::F32(self.fwd_t::<f32>(contiguous(sx, lx)?, contiguous(sp, lp)?))
+            }
+            DType::F64 => {
+                CpuStorage::F64(self.fwd_t::<f64>(contiguous(sx, lx)?, contiguous(sp, lp)?))
+            }
             dt => bail!("channel op: dtype {dt:?} is not fused on the CPU"),
         };
         Ok((out, lx.shape().clone()))

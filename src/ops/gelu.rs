@@ -14,6 +14,8 @@ use candle_core::{
 use num_traits::Float;
 use rayon::prelude::*;
 
+use super::value::contiguous;
+
 /// Elements per rayon task.
 const PER_TASK: usize = 1 << 14;
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -53,13 +55,6 @@ fn slope<F: Float>(x: F) -> F {
     half * (F::one() + t) + half * x * (F::one() - t * t) * c * (F::one() + k3 * x * x)
 }
 
-fn slice<'a, F: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [F]> {
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&s.as_slice::<F>()?[start..end]),
-        None => bail!("gelu: internal error, input is not contiguous"),
-    }
-}
-
 fn map<F: WithDType + Float>(x: &[F], f: impl Fn(F, usize) -> F + Sync) -> Vec<F> {
     let mut y = vec![F::zero(); x.len()];
     y.par_chunks_mut(PER_TASK)
@@ -82,8 +77,8 @@ impl CustomOp1 for GeluOp {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let out = match s.dtype() {
-            DType::F32 => CpuStorage::F32(map(slice::<f32>(s, l)?, |x, _| value(x))),
-            DType::F64 => CpuStorage::F64(map(slice::<f64>(s, l)?, |x, _| value(x))),
+            DType::F32 => CpuStorage::F32(map(contiguous::<f32>(s, l)?, |x, _| value(x))),
+            DType::F64 => CpuStorage::F64(map(contiguous::<f64>(s, l)?, |x, _| value(x))),
             dt => bail!("gelu: dtype {dt:?} is not fused on the CPU"),
         };
         Ok((out, l.shape().clone()))
@@ -100,8 +95,8 @@ impl CustomOp1 for GeluOp {
             Tensor::from_vec(map(x, |x, i| g[i] * slope(x)), shape, &Device::Cpu)
         }
         Ok(Some(match x.dtype() {
-            DType::F32 => dx::<f32>(slice(sx, lx)?, slice(sg, lg)?, x.shape())?,
-            DType::F64 => dx::<f64>(slice(sx, lx)?, slice(sg, lg)?, x.shape())?,
+            DType::F32 => dx::<f32>(contiguous(sx, lx)?, contiguous(sg, lg)?, x.shape())?,
+            DType::F64 => dx::<f64>(contiguous(sx, lx)?, contiguous(sg, lg)?, x.shape())?,
             dt => bail!("gelu backward: dtype {dt:?} is not fused on the CPU"),
         }))
     }

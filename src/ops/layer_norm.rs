@@ -17,6 +17,8 @@ use candle_core::{
 use num_traits::{Float, NumAssign};
 use rayon::prelude::*;
 
+use super::value::contiguous;
+
 /// Rows per rayon task.
 const ROWS_PER_TASK: usize = 64;
 
@@ -57,13 +59,6 @@ pub fn layer_norm_composed(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64)
 
 struct LayerNormOp {
     eps: f64,
-}
-
-fn slice<'a, F: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [F]> {
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&s.as_slice::<F>()?[start..end]),
-        None => bail!("layer_norm: internal error, input is not contiguous"),
-    }
 }
 
 /// Mean and 1/√(var + eps) of one row (two passes: no cancellation).
@@ -161,12 +156,16 @@ impl CustomOp3 for LayerNormOp {
         lb: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let out = match sx.dtype() {
-            DType::F32 => {
-                CpuStorage::F32(self.fwd_t::<f32>(slice(sx, lx)?, slice(sw, lw)?, slice(sb, lb)?))
-            }
-            DType::F64 => {
-                CpuStorage::F64(self.fwd_t::<f64>(slice(sx, lx)?, slice(sw, lw)?, slice(sb, lb)?))
-            }
+            DType::F32 => CpuStorage::F32(self.fwd_t::<f32>(
+                contiguous(sx, lx)?,
+                contiguous(sw, lw)?,
+                contiguous(sb, lb)?,
+            )),
+            DType::F64 => CpuStorage::F64(self.fwd_t::<f64>(
+                contiguous(sx, lx)?,
+                contiguous(sw, lw)?,
+                contiguous(sb, lb)?,
+            )),
             dt => bail!("layer_norm: dtype {dt:?} is not fused on the CPU"),
         };
         Ok((out, lx.shape().clone()))
@@ -192,12 +191,20 @@ impl CustomOp3 for LayerNormOp {
         let shape = (rows + 2, h);
         let packed = match x.dtype() {
             DType::F32 => Tensor::from_vec(
-                self.bwd_t::<f32>(slice(sx, lx)?, slice(sw, lw)?, slice(sg, lg)?),
+                self.bwd_t::<f32>(
+                    contiguous(sx, lx)?,
+                    contiguous(sw, lw)?,
+                    contiguous(sg, lg)?,
+                ),
                 shape,
                 &Device::Cpu,
             )?,
             DType::F64 => Tensor::from_vec(
-                self.bwd_t::<f64>(slice(sx, lx)?, slice(sw, lw)?, slice(sg, lg)?),
+                self.bwd_t::<f64>(
+                    contiguous(sx, lx)?,
+                    contiguous(sw, lw)?,
+                    contiguous(sg, lg)?,
+                ),
                 shape,
                 &Device::Cpu,
             )?,

@@ -24,7 +24,7 @@ use candle_core::{
 };
 use rayon::prelude::*;
 
-use super::value::{best_simd, has_avx2, Complex, OutBuf, Re, SharedOut, Value};
+use super::value::{best_simd, contiguous, has_avx2, Complex, OutBuf, Re, SharedOut, Value};
 
 /// Channels per sequence tile: one warp's lanes on the GPU.
 pub const TILE: usize = 32;
@@ -226,9 +226,9 @@ impl ScanOp {
         a: (&CpuStorage, &Layout),
         h0: (&CpuStorage, &Layout),
     ) -> Result<CpuStorage> {
-        let b = cpu_slice::<F>(b.0, b.1)?;
-        let a = cpu_slice::<F>(a.0, a.1)?;
-        let h0 = cpu_slice::<F>(h0.0, h0.1)?;
+        let b = contiguous::<F>(b.0, b.1)?;
+        let a = contiguous::<F>(a.0, a.1)?;
+        let h0 = contiguous::<F>(h0.0, h0.1)?;
         let n = self.dims.batch * self.dims.len * self.dims.chans * width(self.opts);
         let mut out = OutBuf::new(n);
         if self.opts.complex {
@@ -257,10 +257,10 @@ impl ScanOp {
             bail!("linear_scan backward: tensors are not all on the CPU")
         };
         let bufs = BwdIn {
-            a: cpu_slice::<F>(sa, la)?,
-            h: cpu_slice::<F>(sh, lh)?,
-            h0: cpu_slice::<F>(sh0, lh0)?,
-            g: cpu_slice::<F>(sg, lg)?,
+            a: contiguous::<F>(sa, la)?,
+            h: contiguous::<F>(sh, lh)?,
+            h0: contiguous::<F>(sh0, lh0)?,
+            g: contiguous::<F>(sg, lg)?,
         };
         let da_shape = self.da_partial_shape();
         let mut db = OutBuf::new(g.elem_count());
@@ -288,13 +288,6 @@ fn width(opts: ScanOptions) -> usize {
         2
     } else {
         1
-    }
-}
-
-fn cpu_slice<'a, F: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [F]> {
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&s.as_slice::<F>()?[start..end]),
-        None => bail!("linear_scan: internal error, input is not contiguous"),
     }
 }
 

@@ -35,7 +35,7 @@ use candle_core::{
 };
 use rayon::prelude::*;
 
-use super::value::{best_simd, has_avx2, Complex, OutBuf, Re, SharedOut, Value};
+use super::value::{best_simd, contiguous, has_avx2, Complex, OutBuf, Re, SharedOut, Value};
 use crate::tree::Tree;
 
 /// Options of [`tree_solve`].
@@ -203,13 +203,6 @@ struct TreeSolveOp {
     tree: Arc<Tree>,
     dims: Dims,
     opts: TreeSolveOptions,
-}
-
-fn cpu_slice<'a, F: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [F]> {
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&s.as_slice::<F>()?[start..end]),
-        None => bail!("tree_solve: internal error, input is not contiguous"),
-    }
 }
 
 /// The matrix a solve runs on: T_G itself, or its adjoint T_Gᴴ for the backward.
@@ -1013,10 +1006,10 @@ impl CustomOp2 for TreeSolveOp {
     ) -> Result<(CpuStorage, Shape)> {
         let out = match su.dtype() {
             DType::F32 => CpuStorage::F32(
-                self.forward_t(cpu_slice::<f32>(su, lu)?, cpu_slice::<f32>(sc, lc)?)?,
+                self.forward_t(contiguous::<f32>(su, lu)?, contiguous::<f32>(sc, lc)?)?,
             ),
             DType::F64 => CpuStorage::F64(
-                self.forward_t(cpu_slice::<f64>(su, lu)?, cpu_slice::<f64>(sc, lc)?)?,
+                self.forward_t(contiguous::<f64>(su, lu)?, contiguous::<f64>(sc, lc)?)?,
             ),
             dt => bail!("tree_solve: dtype {dt:?} is not supported on the CPU"),
         };
@@ -1075,9 +1068,9 @@ impl TreeSolveOp {
             bail!("tree_solve backward: tensors are not all on the CPU")
         };
         let (coef_s, x_s, g_s) = (
-            cpu_slice::<F>(sc, lc)?,
-            cpu_slice::<F>(sx, lx)?,
-            cpu_slice::<F>(sg, lg)?,
+            contiguous::<F>(sc, lc)?,
+            contiguous::<F>(sx, lx)?,
+            contiguous::<F>(sg, lg)?,
         );
         let dims = self.dims;
         let (du, dcoef) = if dims.d == 1 {

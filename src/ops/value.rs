@@ -3,6 +3,18 @@
 
 use candle_core::WithDType;
 
+/// The contiguous elements of a CPU storage under `l` (the ops make their inputs contiguous
+/// before launching, so anything else is an internal error).
+pub(crate) fn contiguous<'a, F: WithDType>(
+    s: &'a candle_core::CpuStorage,
+    l: &candle_core::Layout,
+) -> candle_core::Result<&'a [F]> {
+    match l.contiguous_offsets() {
+        Some((start, end)) => Ok(&s.as_slice::<F>()?[start..end]),
+        None => candle_core::bail!("internal error: a custom op's input is not contiguous"),
+    }
+}
+
 /// A field element the CPU kernels compute with: a real `F`, or a complex number over `F`.
 pub(crate) trait Value<F: WithDType>: Copy + Send + Sync {
     /// Scalars per element in storage: 1 for real, 2 for complex (re, im).
