@@ -58,6 +58,47 @@ fn forward_long_sequence_beyond_many_chunks() {
     }
 }
 
+/// Outputs of 16 MiB and more are written with non-temporal stores; rows here are not
+/// 16-byte aligned (odd channel counts) and the last channel tile is partial.
+#[test]
+fn large_outputs_written_by_streaming_stores_are_exact() {
+    let (mut rng, seed) = fresh_rng("streaming");
+    for (complex, chans) in [(false, 1031), (true, 515)] {
+        let case = Case {
+            batch: 2,
+            len: 2049,
+            chans,
+            gate: GateShape::Full,
+            complex,
+            reverse: complex,
+            with_h0: true,
+        };
+        assert!(case.b_shape().iter().product::<usize>() * 4 >= 16 << 20);
+        let x = random_inputs(&case, &mut rng);
+        let dev = Device::Cpu;
+        let a = tensor(&x.a, &case.a_shape(), DType::F32, &dev);
+        let b = tensor(&x.b, &case.b_shape(), DType::F32, &dev);
+        let h0 = tensor(&x.h0, &case.h0_shape(), DType::F32, &dev);
+        let h = linear_scan(&a, &b, Some(&h0), case.opts()).unwrap();
+        let e = rel_err(&to_vec(&h), &reference_scan(&case, &x));
+        assert!(e < 2e-5, "forward error {e:e} for {case:?} (seed {seed})");
+        let g: Vec<f64> = (0..x.b.len())
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let gt = tensor(&g, &case.b_shape(), DType::F32, &dev);
+        let got = linear_scan_backward(&a, &h, Some(&h0), &gt, case.opts()).unwrap();
+        let want = reference_scan_grads(&case, &x, &g);
+        for (name, t, w) in [
+            ("a", &got.a, &want[0]),
+            ("b", &got.b, &want[1]),
+            ("h0", &got.h0, &want[2]),
+        ] {
+            let e = rel_err(&to_vec(t), w);
+            assert!(e < 1e-4, "∂{name} error {e:e} for {case:?} (seed {seed})");
+        }
+    }
+}
+
 #[test]
 fn half_precision_inputs_are_computed_in_f32() {
     let (mut rng, seed) = fresh_rng("half");

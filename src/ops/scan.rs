@@ -24,7 +24,9 @@ use candle_core::{
 };
 use rayon::prelude::*;
 
-use super::value::{best_simd, contiguous, has_avx2, Complex, OutBuf, Re, SharedOut, Value};
+use super::value::{
+    best_simd, contiguous, has_avx2, store_fence, streams, Complex, OutBuf, Re, SharedOut, Value,
+};
 
 /// Channels per sequence tile: one warp's lanes on the GPU.
 pub const TILE: usize = 32;
@@ -589,6 +591,7 @@ fn forward_tile<F: WithDType, V: Value<F>>(
     Tile { bi, d0, lanes }: Tile,
 ) {
     let (dims, w) = (op.dims, V::WIDTH);
+    let stream = streams::<F>(b.len());
     let r = Rows::new(op, bi, d0);
     let h0 = &h0[r.state_elem() * w..];
     let mut carry = std::array::from_fn(|l| if l < lanes { V::load(h0, l) } else { V::zero() });
@@ -600,12 +603,10 @@ fn forward_tile<F: WithDType, V: Value<F>>(
         |p| &b[r.elem(p) * w..],
         |p, h| {
             // SAFETY: this task alone writes the elements of its (batch, tile).
-            let out = unsafe { out.row(r.elem(p) * w, h.len() * w) };
-            for (l, &v) in h.iter().enumerate() {
-                V::put(out, l, v);
-            }
+            unsafe { out.write(r.elem(p) * w, h, stream) };
         },
     );
+    store_fence();
 }
 
 struct BwdIn<'a, F> {
@@ -643,15 +644,19 @@ fn backward_tile<F: WithDType, V: Value<F>>(
     Tile { bi, d0, lanes }: Tile,
 ) {
     let (w, len) = (V::WIDTH, op.dims.len);
+    let stream = streams::<F>(x.g.len());
     let r = Rows::new(op, bi, d0);
     let mut carry = [V::zero(); CPU_TILE];
     let mut da_sum = [V::zero(); CPU_TILE];
+    let mut da_row = [V::zero(); CPU_TILE];
     chunked_scan::<F, V, true>(
         len,
         lanes,
         &mut carry,
         |p| (p > 0).then(|| &x.a[r.gate_elem(len - p) * w..]),
         |p| &x.g[r.elem(len - 1 - p) * w..],
+        // Inlined, so that it is compiled with the AVX2 of the task that calls it.
+        #[inline(always)]
         |p, lam| {
             let j = len - 1 - p;
             let row = r.elem(j);
@@ -663,19 +668,17 @@ fn backward_tile<F: WithDType, V: Value<F>>(
             let n = lam.len() * w;
             let h_prev = &h_prev[..n];
             // SAFETY (all rows below): this task alone writes the elements of its (batch, tile).
-            let db = unsafe { db.row(row * w, n) };
-            for (l, &lam_l) in lam.iter().enumerate() {
-                V::put(db, l, lam_l);
-            }
+            unsafe { db.write(row * w, lam, stream) };
             if op.gate == GateShape::PerChannel {
                 for (l, (sum, &lam_l)) in da_sum.iter_mut().zip(lam).enumerate() {
                     *sum = sum.add(lam_l.mul(V::load(h_prev, l).conj()));
                 }
             } else {
-                let da = unsafe { da.row(row * w, n) };
-                for (l, &lam_l) in lam.iter().enumerate() {
-                    V::put(da, l, lam_l.mul(V::load(h_prev, l).conj()));
+                let da_row = &mut da_row[..lam.len()];
+                for (l, (d, &lam_l)) in da_row.iter_mut().zip(lam).enumerate() {
+                    *d = lam_l.mul(V::load(h_prev, l).conj());
                 }
+                unsafe { da.write(row * w, da_row, stream) };
             }
             if j == 0 {
                 let a0 = &x.a[r.gate_elem(0) * w..][..n];
@@ -686,6 +689,7 @@ fn backward_tile<F: WithDType, V: Value<F>>(
             }
         },
     );
+    store_fence();
     if op.gate == GateShape::PerChannel {
         // SAFETY: as above; the (batch, channel) partials belong to this task.
         let da = unsafe { da.row(r.state_elem() * w, lanes * w) };

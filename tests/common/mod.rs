@@ -183,6 +183,61 @@ pub fn reference_scan(case: &Case, x: &Inputs) -> Vec<f64> {
     out
 }
 
+/// Gradients (∂a, ∂b, ∂h0) of Σ g ⊙ h through the recurrence, by the adjoint recurrence as a
+/// plain f64 loop: λ_p = g_p + conj(a_{p+1}) λ_{p+1} over traversal steps p, ∂b = λ,
+/// ∂a_p += λ_p conj(h_{p-1}) (h_{-1} = h0), ∂h0 = conj(a_0) λ_0.
+pub fn reference_scan_grads(case: &Case, x: &Inputs, g: &[f64]) -> [Vec<f64>; 3] {
+    let (bn, l, d, w) = (case.batch, case.len, case.chans, case.width());
+    let h = reference_scan(case, x);
+    let mut da = vec![0.0; x.a.len()];
+    let mut db = vec![0.0; x.b.len()];
+    let mut dh0 = vec![0.0; x.h0.len()];
+    // (re, im) of a complex product x · conj(y); real numbers have im = 0.
+    let mul_conj =
+        |x: [f64; 2], y: [f64; 2]| [x[0] * y[0] + x[1] * y[1], x[1] * y[0] - x[0] * y[1]];
+    for bi in 0..bn {
+        for c in 0..d {
+            let time = |p: usize| if case.reverse { l - 1 - p } else { p };
+            let gate_at = |p: usize| {
+                let t = time(p);
+                let e = match case.gate {
+                    GateShape::Full => (bi * l + t) * d + c,
+                    GateShape::PerStep => t * d + c,
+                    GateShape::PerChannel => c,
+                };
+                e * w
+            };
+            let elem = |p: usize| ((bi * l + time(p)) * d + c) * w;
+            let load = |v: &[f64], i: usize| [v[i], if w == 2 { v[i + 1] } else { 0.0 }];
+            let mut lam = [0.0; 2];
+            for p in (0..l).rev() {
+                let carried = if p + 1 < l {
+                    mul_conj(lam, load(&x.a, gate_at(p + 1)))
+                } else {
+                    [0.0; 2]
+                };
+                let gp = load(g, elem(p));
+                lam = [gp[0] + carried[0], gp[1] + carried[1]];
+                let h_prev = if p > 0 {
+                    load(&h, elem(p - 1))
+                } else {
+                    load(&x.h0, (bi * d + c) * w)
+                };
+                let dap = mul_conj(lam, h_prev);
+                for k in 0..w {
+                    db[elem(p) + k] = lam[k];
+                    da[gate_at(p) + k] += dap[k];
+                }
+            }
+            let d0 = mul_conj(lam, load(&x.a, gate_at(0)));
+            for k in 0..w {
+                dh0[(bi * d + c) * w + k] = d0[k];
+            }
+        }
+    }
+    [da, db, dh0]
+}
+
 pub fn tensor(v: &[f64], shape: &[usize], dtype: DType, dev: &Device) -> Tensor {
     Tensor::from_slice(v, shape, &Device::Cpu)
         .unwrap()
