@@ -62,6 +62,11 @@ struct TrainArgs {
     task: String,
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
+    /// MNIST / CIFAR-10 tasks: fetch the data from the Hugging Face Hub (ylecun/mnist,
+    /// uoft-cs/cifar10) into its cache instead of reading --data-dir; honours HF_HOME,
+    /// HF_ENDPOINT and HF_HUB_OFFLINE.
+    #[arg(long, conflicts_with = "data_dir")]
+    hub: bool,
     /// Start from the reference's hyper-parameters for this task (S5 Table 11 and run scripts:
     /// listops, pathfinder, pathx, lra-image, scifar, zcifar, smnist, zmnist, psmnist); the
     /// flags below override it. Without a preset the defaults are a small, quick model.
@@ -599,12 +604,16 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
         anyhow::bail!("--dropout {dropout}: expected a rate in [0, 1)");
     }
     let image = myosotis::train::run::ImageTask::parse(&a.task);
+    if a.hub && image.and_then(|t| t.hub_dataset()).is_none() {
+        anyhow::bail!("--hub serves the MNIST and CIFAR-10 tasks (smnist, psmnist, zmnist, scifar, zcifar, lra-image); --task {} reads --data-dir{}", a.task, if a.task == "listops" { " or the built-in generator" } else { "" });
+    }
     let task = match (a.task.as_str(), image, &a.data_dir) {
+        (_, Some(task), None) if a.hub => TaskConfig::ImageHub { task },
         ("listops", _, Some(dir)) => TaskConfig::ListopsTsv { dir: dir.clone() },
         // The embedded default: short expressions, so that a CPU run takes minutes.
         ("listops", _, None) => TaskConfig::ListopsGenerated { train: 4000, val: 500, test: 500, max_depth: 4, max_args: 5, min_length: 8, max_length: 64, seed: a.seed },
         (_, Some(task), Some(dir)) => TaskConfig::Image { task, dir: dir.clone() },
-        (t, Some(_), None) => anyhow::bail!("--task {t} needs --data-dir: MNIST IDX files (train-images-idx3-ubyte, …), CIFAR-10 binary files (data_batch_1.bin, …) or the LRA Pathfinder folder (pathfinder32/curv_contour_length_14 with metadata/ and imgs/)"),
+        (t, Some(_), None) => anyhow::bail!("--task {t} needs --data-dir (or --hub for MNIST and CIFAR-10): MNIST IDX files (train-images-idx3-ubyte, …), CIFAR-10 binary files (data_batch_1.bin, …) or the LRA Pathfinder folder (pathfinder32/curv_contour_length_14 with metadata/ and imgs/)"),
         (t, None, _) => anyhow::bail!("--task {t}: expected listops, smnist, psmnist, zmnist, scifar, zcifar, lra-image, pathfinder or pathx"),
     };
     let leaves = task.max_tokens();

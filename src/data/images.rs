@@ -36,6 +36,47 @@ impl ImageSet {
     }
 }
 
+/// The pixels of a PNG of `side` × `side` pixels as `channels` (1: greyscale, 3: RGB) bytes
+/// each, in (row, column, channel) order. Palettes are expanded, 16-bit samples cut to 8 and
+/// alpha dropped; greyscale becomes RGB by repetition, while colour asked for as greyscale is
+/// an error (the datasets never need it).
+pub fn decode_png(bytes: &[u8], side: usize, channels: usize) -> Result<Vec<u8>> {
+    use png::{ColorType, Transformations};
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    decoder.set_transformations(Transformations::EXPAND | Transformations::STRIP_16);
+    let mut reader = decoder.read_info().context("not a PNG")?;
+    let mut buf = vec![0; reader.output_buffer_size().unwrap_or(0)];
+    let info = reader.next_frame(&mut buf).context("corrupt PNG data")?;
+    if (info.width as usize, info.height as usize) != (side, side) {
+        bail!(
+            "{} × {} pixels, expected {side} × {side}",
+            info.width,
+            info.height
+        );
+    }
+    buf.truncate(info.buffer_size());
+    let src = info.color_type.samples();
+    let colour = matches!(info.color_type, ColorType::Rgb | ColorType::Rgba);
+    if colour && channels == 1 {
+        bail!("{:?} PNG, expected greyscale", info.color_type);
+    }
+    if info.color_type == ColorType::Grayscale && channels == 1 {
+        return Ok(buf);
+    }
+    if info.color_type == ColorType::Rgb && channels == 3 {
+        return Ok(buf);
+    }
+    let mut out = Vec::with_capacity(side * side * channels);
+    for px in buf.chunks_exact(src) {
+        if colour {
+            out.extend_from_slice(&px[..3]);
+        } else {
+            out.extend(std::iter::repeat_n(px[0], channels));
+        }
+    }
+    Ok(out)
+}
+
 /// `name`, or `name.gz`, in `dir`.
 fn find(dir: &Path, name: &str) -> Result<PathBuf> {
     let plain = dir.join(name);

@@ -1,5 +1,6 @@
 //! Datasets: readers of the benchmark formats and the built-in ListOps generator.
 
+pub mod hub;
 pub mod images;
 pub mod listops;
 pub mod pathfinder;

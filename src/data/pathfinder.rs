@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::images::ImageSet;
+use super::images::{decode_png, ImageSet};
 
 /// The difficulty S5 (and LRA) train on.
 pub const DIFFICULTY: &str = "curv_contour_length_14";
@@ -91,33 +91,9 @@ pub fn read_pathfinder(root: &Path, side: usize) -> Result<ImageSet> {
     })
 }
 
-/// An 8-bit greyscale PNG of `side` × `side` pixels.
+/// A greyscale PNG of `side` × `side` pixels.
 fn read_png(path: &Path, side: usize) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(path)
+    let bytes = std::fs::read(path)
         .with_context(|| format!("image {} is missing or unreadable", path.display()))?;
-    let mut reader = png::Decoder::new(std::io::BufReader::new(file))
-        .read_info()
-        .with_context(|| format!("{}: not a PNG", path.display()))?;
-    let mut buf = vec![0; reader.output_buffer_size().unwrap_or(0)];
-    let info = reader
-        .next_frame(&mut buf)
-        .with_context(|| format!("{}: corrupt PNG data", path.display()))?;
-    if (info.width as usize, info.height as usize) != (side, side) {
-        bail!(
-            "{}: {} × {} pixels, expected {side} × {side}",
-            path.display(),
-            info.width,
-            info.height
-        );
-    }
-    if info.color_type != png::ColorType::Grayscale || info.bit_depth != png::BitDepth::Eight {
-        bail!(
-            "{}: {:?} {:?}-bit, expected 8-bit greyscale",
-            path.display(),
-            info.color_type,
-            info.bit_depth
-        );
-    }
-    buf.truncate(info.buffer_size());
-    Ok(buf)
+    decode_png(&bytes, side, 1).with_context(|| path.display().to_string())
 }

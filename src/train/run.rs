@@ -43,6 +43,8 @@ pub enum TaskConfig {
     ListopsTsv { dir: PathBuf },
     /// An image benchmark as a pixel sequence (see [`ImageTask`]), from the files in `dir`.
     Image { task: ImageTask, dir: PathBuf },
+    /// MNIST or CIFAR-10 tasks from the Hugging Face Hub (`--hub`; see [`crate::data::hub`]).
+    ImageHub { task: ImageTask },
 }
 
 /// The image tasks: which dataset, how its pixels are normalised, and their order.
@@ -197,16 +199,47 @@ impl ImageTask {
                 read_cifar10(dir, &CIFAR_TEST)?,
             )
         };
+        Ok(self.split(&train, &test))
+    }
+
+    /// The dataset `--hub` fetches for this task, if any.
+    pub fn hub_dataset(self) -> Option<crate::data::hub::HubDataset> {
+        use crate::data::hub::HubDataset;
+        match self {
+            _ if self.mnist() => Some(HubDataset::Mnist),
+            _ if self.pathfinder() => None,
+            _ => Some(HubDataset::Cifar10),
+        }
+    }
+
+    /// The splits from the Hub (see [`crate::data::hub::Hub::from_env`]).
+    fn load_hub(self) -> Result<[Dataset; 3]> {
+        let Some(dataset) = self.hub_dataset() else {
+            anyhow::bail!(
+                "--hub serves MNIST and CIFAR-10 only; {self:?} needs --data-dir (the LRA release)"
+            );
+        };
+        let (train, test) = crate::data::hub::Hub::from_env().load(dataset)?;
+        Ok(self.split(&train, &test))
+    }
+
+    /// Train (90% of `train`), validation (the other 10%, drawn with seed 42) and `test`.
+    fn split(
+        self,
+        train: &crate::data::images::ImageSet,
+        test: &crate::data::images::ImageSet,
+    ) -> [Dataset; 3] {
+        use rand::seq::SliceRandom;
         let mut idx: Vec<usize> = (0..train.len()).collect();
         idx.shuffle(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(42));
         let n_val = train.len() / 10;
         let (val_idx, train_idx) = idx.split_at(n_val);
         let all_test: Vec<usize> = (0..test.len()).collect();
-        Ok([
-            self.to_dataset(&train, train_idx),
-            self.to_dataset(&train, val_idx),
-            self.to_dataset(&test, &all_test),
-        ])
+        [
+            self.to_dataset(train, train_idx),
+            self.to_dataset(train, val_idx),
+            self.to_dataset(test, &all_test),
+        ]
     }
 }
 
@@ -216,7 +249,9 @@ impl TaskConfig {
         match self {
             TaskConfig::ListopsGenerated { max_length, .. } => *max_length,
             TaskConfig::ListopsTsv { .. } => 2048,
-            TaskConfig::Image { task, .. } => task.shape().0 * task.shape().0,
+            TaskConfig::Image { task, .. } | TaskConfig::ImageHub { task } => {
+                task.shape().0 * task.shape().0
+            }
         }
     }
 
@@ -267,6 +302,7 @@ impl TaskConfig {
                 Ok([read("train")?, read("val")?, read("test")?])
             }
             TaskConfig::Image { task, dir } => task.load(dir),
+            TaskConfig::ImageHub { task } => task.load_hub(),
         }
     }
 }
@@ -576,7 +612,7 @@ pub fn eval_checkpoint(path: &Path, data_dir: Option<&Path>, exec: &Exec) -> Res
     let mut cfg = ck.config;
     if let Some(dir) = data_dir {
         cfg.task = match cfg.task {
-            TaskConfig::Image { task, .. } => TaskConfig::Image {
+            TaskConfig::Image { task, .. } | TaskConfig::ImageHub { task } => TaskConfig::Image {
                 task,
                 dir: dir.to_path_buf(),
             },
