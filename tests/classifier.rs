@@ -1,5 +1,5 @@
 //! The sequence classifier: gradients reach every parameter of every layer kind, checkpoints
-//! round-trip exactly, and masked pooling ignores padding.
+//! round-trip exactly, masked pooling ignores padding, and dropout masks follow their key.
 
 mod common;
 
@@ -64,6 +64,12 @@ fn config(
     }
 }
 
+const TRAIN: Mode = Mode::Train(DropoutKey {
+    seed: 0,
+    step: 0,
+    first_row: 0,
+});
+
 fn build(cfg: &ClassifierConfig) -> (VarMap, SequenceClassifier) {
     let varmap = VarMap::new();
     let model = SequenceClassifier::new(
@@ -96,7 +102,7 @@ fn every_parameter_gets_a_finite_nonzero_gradient() {
                 };
             let cfg = config(layer.clone(), activation, norm, pooling);
             let (varmap, model) = build(&cfg);
-            let logp = model.forward(&x, None, true).unwrap();
+            let logp = model.forward(&x, None, TRAIN).unwrap();
             assert_eq!(logp.dims(), &[5, 4]);
             let loss = candle_nn::loss::nll(&logp, &target).unwrap();
             let grads = loss.backward().unwrap();
@@ -119,15 +125,15 @@ fn checkpoint_round_trip_reproduces_outputs() {
     for layer in layer_kinds(len) {
         let cfg = config(layer, Activation::HalfGlu1, NormKind::Batch, Pooling::Mean);
         let (varmap, model) = build(&cfg);
-        model.forward(&x, None, true).unwrap(); // moves the BatchNorm statistics
+        model.forward(&x, None, TRAIN).unwrap(); // moves the BatchNorm statistics
         let path = dir.join("model.safetensors");
         checkpoint::save(&varmap, &cfg, &path).unwrap();
         let ck = checkpoint::read::<ClassifierConfig>(&path).unwrap();
         let (varmap2, model2) = build(&ck.config);
         checkpoint::load_into(&varmap2, &ck.tensors, &path).unwrap();
         assert_eq!(
-            to_vec(&model.forward(&x, None, false).unwrap()),
-            to_vec(&model2.forward(&x, None, false).unwrap())
+            to_vec(&model.forward(&x, None, Mode::Eval).unwrap()),
+            to_vec(&model2.forward(&x, None, Mode::Eval).unwrap())
         );
     }
 }
@@ -153,14 +159,14 @@ fn masked_pooling_ignores_padding() {
         let x2 = Tensor::cat(&[x.narrow(1, 0, 6).unwrap(), noise], 1).unwrap();
         let a = to_vec(
             &model
-                .forward(&x, Some(&lengths), false)
+                .forward(&x, Some(&lengths), Mode::Eval)
                 .unwrap()
                 .get(0)
                 .unwrap(),
         );
         let b = to_vec(
             &model
-                .forward(&x2, Some(&lengths), false)
+                .forward(&x2, Some(&lengths), Mode::Eval)
                 .unwrap()
                 .get(0)
                 .unwrap(),
@@ -190,7 +196,7 @@ fn token_encoder_and_myo_root_pooling() {
         &Device::Cpu,
     )
     .unwrap();
-    let logp = model.forward(&tokens, None, false).unwrap();
+    let logp = model.forward(&tokens, None, Mode::Eval).unwrap();
     let p = to_vec(&logp.exp().unwrap().sum(D::Minus1).unwrap());
     assert!(p.iter().all(|s| (s - 1.0).abs() < 1e-5));
     // Root pooling needs Myo layers.
@@ -205,4 +211,34 @@ fn token_encoder_and_myo_root_pooling() {
         VarBuilder::from_varmap(&VarMap::new(), DType::F32, &Device::Cpu)
     )
     .is_err());
+}
+
+#[test]
+fn dropout_masks_are_a_function_of_the_key_and_the_batch_row() {
+    let len = 16;
+    let x = Tensor::randn(0f32, 1., (5, len, 2), &Device::Cpu).unwrap();
+    for layer in layer_kinds(len) {
+        let mut cfg = config(layer, Activation::HalfGlu2, NormKind::Layer, Pooling::Mean);
+        cfg.dropout = 0.5;
+        let (_, model) = build(&cfg);
+        let run = |x: &Tensor, seed, step, first_row| {
+            let key = DropoutKey {
+                seed,
+                step,
+                first_row,
+            };
+            to_vec(&model.forward(x, None, Mode::Train(key)).unwrap())
+        };
+        let whole = run(&x, 3, 7, 0);
+        assert_eq!(whole, run(&x, 3, 7, 0), "same key, same masks: {cfg:?}");
+        assert_ne!(whole, run(&x, 3, 8, 0), "another step draws other masks");
+        assert_ne!(whole, run(&x, 4, 7, 0), "another seed draws other masks");
+        assert_ne!(whole, to_vec(&model.forward(&x, None, Mode::Eval).unwrap()));
+        // Rows 2..5 run as a shard starting at row 2 get the whole batch's masks.
+        let tail = run(&x.narrow(0, 2, 3).unwrap(), 3, 7, 2);
+        let classes = whole.len() / 5;
+        for (a, b) in tail.iter().zip(&whole[2 * classes..]) {
+            assert!((a - b).abs() < 1e-5, "shard rows differ: {a} vs {b}");
+        }
+    }
 }

@@ -25,7 +25,7 @@ fn listops(n: usize, seed: u64) -> Dataset {
     }
 }
 
-fn model(layer: SeqLayerConfig, pooling: Pooling) -> (VarMap, SequenceClassifier) {
+fn model(layer: SeqLayerConfig, pooling: Pooling, dropout: f64) -> (VarMap, SequenceClassifier) {
     let cfg = ClassifierConfig {
         encoder: EncoderConfig::Embedding { vocab: VOCAB },
         d_model: 16,
@@ -34,7 +34,7 @@ fn model(layer: SeqLayerConfig, pooling: Pooling) -> (VarMap, SequenceClassifier
         norm: NormKind::Layer,
         prenorm: true,
         activation: Activation::HalfGlu1,
-        dropout: 0.0,
+        dropout,
         pooling,
         classes: 10,
         seed: 0,
@@ -113,7 +113,7 @@ fn training_on_listops_lowers_the_loss() {
         ),
     ];
     for (layer, pad_to, pooling) in layers {
-        let (varmap, m) = model(layer.clone(), pooling);
+        let (varmap, m) = model(layer.clone(), pooling, 0.0);
         let batching = Batching {
             batch_size: 16,
             pad_to,
@@ -161,7 +161,7 @@ fn sequences_longer_than_the_padding_are_errors() {
 }
 
 /// A batch cut into data-parallel shards (uneven: 6 + 5 + 5) takes the same step as the whole
-/// batch: the same loss and correct count, and the same gradient (seen through an update that
+/// batch, dropout included: the same loss and correct count, and the same gradient (seen through an update that
 /// is linear in it: Adam with a large ε, so Δθ ≈ −lr·g).
 #[test]
 fn sharded_batches_take_the_same_step() {
@@ -176,7 +176,8 @@ fn sharded_batches_take_the_same_step() {
     let mut deltas = Vec::new();
     let mut reports = Vec::new();
     for shards in [1, 3] {
-        let (varmap, m) = model(s5.clone(), Pooling::Mean);
+        // With dropout: each shard draws the whole batch's masks for its rows.
+        let (varmap, m) = model(s5.clone(), Pooling::Mean, 0.3);
         let vars = vars_of(&varmap);
         let before: HashMap<String, Vec<f32>> = vars
             .iter()

@@ -8,8 +8,9 @@
 //!   → log-softmax.
 //!
 //! Norms: BatchNorm with the reference's running-average decay 0.95, or LayerNorm. Dropout
-//! draws one mask per (sample, feature), shared across time. Train/eval mode switches dropout
-//! and BatchNorm's batch statistics.
+//! draws one mask per (sample, feature), shared across time, from a counter-based hash keyed by
+//! [`DropoutKey`], so a run with dropout is reproducible (resumed or sharded alike). [`Mode`]
+//! switches dropout and BatchNorm's batch statistics.
 
 use candle_core::{DType, Module, ModuleT, Result, Tensor, D};
 use candle_nn::{batch_norm, BatchNorm, BatchNormConfig, Embedding, Linear, VarBuilder};
@@ -138,24 +139,84 @@ enum Norm {
 
 impl Norm {
     /// (batch, length, H) normalised over H (BatchNorm: statistics over batch and length).
-    fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         match self {
-            Norm::Batch(n) => n.forward_t(&x.transpose(1, 2)?, train)?.transpose(1, 2),
+            Norm::Batch(n) => n
+                .forward_t(&x.transpose(1, 2)?, mode.train())?
+                .transpose(1, 2),
             Norm::Layer(n) => n.forward(x),
         }
     }
 }
 
-/// Dropout with one mask per (sample, feature), shared across the length.
-fn dropout(x: &Tensor, p: f64, train: bool) -> Result<Tensor> {
-    if !train || p == 0.0 {
+/// How a forward pass runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Inference: no dropout; BatchNorm uses its running statistics.
+    Eval,
+    /// Training: BatchNorm uses (and updates) batch statistics; dropout masks come from the key.
+    Train(DropoutKey),
+}
+
+impl Mode {
+    fn train(self) -> bool {
+        matches!(self, Mode::Train(_))
+    }
+}
+
+/// What a training step's dropout masks are a function of. The mask entry of (dropout site,
+/// sample row, feature) is a hash of (seed, step, site, first_row + row, feature): the same
+/// whether a batch runs whole or in shards, and the same again when a run is resumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DropoutKey {
+    pub seed: u64,
+    /// The optimiser step.
+    pub step: u64,
+    /// Row of this forward's first sample in the whole batch (a shard's offset).
+    pub first_row: u64,
+}
+
+/// SplitMix64's finaliser: a bijective mix whose outputs pass as independent uniform words.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl DropoutKey {
+    /// A uniform number in [0, 1) for (site, row, feature).
+    fn uniform(&self, site: u64, row: u64, feature: u64) -> f64 {
+        let mut h = mix(self.seed ^ 0x9e37_79b9_7f4a_7c15);
+        for v in [self.step, site, self.first_row + row, feature] {
+            h = mix(h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
+        (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Dropout with one mask per (sample, feature), shared across the length; `site` numbers the
+/// dropout calls of one forward pass.
+fn dropout(x: &Tensor, p: f64, mode: Mode, site: u64) -> Result<Tensor> {
+    let Mode::Train(key) = mode else {
+        return Ok(x.clone());
+    };
+    if p == 0.0 {
         return Ok(x.clone());
     }
     let (b, _, h) = x.dims3()?;
-    let keep = Tensor::rand(0f32, 1f32, (b, 1, h), x.device())?
-        .ge(p)?
-        .to_dtype(x.dtype())?;
-    x.broadcast_mul(&(keep / (1.0 - p))?)
+    let scale = (1.0 / (1.0 - p)) as f32;
+    let mask: Vec<f32> = (0..b as u64)
+        .flat_map(|r| (0..h as u64).map(move |f| (r, f)))
+        .map(|(r, f)| {
+            if key.uniform(site, r, f) >= p {
+                scale
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mask = Tensor::from_vec(mask, (b, 1, h), x.device())?.to_dtype(x.dtype())?;
+    x.broadcast_mul(&mask)
 }
 
 struct Block {
@@ -276,35 +337,28 @@ impl SequenceClassifier {
         &self.cfg
     }
 
-    fn activate(&self, block: &Block, y: &Tensor, train: bool) -> Result<Tensor> {
+    /// The activation of block `i` with its dropouts (sites 3i, 3i + 1).
+    fn activate(&self, i: usize, block: &Block, y: &Tensor, mode: Mode) -> Result<Tensor> {
         let p = self.cfg.dropout;
+        let drop = |x: &Tensor, k: u64| dropout(x, p, mode, 3 * i as u64 + k);
         let sig = |l: &Option<Linear>, x: &Tensor| {
             candle_nn::ops::sigmoid(&dense(l.as_ref().expect("gate"), x)?)
         };
+        let z = drop(&gelu(y)?, 0)?;
         match self.cfg.activation {
-            Activation::Gelu => dropout(&gelu(y)?, p, train),
-            Activation::FullGlu => {
-                let z = dropout(&gelu(y)?, p, train)?;
-                dropout(
-                    &(dense(block.out1.as_ref().expect("out1"), &z)? * sig(&block.out2, &z)?)?,
-                    p,
-                    train,
-                )
-            }
-            Activation::HalfGlu1 => {
-                let z = dropout(&gelu(y)?, p, train)?;
-                dropout(&(&z * sig(&block.out2, &z)?)?, p, train)
-            }
-            Activation::HalfGlu2 => {
-                let z = dropout(&gelu(y)?, p, train)?;
-                dropout(&(y * sig(&block.out2, &z)?)?, p, train)
-            }
+            Activation::Gelu => Ok(z),
+            Activation::FullGlu => drop(
+                &(dense(block.out1.as_ref().expect("out1"), &z)? * sig(&block.out2, &z)?)?,
+                1,
+            ),
+            Activation::HalfGlu1 => drop(&(&z * sig(&block.out2, &z)?)?, 1),
+            Activation::HalfGlu2 => drop(&(y * sig(&block.out2, &z)?)?, 1),
         }
     }
 
     /// Log-probabilities (batch, classes). `lengths` (batch, u32) marks the valid steps of padded
     /// sequences for mean and last pooling (all steps when `None`).
-    pub fn forward(&self, x: &Tensor, lengths: Option<&Tensor>, train: bool) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, lengths: Option<&Tensor>, mode: Mode) -> Result<Tensor> {
         let mut h = match &self.encoder {
             Encoder::Linear(l) => dense(l, x)?,
             Encoder::Embedding(e) => e.forward(x)?,
@@ -312,7 +366,7 @@ impl SequenceClassifier {
         let node_pooling = matches!(self.cfg.pooling, Pooling::Root | Pooling::TopLevels { .. });
         for (i, block) in self.blocks.iter().enumerate() {
             let z = if self.cfg.prenorm {
-                block.norm.forward(&h, train)?
+                block.norm.forward(&h, mode)?
             } else {
                 h.clone()
             };
@@ -320,13 +374,13 @@ impl SequenceClassifier {
                 (node_pooling, i + 1 == self.blocks.len(), &block.layer)
             {
                 // The last block's output is its tree nodes, pooled.
-                let pooled = self.pool_nodes(m, &z, block, train)?;
+                let pooled = self.pool_nodes(i, m, &z, block, mode)?;
                 return candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1);
             }
-            let y = self.activate(block, &block.layer.forward(&z)?, train)?;
+            let y = self.activate(i, block, &block.layer.forward(&z)?, mode)?;
             h = (h + y)?;
             if !self.cfg.prenorm {
-                h = block.norm.forward(&h, train)?;
+                h = block.norm.forward(&h, mode)?;
             }
         }
         let pooled = self.pool_steps(&h, lengths)?;
@@ -373,10 +427,17 @@ impl SequenceClassifier {
     /// The Myo poolings (§3.2): the root, or the mean over the top k BFS levels, of the last
     /// block's node outputs after its activation (and its norm, post-norm; internal nodes have
     /// no residual input): (batch, H).
-    fn pool_nodes(&self, m: &Myo, z: &Tensor, block: &Block, train: bool) -> Result<Tensor> {
-        let mut nodes = self.activate(block, &m.forward_nodes(z)?, train)?;
+    fn pool_nodes(
+        &self,
+        i: usize,
+        m: &Myo,
+        z: &Tensor,
+        block: &Block,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let mut nodes = self.activate(i, block, &m.forward_nodes(z)?, mode)?;
         if !self.cfg.prenorm {
-            nodes = block.norm.forward(&nodes, train)?;
+            nodes = block.norm.forward(&nodes, mode)?;
         }
         let tree = m.tree();
         let k = match self.cfg.pooling {

@@ -10,8 +10,8 @@ pub mod s5;
 pub mod ssm2d;
 
 pub use classifier::{
-    Activation, ClassifierConfig, EncoderConfig, NormKind, Pooling, SeqLayerConfig,
-    SequenceClassifier,
+    Activation, ClassifierConfig, DropoutKey, EncoderConfig, Mode, NormKind, Pooling,
+    SeqLayerConfig, SequenceClassifier,
 };
 pub use mingru::{MinGru, MinGruConfig};
 pub use myo::{Myo, MyoConfig, TreeSpec};

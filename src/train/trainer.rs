@@ -9,7 +9,7 @@ use rand::SeedableRng;
 use rayon::prelude::*;
 
 use super::optim::Optimizer;
-use crate::nn::SequenceClassifier;
+use crate::nn::{DropoutKey, Mode, SequenceClassifier};
 
 /// A labelled split held in memory.
 #[derive(Clone, Debug)]
@@ -135,26 +135,29 @@ pub struct Batching {
     pub shards: usize,
 }
 
-/// Runs `f` on `idx` cut into up to `shards` contiguous, nearly equal parts, in parallel;
-/// results in part order.
+/// Runs `f(offset, part)` on `idx` cut into up to `shards` contiguous, nearly equal parts
+/// (`offset`: the part's first position in `idx`), in parallel; results in part order.
 fn sharded<T: Send>(
     idx: &[usize],
     shards: usize,
-    f: impl Fn(&[usize]) -> Result<T> + Sync,
+    f: impl Fn(usize, &[usize]) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
     let k = shards.clamp(1, idx.len().max(1));
     if k == 1 {
-        return Ok(vec![f(idx)?]);
+        return Ok(vec![f(0, idx)?]);
     }
     let (base, extra) = (idx.len() / k, idx.len() % k);
     let mut parts = Vec::with_capacity(k);
     let mut at = 0;
     for i in 0..k {
         let n = base + usize::from(i < extra);
-        parts.push(&idx[at..at + n]);
+        parts.push((at, &idx[at..at + n]));
         at += n;
     }
-    parts.into_par_iter().map(&f).collect()
+    parts
+        .into_par_iter()
+        .map(|(at, part)| f(at, part))
+        .collect()
 }
 
 /// The padding of batch `idx`: `pad_to`, else the longest token sequence of the whole batch, so
@@ -194,9 +197,9 @@ pub fn evaluate(
     let order: Vec<usize> = (0..data.len()).collect();
     for idx in order.chunks(batching.batch_size.max(1)) {
         let pad = batch_padding(data, idx, batching.pad_to);
-        let parts = sharded(idx, batching.shards, |part| {
+        let parts = sharded(idx, batching.shards, |_, part| {
             let (x, lengths, y) = data.batch(part, pad, device)?;
-            let logp = model.forward(&x, Some(&lengths), false)?;
+            let logp = model.forward(&x, Some(&lengths), Mode::Eval)?;
             let loss = candle_nn::loss::nll(&logp, &y)?
                 .to_dtype(DType::F64)?
                 .to_scalar::<f64>()?;
@@ -215,7 +218,8 @@ pub fn evaluate(
 }
 
 /// One epoch of training: examples shuffled with `seed`, one optimiser step per batch (the
-/// loss is the batch mean, however the batch is sharded). `on_batch` sees each batch's size,
+/// loss is the batch mean, however the batch is sharded); dropout masks are keyed by `seed`,
+/// the optimiser step and the row in the batch (see [`DropoutKey`]). `on_batch` sees each batch's size,
 /// mean loss and correct count. Returns the mean training loss and accuracy; a non-finite
 /// loss stops with the step number.
 pub fn train_epoch(
@@ -232,9 +236,15 @@ pub fn train_epoch(
     let (mut loss_sum, mut correct) = (0.0, 0usize);
     for idx in order.chunks(batching.batch_size.max(1)) {
         let pad = batch_padding(data, idx, batching.pad_to);
-        let parts = sharded(idx, batching.shards, |part| {
+        let step = opt.step_count() as u64;
+        let parts = sharded(idx, batching.shards, |at, part| {
             let (x, lengths, y) = data.batch(part, pad, device)?;
-            let logp = model.forward(&x, Some(&lengths), true)?;
+            let key = DropoutKey {
+                seed,
+                step,
+                first_row: at as u64,
+            };
+            let logp = model.forward(&x, Some(&lengths), Mode::Train(key))?;
             // This shard's share of the batch mean.
             let loss = (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
             let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
