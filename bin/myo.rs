@@ -120,6 +120,10 @@ struct TrainArgs {
     /// Normalise after the residual instead of before the layer.
     #[arg(long)]
     postnorm: Option<bool>,
+    /// BatchNorm's running-average decay m (running = m·running + (1−m)·batch).
+    /// [default: 0.95; pathfinder preset: 0.9]
+    #[arg(long)]
+    bn_momentum: Option<f64>,
     /// gelu, full_glu, half_glu1 or half_glu2. [default: half_glu2]
     #[arg(long)]
     activation: Option<String>,
@@ -586,6 +590,10 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
     let epochs = pick(a.epochs, p.map(|p| p.epochs), 10);
     let batch_size = pick(a.batch_size, p.map(|p| p.batch_size), 32);
     let dropout = pickf(a.dropout, p.map(|p| p.dropout), 0.0);
+    let bn_momentum = pickf(a.bn_momentum, p.map(|p| p.bn_momentum), BN_MOMENTUM);
+    if !(0.0..1.0).contains(&bn_momentum) {
+        anyhow::bail!("--bn-momentum {bn_momentum}: expected a decay in [0, 1)");
+    }
     let ssm_lr = pickf(a.ssm_lr, p.map(|p| p.ssm_lr), 0.003);
     let lr = a.lr.or(p.map(|p| p.lr)).unwrap_or(3.0 * ssm_lr);
     let weight_decay = pickf(a.weight_decay, p.map(|p| p.weight_decay), 0.04);
@@ -729,6 +737,7 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
             pooling,
             classes: image.map_or(10, |t| t.classes()),
             seed: a.seed,
+            bn_momentum,
         },
         optim: myosotis::train::optim::OptimConfig {
             lr,

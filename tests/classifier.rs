@@ -61,6 +61,7 @@ fn config(
         pooling,
         classes: 4,
         seed: 0,
+        bn_momentum: BN_MOMENTUM,
     }
 }
 
@@ -241,4 +242,41 @@ fn dropout_masks_are_a_function_of_the_key_and_the_batch_row() {
             assert!((a - b).abs() < 1e-5, "shard rows differ: {a} vs {b}");
         }
     }
+}
+
+#[test]
+fn batch_norm_running_averages_decay_by_bn_momentum() {
+    let len = 8;
+    let x = Tensor::randn(0f32, 1., (4, len, 2), &Device::Cpu).unwrap();
+    let running_mean = |m: f64| {
+        let mut cfg = config(
+            layer_kinds(len)[0].clone(),
+            Activation::Gelu,
+            NormKind::Batch,
+            Pooling::Mean,
+        );
+        cfg.dropout = 0.0;
+        cfg.bn_momentum = m;
+        let (varmap, model) = build(&cfg);
+        model.forward(&x, None, TRAIN).unwrap();
+        let data = varmap.data().lock().unwrap();
+        to_vec(data["layers.0.norm.running_mean"].as_tensor())
+    };
+    // From zero, one step leaves (1 − m) · batch mean: the ratio of 0.5 to 0.9 is 5.
+    let (a, b) = (running_mean(0.9), running_mean(0.5));
+    assert!(a.iter().any(|v| v.abs() > 1e-3));
+    for (a, b) in a.iter().zip(&b) {
+        assert!((b - 5.0 * a).abs() < 1e-4 * (1.0 + b.abs()), "{b} vs 5 × {a}");
+    }
+    // Configurations written before the field existed read as the reference's 0.95.
+    let cfg = config(
+        layer_kinds(len)[0].clone(),
+        Activation::Gelu,
+        NormKind::Batch,
+        Pooling::Mean,
+    );
+    let mut json = serde_json::to_value(&cfg).unwrap();
+    json.as_object_mut().unwrap().remove("bn_momentum");
+    let back: ClassifierConfig = serde_json::from_value(json).unwrap();
+    assert_eq!(back.bn_momentum, 0.95);
 }

@@ -147,6 +147,7 @@ fn pathfinder_trains_and_evaluates() {
             pooling: Pooling::Mean,
             classes: ImageTask::Pathfinder.classes(),
             seed: 0,
+            bn_momentum: BN_MOMENTUM,
         },
         optim: myosotis::train::optim::OptimConfig {
             lr: 0.01,

@@ -38,6 +38,7 @@ fn config(epochs: usize) -> RunConfig {
             pooling: Pooling::Mean,
             classes: 10,
             seed: 0,
+            bn_momentum: BN_MOMENTUM,
         },
         optim: OptimConfig {
             lr: 0.01,

@@ -38,6 +38,7 @@ fn model(layer: SeqLayerConfig, pooling: Pooling, dropout: f64) -> (VarMap, Sequ
         pooling,
         classes: 10,
         seed: 0,
+        bn_momentum: BN_MOMENTUM,
     };
     let varmap = VarMap::new();
     let m = SequenceClassifier::new(

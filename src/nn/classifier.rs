@@ -7,7 +7,8 @@
 //!   → pooling (mean over valid steps, last valid step, or the Myo poolings) → Linear decoder
 //!   → log-softmax.
 //!
-//! Norms: BatchNorm with the reference's running-average decay 0.95, or LayerNorm. Dropout
+//! Norms: BatchNorm with the reference's running-average decay (`bn_momentum`, 0.95 by
+//! default), or LayerNorm. Dropout
 //! draws one mask per (sample, feature), shared across time, from a counter-based hash keyed by
 //! [`DropoutKey`], so a run with dropout is reproducible (resumed or sharded alike). [`Mode`]
 //! switches dropout and BatchNorm's batch statistics.
@@ -91,6 +92,17 @@ pub struct ClassifierConfig {
     /// Seed of the encoder, GLU and decoder initialisation (the layers have their own).
     #[serde(default)]
     pub seed: u64,
+    /// BatchNorm's running averages: running = m · running + (1 − m) · batch, with m this
+    /// (the reference's `bn_momentum`; its default 0.95, 0.9 for Pathfinder).
+    #[serde(default = "default_bn_momentum")]
+    pub bn_momentum: f64,
+}
+
+/// The reference's BatchNorm momentum.
+pub const BN_MOMENTUM: f64 = 0.95;
+
+fn default_bn_momentum() -> f64 {
+    BN_MOMENTUM
 }
 
 enum Layer {
@@ -265,7 +277,8 @@ impl SequenceClassifier {
                 NormKind::Batch => Norm::Batch(batch_norm(
                     h,
                     BatchNormConfig {
-                        momentum: 1.0 - 0.95,
+                        // candle weighs the batch by `momentum`
+                        momentum: 1.0 - cfg.bn_momentum,
                         ..Default::default()
                     },
                     vb.pp("norm"),

@@ -11,7 +11,7 @@ pub mod ssm2d;
 
 pub use classifier::{
     Activation, ClassifierConfig, DropoutKey, EncoderConfig, Mode, NormKind, Pooling,
-    SeqLayerConfig, SequenceClassifier,
+    SeqLayerConfig, SequenceClassifier, BN_MOMENTUM,
 };
 pub use mingru::{MinGru, MinGruConfig};
 pub use myo::{Myo, MyoConfig, TreeSpec};

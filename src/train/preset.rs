@@ -28,6 +28,8 @@ pub struct Preset {
     pub activation: Activation,
     pub clip_eigs: bool,
     pub norm: NormKind,
+    /// BatchNorm's running-average decay (`bn_momentum`).
+    pub bn_momentum: f64,
     pub prenorm: bool,
     /// Linear warm-up length in epochs (the reference's `warmup_end`).
     pub warmup_epochs: usize,
@@ -53,6 +55,7 @@ pub fn preset(task: &str) -> Option<Preset> {
         activation: Activation::HalfGlu1,
         clip_eigs: false,
         norm: NormKind::Batch,
+        bn_momentum: crate::nn::BN_MOMENTUM,
         prenorm: true,
         warmup_epochs: 1,
     };
@@ -63,7 +66,10 @@ pub fn preset(task: &str) -> Option<Preset> {
             activation: Activation::HalfGlu2,
             ..base((8, 128, 16, 8, 0.0, 0.003, 0.001, 50, 40, 0.04))
         },
-        "pathfinder" => base((6, 192, 256, 8, 0.05, 0.0045, 0.0009, 64, 200, 0.03)),
+        "pathfinder" => Preset {
+            bn_momentum: 0.9,
+            ..base((6, 192, 256, 8, 0.05, 0.0045, 0.0009, 64, 200, 0.03))
+        },
         "pathx" => Preset {
             c_init: CInit::ComplexNormal,
             ..base((6, 128, 256, 16, 0.0, 0.0018, 0.0006, 32, 75, 0.06))
