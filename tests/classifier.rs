@@ -266,7 +266,10 @@ fn batch_norm_running_averages_decay_by_bn_momentum() {
     let (a, b) = (running_mean(0.9), running_mean(0.5));
     assert!(a.iter().any(|v| v.abs() > 1e-3));
     for (a, b) in a.iter().zip(&b) {
-        assert!((b - 5.0 * a).abs() < 1e-4 * (1.0 + b.abs()), "{b} vs 5 × {a}");
+        assert!(
+            (b - 5.0 * a).abs() < 1e-4 * (1.0 + b.abs()),
+            "{b} vs 5 × {a}"
+        );
     }
     // Configurations written before the field existed read as the reference's 0.95.
     let cfg = config(
