@@ -98,8 +98,8 @@ impl Hub {
         )
     }
 
-    /// The local paths of a split's Parquet files (sorted), downloaded into the cache first
-    /// unless offline.
+    /// The local paths of a split's Parquet files (sorted, at least one), downloaded into the
+    /// cache first unless offline.
     pub fn split_files(&self, dataset: HubDataset, split: &str) -> Result<Vec<PathBuf>> {
         let dir = dataset.split_dir(split);
         let unreachable = |what: String| {
@@ -202,19 +202,19 @@ impl Hub {
 
     /// The training and test images of `dataset`.
     pub fn load(&self, dataset: HubDataset) -> Result<(ImageSet, ImageSet)> {
+        // A split's shards, in order, as one set.
         let read = |split| -> Result<ImageSet> {
-            let mut all: Option<ImageSet> = None;
-            for f in self.split_files(dataset, split)? {
+            let mut files = self.split_files(dataset, split)?.into_iter();
+            let first = files
+                .next()
+                .ok_or_else(|| anyhow!("--hub: no files for the {split} split"))?;
+            let mut set = read_parquet_images(&first, dataset.shape())?;
+            for f in files {
                 let part = read_parquet_images(&f, dataset.shape())?;
-                match &mut all {
-                    None => all = Some(part),
-                    Some(set) => {
-                        set.pixels.extend(part.pixels);
-                        set.labels.extend(part.labels);
-                    }
-                }
+                set.pixels.extend(part.pixels);
+                set.labels.extend(part.labels);
             }
-            all.ok_or_else(|| anyhow!("--hub: no files for the {split} split"))
+            Ok(set)
         };
         Ok((read("train")?, read("test")?))
     }

@@ -195,13 +195,21 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// One step of the key chain: the hash so far combined with the next coordinate.
+fn absorb(h: u64, v: u64) -> u64 {
+    mix(h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
 impl DropoutKey {
-    /// A uniform number in [0, 1) for (site, row, feature).
-    fn uniform(&self, site: u64, row: u64, feature: u64) -> f64 {
-        let mut h = mix(self.seed ^ 0x9e37_79b9_7f4a_7c15);
-        for v in [self.step, site, self.first_row + row, feature] {
-            h = mix(h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        }
+    /// The hash of (seed, step, site): what every entry of one dropout call starts from.
+    fn site_hash(&self, site: u64) -> u64 {
+        let h = mix(self.seed ^ 0x9e37_79b9_7f4a_7c15);
+        absorb(absorb(h, self.step), site)
+    }
+
+    /// A uniform number in [0, 1) for (row, feature) under a site's hash.
+    fn uniform(&self, site_hash: u64, row: u64, feature: u64) -> f64 {
+        let h = absorb(absorb(site_hash, self.first_row + row), feature);
         (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 }
@@ -217,10 +225,11 @@ fn dropout(x: &Tensor, p: f64, mode: Mode, site: u64) -> Result<Tensor> {
     }
     let (b, _, h) = x.dims3()?;
     let scale = (1.0 / (1.0 - p)) as f32;
+    let site_hash = key.site_hash(site);
     let mask: Vec<f32> = (0..b as u64)
         .flat_map(|r| (0..h as u64).map(move |f| (r, f)))
         .map(|(r, f)| {
-            if key.uniform(site, r, f) >= p {
+            if key.uniform(site_hash, r, f) >= p {
                 scale
             } else {
                 0.0
