@@ -112,9 +112,18 @@ fn half_precision_inputs_are_computed_in_f32() {
         with_h0: true,
     };
     let x = random_inputs(&case, &mut rng);
-    let want = reference_scan(&case, &x);
-    for (dtype, tol) in [(DType::F16, 1e-2), (DType::BF16, 5e-2)] {
-        let e = rel_err(&run_op(&case, &x, dtype), &want);
+    // The reference runs on the inputs as rounded to the half type, so what remains is the
+    // op's own error: f32 accumulation plus one rounding of each output (2^-11 for f16,
+    // 2^-8 for bf16, relative). Accumulating in the half type would cost ~len roundings.
+    // (Against unrounded inputs the bound depended on the seed: 1 run in ~150 failed.)
+    for (dtype, tol) in [(DType::F16, 1e-3), (DType::BF16, 8e-3)] {
+        let round = |v: &[f64]| to_vec(&tensor(v, &[v.len()], dtype, &Device::Cpu));
+        let xr = Inputs {
+            a: round(&x.a),
+            b: round(&x.b),
+            h0: round(&x.h0),
+        };
+        let e = rel_err(&run_op(&case, &xr, dtype), &reference_scan(&case, &xr));
         assert!(e < tol, "{dtype:?} error {e:e} (seed {seed})");
     }
 }
