@@ -16,7 +16,11 @@
 //! the carry, which gives each segment its incoming state; each segment then re-runs its steps
 //! from that state and writes them (pass 2). On the GPU a segment is one warp (lane = channel,
 //! so every load is a coalesced row of 32 channels) and the composition goes through shared
-//! memory; each element is read once and written once, so the kernel is a single pass.
+//! memory; each element is read once and written once, so the kernel is a single pass. The CPU
+//! twin does the same arithmetic in the same order for every lane, but runs a chunk's segments
+//! one after another (pass 1, the composition step, pass 2), so that pass 2 re-reads rows that
+//! pass 1 has just brought into the L1 cache: the composition is a sequential fold over the
+//! segments, so segment s needs only the maps of segments before it.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -424,31 +428,51 @@ pub fn linear_scan_backward(
     op.backward(&a.contiguous()?, &h.contiguous()?, &h0, grad_h)
 }
 
-/// One (batch, channel-tile) sequence of the chunked scan, exactly as one CUDA block runs it
-/// (see the module docs). `carry` holds each lane's incoming state and is left holding the
-/// final state. For traversal step p, `gate(p)` is the row of `lanes` gates (conjugated when
-/// `CONJ`; `None` for a zero gate) and `input(p)` the row of inputs; `emit(p, states)` receives
-/// the row of states.
+/// A tile's worth of per-lane values on the stack, aligned to a cache line: with the scalar
+/// alignment alone, every other vector load or store of them straddled two lines (measured on
+/// the (8, 4096, 256) scan forward: complex 9.2 → 7.4 ms, real ~5%).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Lanes<V>([V; CPU_TILE]);
+
+impl<V> std::ops::Deref for Lanes<V> {
+    type Target = [V; CPU_TILE];
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl<V> std::ops::DerefMut for Lanes<V> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+/// One (batch, channel-tile) sequence of the chunked scan, with the arithmetic of one CUDA
+/// block and its segments taken in turn (see the module docs). `carry` holds each lane's
+/// incoming state and is left holding the final state. For traversal step p, `gate(p)` is the
+/// row of `lanes` gates (conjugated when `CONJ`; `None` for a zero gate) and `input(p)` the row
+/// of inputs; `emit(p, states)` receives the row of states.
 #[inline(always)]
 fn chunked_scan<'s, F: WithDType, V: Value<F>, const CONJ: bool>(
     len: usize,
     lanes: usize,
-    carry: &mut [V; CPU_TILE],
+    carry: &mut Lanes<V>,
     gate: impl Fn(usize) -> Option<&'s [F]>,
     input: impl Fn(usize) -> &'s [F],
     mut emit: impl FnMut(usize, &[V]),
 ) {
     let w = lanes * V::WIDTH;
-    let mut agg_a = [[V::one(); CPU_TILE]; SEGMENTS];
-    let mut agg_b = [[V::zero(); CPU_TILE]; SEGMENTS];
-    let mut h_in = [[V::zero(); CPU_TILE]; SEGMENTS];
+    let (mut agg_a, mut agg_b) = (Lanes([V::one(); CPU_TILE]), Lanes([V::zero(); CPU_TILE]));
+    let mut h = Lanes([V::zero(); CPU_TILE]);
     for c0 in (0..len).step_by(CHUNK) {
-        // Pass 1: each segment's steps composed into one affine map h ↦ A h + B.
         for s in 0..SEGMENTS {
-            let (aa, bb) = (&mut agg_a[s][..lanes], &mut agg_b[s][..lanes]);
+            let steps = (c0 + s * SEG_LEN).min(len)..(c0 + (s + 1) * SEG_LEN).min(len);
+            // Pass 1: the segment's steps composed into one affine map h ↦ A h + B.
+            let (aa, bb) = (&mut agg_a[..lanes], &mut agg_b[..lanes]);
             aa.fill(V::one());
             bb.fill(V::zero());
-            for p in (c0 + s * SEG_LEN)..(c0 + (s + 1) * SEG_LEN).min(len) {
+            for p in steps.clone() {
                 let x = &input(p)[..w];
                 match gate(p) {
                     Some(g) => {
@@ -467,20 +491,15 @@ fn chunked_scan<'s, F: WithDType, V: Value<F>, const CONJ: bool>(
                     }
                 }
             }
-        }
-        // The segment maps composed in order onto the carry: each segment's incoming state.
-        for l in 0..lanes {
-            let mut h = carry[l];
-            for s in 0..SEGMENTS {
-                h_in[s][l] = h;
-                h = agg_a[s][l].fma(h, agg_b[s][l]);
-            }
-            carry[l] = h;
-        }
-        // Pass 2: every segment re-runs its steps from its incoming state.
-        for (s, h) in h_in.iter_mut().enumerate() {
+            // The composition: the carry is this segment's incoming state; the map takes it
+            // on to the next segment's.
             let h = &mut h[..lanes];
-            for p in (c0 + s * SEG_LEN)..(c0 + (s + 1) * SEG_LEN).min(len) {
+            for l in 0..lanes {
+                h[l] = carry[l];
+                carry[l] = aa[l].fma(carry[l], bb[l]);
+            }
+            // Pass 2: the segment re-runs its steps from its incoming state.
+            for p in steps {
                 let x = &input(p)[..w];
                 match gate(p) {
                     Some(g) => {
@@ -594,7 +613,13 @@ fn forward_tile<F: WithDType, V: Value<F>>(
     let stream = streams::<F>(b.len());
     let r = Rows::new(op, bi, d0);
     let h0 = &h0[r.state_elem() * w..];
-    let mut carry = std::array::from_fn(|l| if l < lanes { V::load(h0, l) } else { V::zero() });
+    let mut carry = Lanes(std::array::from_fn(|l| {
+        if l < lanes {
+            V::load(h0, l)
+        } else {
+            V::zero()
+        }
+    }));
     chunked_scan::<F, V, false>(
         dims.len,
         lanes,
@@ -646,9 +671,9 @@ fn backward_tile<F: WithDType, V: Value<F>>(
     let (w, len) = (V::WIDTH, op.dims.len);
     let stream = streams::<F>(x.g.len());
     let r = Rows::new(op, bi, d0);
-    let mut carry = [V::zero(); CPU_TILE];
-    let mut da_sum = [V::zero(); CPU_TILE];
-    let mut da_row = [V::zero(); CPU_TILE];
+    let mut carry = Lanes([V::zero(); CPU_TILE]);
+    let mut da_sum = Lanes([V::zero(); CPU_TILE]);
+    let mut da_row = Lanes([V::zero(); CPU_TILE]);
     chunked_scan::<F, V, true>(
         len,
         lanes,
