@@ -378,3 +378,120 @@ fn kernel_constants_match_cpu_twin() {
         assert!(src.contains(&line), "kernels/scan.cu lacks `{line}`");
     }
 }
+
+/// Complex f32 arithmetic as kernels/values.cuh writes it (and src/ops/value.rs).
+#[derive(Clone, Copy)]
+struct C32 {
+    re: f32,
+    im: f32,
+}
+
+impl C32 {
+    const ONE: C32 = C32 { re: 1.0, im: 0.0 };
+    const ZERO: C32 = C32 { re: 0.0, im: 0.0 };
+    fn add(self, o: C32) -> C32 {
+        C32 {
+            re: self.re + o.re,
+            im: self.im + o.im,
+        }
+    }
+    fn mul(self, o: C32) -> C32 {
+        C32 {
+            re: self.re * o.re - self.im * o.im,
+            im: self.re * o.im + self.im * o.re,
+        }
+    }
+}
+
+/// `scan_fwd` of kernels/scan.cu transcribed thread by thread in f32 (padded steps hold the
+/// identity (1, 0); pass 1 of all segments, the composition through "shared memory", pass 2),
+/// with real numbers as complex numbers of zero imaginary part.
+fn kernel_transcription(case: &Case, x: &Inputs) -> Vec<f64> {
+    use myosotis::ops::scan::{SEGMENTS, SEG_LEN};
+    let (bn, len, chans, w) = (case.batch, case.len, case.chans, case.width());
+    let val = |v: &[f64], e: usize| {
+        let im = if case.complex {
+            v[e * 2 + 1] as f32
+        } else {
+            0.0
+        };
+        C32 {
+            re: v[e * w] as f32,
+            im,
+        }
+    };
+    let mut out = vec![0.0; bn * len * chans * w];
+    for bi in 0..bn {
+        for d in 0..chans {
+            let time = |p: usize| if case.reverse { len - 1 - p } else { p };
+            let gate = |t: usize| match case.gate {
+                GateShape::Full => (bi * len + t) * chans + d,
+                GateShape::PerStep => t * chans + d,
+                GateShape::PerChannel => d,
+            };
+            let mut carry = val(&x.h0, bi * chans + d);
+            for c0 in (0..len).step_by(SEGMENTS * SEG_LEN) {
+                let step = |seg: usize, k: usize| {
+                    let p = c0 + seg * SEG_LEN + k;
+                    if p < len {
+                        let t = time(p);
+                        (val(&x.a, gate(t)), val(&x.b, (bi * len + t) * chans + d))
+                    } else {
+                        (C32::ONE, C32::ZERO)
+                    }
+                };
+                let mut agg = [(C32::ONE, C32::ZERO); SEGMENTS];
+                for (seg, agg) in agg.iter_mut().enumerate() {
+                    let (mut a_acc, mut b_acc) = (C32::ONE, C32::ZERO);
+                    for k in 0..SEG_LEN {
+                        let (g, xk) = step(seg, k);
+                        a_acc = g.mul(a_acc);
+                        b_acc = g.mul(b_acc).add(xk);
+                    }
+                    *agg = (a_acc, b_acc);
+                }
+                let mut h_in = [C32::ZERO; SEGMENTS];
+                let mut h = carry;
+                for (s, (a_s, b_s)) in agg.iter().enumerate() {
+                    h_in[s] = h;
+                    h = a_s.mul(h).add(*b_s);
+                }
+                carry = h;
+                for (seg, &h_seg) in h_in.iter().enumerate() {
+                    let mut h = h_seg;
+                    for k in 0..SEG_LEN {
+                        let (g, xk) = step(seg, k);
+                        h = g.mul(h).add(xk);
+                        let p = c0 + seg * SEG_LEN + k;
+                        if p < len {
+                            let e = ((bi * len + time(p)) * chans + d) * w;
+                            out[e] = h.re as f64;
+                            if case.complex {
+                                out[e + 1] = h.im as f64;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The CPU twin does the kernel's arithmetic, operation for operation: its f32 results equal a
+/// transcription of the CUDA kernel bit for bit (the GPU itself may differ in the last bits,
+/// as nvcc fuses a * h + b into one FMA).
+#[test]
+fn cpu_twin_equals_the_kernel_transcribed_bit_for_bit() {
+    let (mut rng, seed) = fresh_rng("transcription");
+    for case in scan_cases() {
+        let x = random_inputs(&case, &mut rng);
+        let got = run_op(&case, &x, DType::F32);
+        let want = kernel_transcription(&case, &x);
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(g, w)| g.to_bits() == w.to_bits());
+        assert!(same, "{case:?} (seed {seed})");
+    }
+}
