@@ -8,10 +8,9 @@
 //!   → log-softmax.
 //!
 //! Norms: BatchNorm with the reference's running-average decay (`bn_momentum`, 0.95 by
-//! default), or LayerNorm. Dropout
-//! draws one mask per (sample, feature), shared across time, from a counter-based hash keyed by
-//! [`DropoutKey`], so a run with dropout is reproducible (resumed or sharded alike). [`Mode`]
-//! switches dropout and BatchNorm's batch statistics.
+//! default), or LayerNorm. Dropout draws one mask per (sample, feature), shared across time,
+//! from a counter-based hash keyed by [`DropoutKey`], so a run with dropout is reproducible
+//! (resumed or sharded alike). [`Mode`] switches dropout and BatchNorm's batch statistics.
 
 use candle_core::{DType, Module, ModuleT, Result, Tensor, D};
 use candle_nn::{batch_norm, BatchNorm, BatchNormConfig, Embedding, Linear, VarBuilder};

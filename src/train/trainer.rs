@@ -219,9 +219,9 @@ pub fn evaluate(
 
 /// One epoch of training: examples shuffled with `seed`, one optimiser step per batch (the
 /// loss is the batch mean, however the batch is sharded); dropout masks are keyed by `seed`,
-/// the optimiser step and the row in the batch (see [`DropoutKey`]). `on_batch` sees each batch's size,
-/// mean loss and correct count. Returns the mean training loss and accuracy; a non-finite
-/// loss stops with the step number.
+/// the optimiser step and the row in the batch (see [`DropoutKey`]). `on_batch` sees each
+/// batch's size, mean loss and correct count. Returns the mean training loss and accuracy; a
+/// non-finite loss stops with the step number.
 pub fn train_epoch(
     model: &SequenceClassifier,
     opt: &mut Optimizer,
