@@ -21,9 +21,14 @@ mod cuda {
     pub fn build() -> Result<(), Box<dyn std::error::Error>> {
         cudaforge::KernelBuilder::new()
             .source_dir("kernels")
+            // The shared header: cudaforge recompiles a .cu when its own hash or a watched
+            // file changes.
+            .watch(["kernels/values.cuh"])
             .arg("-std=c++17")
             .arg("-O3")
-            .arg("--use_fast_math")
+            // No --use_fast_math: f32 division stays IEEE and subnormals are kept, so a pivot is
+            // rejected exactly when it is zero or not finite, as on the CPU; the kernels are
+            // memory-bound, so fast math would buy nothing. (nvcc still fuses a * b + c.)
             .build_ptx()?;
         Ok(())
     }

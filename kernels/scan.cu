@@ -11,6 +11,10 @@
 #define SCAN_SEGMENTS 8
 #define SCAN_SEG_LEN 8
 #define SCAN_CHUNK (SCAN_SEGMENTS * SCAN_SEG_LEN)
+// Blocks per SM that the register budget is sized for: 3, i.e. at most 80 registers a thread;
+// complex f64 (16-byte values) spills at 80 and gets 128 (2 blocks). ptxas -v, sm_70 and
+// sm_90: no kernel spills (scripts/kernel-resources.sh).
+#define SCAN_MIN_BLOCKS(V) (sizeof(V) > 8 ? 2 : 3)
 
 // Gate shapes (GateShape::code in Rust).
 #define GATE_FULL 0
@@ -24,17 +28,17 @@ struct Geometry {
     // Time of scan step j (scan order is reversed time for a reverse scan).
     __device__ __forceinline__ int time(int j) const { return reverse ? len - 1 - j : j; }
     // Element index of (bi, time t, d) in a (batch, len, chans) tensor.
-    __device__ __forceinline__ int64_t elem(int t) const {
-        return ((int64_t)bi * len + t) * chans + d;
+    __device__ __forceinline__ i64 elem(int t) const {
+        return ((i64)bi * len + t) * chans + d;
     }
-    __device__ __forceinline__ int64_t gate(int t) const {
+    __device__ __forceinline__ i64 gate(int t) const {
         switch (gate_shape) {
         case GATE_FULL: return elem(t);
-        case GATE_PER_STEP: return (int64_t)t * chans + d;
+        case GATE_PER_STEP: return (i64)t * chans + d;
         default: return d;
         }
     }
-    __device__ __forceinline__ int64_t state() const { return (int64_t)bi * chans + d; }
+    __device__ __forceinline__ i64 state() const { return (i64)bi * chans + d; }
 };
 
 // Pass 1 and the composition of the chunk (see src/ops/scan.rs): returns this thread's incoming
@@ -161,22 +165,27 @@ __device__ void scan_bwd(const T *__restrict__ a, const T *__restrict__ h,
 }
 
 #define SCAN_KERNELS(SUFFIX, T, OPS)                                                            \
-    extern "C" __global__ void __launch_bounds__(SCAN_TILE *SCAN_SEGMENTS, 3)                      \
+    extern "C" __global__ void __launch_bounds__(SCAN_TILE *SCAN_SEGMENTS, SCAN_MIN_BLOCKS(OPS::V))                      \
         scan_fwd_##SUFFIX(const T *a, const T *b, const T *h0, T *out, int batch, int len,      \
                           int chans, int gate_shape, int reverse) {                             \
         scan_fwd<T, OPS>(a, b, h0, out, len, chans, gate_shape, reverse);                       \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(SCAN_TILE *SCAN_SEGMENTS, 3)                      \
+    extern "C" __global__ void __launch_bounds__(SCAN_TILE *SCAN_SEGMENTS, SCAN_MIN_BLOCKS(OPS::V))                      \
         scan_bwd_##SUFFIX(const T *a, const T *h, const T *h0, const T *g, T *db, T *da,        \
                           T *dh0, int batch, int len, int chans, int gate_shape, int reverse) { \
         scan_bwd<T, OPS>(a, h, h0, g, db, da, dh0, len, chans, gate_shape, reverse);            \
     }
 
-SCAN_KERNELS(f32, float, RealOps<float>)
-SCAN_KERNELS(f32_c, float, ComplexOps<float>)
-SCAN_KERNELS(f64, double, RealOps<double>)
-SCAN_KERNELS(f64_c, double, ComplexOps<double>)
-SCAN_KERNELS(f16, __half, RealOps<float>)
-SCAN_KERNELS(f16_c, __half, ComplexOps<float>)
-SCAN_KERNELS(bf16, __nv_bfloat16, RealOps<float>)
-SCAN_KERNELS(bf16_c, __nv_bfloat16, ComplexOps<float>)
+// The instantiations: kernel-name suffix, storage type, arithmetic (the host harness in
+// tests/kernels_on_cpu registers the same list).
+#define SCAN_DTYPES(X) \
+    X(f32, float, RealOps<float>) \
+    X(f32_c, float, ComplexOps<float>) \
+    X(f64, double, RealOps<double>) \
+    X(f64_c, double, ComplexOps<double>) \
+    X(f16, __half, RealOps<float>) \
+    X(f16_c, __half, ComplexOps<float>) \
+    X(bf16, __nv_bfloat16, RealOps<float>) \
+    X(bf16_c, __nv_bfloat16, ComplexOps<float>)
+
+SCAN_DTYPES(SCAN_KERNELS)

@@ -30,7 +30,7 @@ struct TreeGeometry {
 // element is two scalars), so they work for real and complex alike.
 template <typename T, typename O, bool ADJ> struct TreeCoefs {
     const T *coef;
-    int64_t a, b, c; // element offsets of this tree's A, B and C
+    i64 a, b, c; // element offsets of this tree's A, B and C
     __device__ __forceinline__ typename O::V diag(int v) const {
         const typename O::V x = O::load(coef, a + v);
         return ADJ ? O::conj(x) : x;
@@ -47,8 +47,8 @@ template <typename T, typename O, bool ADJ>
 __device__ __forceinline__ TreeCoefs<T, O, ADJ> tree_coefs(const T *coef, int nodes, int heads,
                                                              int trees, int shared_coef) {
     const int tree = blockIdx.x;
-    const int64_t set = (int64_t)(shared_coef ? heads : trees) * nodes;
-    const int64_t off = (int64_t)(shared_coef ? tree % heads : tree) * nodes;
+    const i64 set = (i64)(shared_coef ? heads : trees) * nodes;
+    const i64 off = (i64)(shared_coef ? tree % heads : tree) * nodes;
     return TreeCoefs<T, O, ADJ>{coef, off, set + off, 2 * set + off};
 }
 
@@ -56,7 +56,7 @@ __device__ __forceinline__ TreeCoefs<T, O, ADJ> tree_coefs(const T *coef, int no
 // the element offset of this tree's right-hand sides.
 template <typename T, typename O, bool ADJ>
 __device__ void tree_solve_block(const TreeGeometry &g, const TreeCoefs<T, O, ADJ> &cf,
-                                 const T *__restrict__ rhs, int64_t rhs0, typename O::V *ab,
+                                 const T *__restrict__ rhs, i64 rhs0, typename O::V *ab,
                                  typename O::V *uh, int *status) {
     typedef typename O::V V;
     const int tid = threadIdx.x, r = g.r;
@@ -108,7 +108,7 @@ __device__ void tree_solve_block(const TreeGeometry &g, const TreeCoefs<T, O, AD
 // This block's workspace: dynamic shared memory, or its tree's slice of `global_ws`.
 template <typename V> __device__ __forceinline__ V *tree_workspace(V *global_ws, int per_tree) {
     extern __shared__ __align__(16) unsigned char smem[];
-    return global_ws ? global_ws + (int64_t)blockIdx.x * per_tree : reinterpret_cast<V *>(smem);
+    return global_ws ? global_ws + (i64)blockIdx.x * per_tree : reinterpret_cast<V *>(smem);
 }
 
 template <typename T, typename O>
@@ -118,7 +118,7 @@ __device__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g,
     V *ab = tree_workspace<V>(global_ws, g.nodes * (1 + g.r));
     V *uh = ab + g.nodes;
     const auto cf = tree_coefs<T, O, false>(coef, g.nodes, heads, gridDim.x, shared_coef);
-    const int64_t x0 = (int64_t)blockIdx.x * g.nodes * g.r;
+    const i64 x0 = (i64)blockIdx.x * g.nodes * g.r;
     tree_solve_block<T, O, false>(g, cf, u, x0, ab, uh, status);
     for (int i = threadIdx.x; i < g.nodes * g.r; i += blockDim.x) O::store(x, x0 + i, uh[i]);
 }
@@ -135,10 +135,10 @@ __device__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef
     V *ab = tree_workspace<V>(global_ws, g.nodes * (1 + g.r));
     V *lam = ab + g.nodes;
     const auto cf = tree_coefs<T, O, true>(coef, g.nodes, heads, gridDim.x, shared_coef);
-    const int64_t x0 = (int64_t)blockIdx.x * g.nodes * g.r;
+    const i64 x0 = (i64)blockIdx.x * g.nodes * g.r;
     tree_solve_block<T, O, true>(g, cf, gx, x0, ab, lam, status);
     const int r = g.r, root = g.nodes - 1;
-    const int64_t set = (int64_t)gridDim.x * g.nodes, d0 = (int64_t)blockIdx.x * g.nodes;
+    const i64 set = (i64)gridDim.x * g.nodes, d0 = (i64)blockIdx.x * g.nodes;
     for (int i = threadIdx.x; i < g.nodes * r; i += blockDim.x) O::store(du, x0 + i, lam[i]);
     for (int v = threadIdx.x; v < g.nodes; v += blockDim.x) {
         const int p = g.parent[v];
@@ -173,11 +173,16 @@ __device__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef
         tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, heads, shared_coef, global_ws, status);     \
     }
 
-TREE_KERNELS(f32, float, RealOps<float>)
-TREE_KERNELS(f32_c, float, ComplexOps<float>)
-TREE_KERNELS(f64, double, RealOps<double>)
-TREE_KERNELS(f64_c, double, ComplexOps<double>)
-TREE_KERNELS(f16, __half, RealOps<float>)
-TREE_KERNELS(f16_c, __half, ComplexOps<float>)
-TREE_KERNELS(bf16, __nv_bfloat16, RealOps<float>)
-TREE_KERNELS(bf16_c, __nv_bfloat16, ComplexOps<float>)
+// The instantiations: kernel-name suffix, storage type, arithmetic (the host harness in
+// tests/kernels_on_cpu registers the same list).
+#define TREE_DTYPES(X) \
+    X(f32, float, RealOps<float>) \
+    X(f32_c, float, ComplexOps<float>) \
+    X(f64, double, RealOps<double>) \
+    X(f64_c, double, ComplexOps<double>) \
+    X(f16, __half, RealOps<float>) \
+    X(f16_c, __half, ComplexOps<float>) \
+    X(bf16, __nv_bfloat16, RealOps<float>) \
+    X(bf16_c, __nv_bfloat16, ComplexOps<float>)
+
+TREE_DTYPES(TREE_KERNELS)

@@ -3,7 +3,10 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <stdint.h>
+
+// 64-bit element offsets. Not i64: NVRTC (the sm_70 check of scripts/kernel-resources.sh)
+// has no <stdint.h>.
+typedef long long i64;
 
 __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
@@ -24,10 +27,10 @@ template <typename F> struct RealOps {
     static __device__ __forceinline__ V conj(V a) { return a; }
     static __device__ __forceinline__ V sub(V a, V b) { return a - b; }
     static __device__ __forceinline__ V inv(V a) { return F(1) / a; }
-    template <typename T> static __device__ __forceinline__ V load(const T *p, int64_t e) {
+    template <typename T> static __device__ __forceinline__ V load(const T *p, i64 e) {
         return to_acc(p[e]);
     }
-    template <typename T> static __device__ __forceinline__ void store(T *p, int64_t e, V v) {
+    template <typename T> static __device__ __forceinline__ void store(T *p, i64 e, V v) {
         store_s(p + e, v);
     }
 };
@@ -50,10 +53,10 @@ template <typename F> struct ComplexOps {
         const F n = a.re * a.re + a.im * a.im;
         return {a.re / n, -a.im / n};
     }
-    template <typename T> static __device__ __forceinline__ V load(const T *p, int64_t e) {
+    template <typename T> static __device__ __forceinline__ V load(const T *p, i64 e) {
         return {to_acc(p[2 * e]), to_acc(p[2 * e + 1])};
     }
-    template <typename T> static __device__ __forceinline__ void store(T *p, int64_t e, V v) {
+    template <typename T> static __device__ __forceinline__ void store(T *p, i64 e, V v) {
         store_s(p + 2 * e, v.re);
         store_s(p + 2 * e + 1, v.im);
     }

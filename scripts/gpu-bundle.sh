@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the cuda-featured test binaries and `myo` in release and packs them, with a runner,
+# Builds the CUDA test binaries (tests/cuda_*.rs) and `myo` in release and packs them, with a runner,
 # into gpu-bundle/ (git-ignored, well under 64 MiB), to carry to a GPU machine that has the CUDA
 # libraries but no Rust toolchain. There:   bash gpu-bundle/run.sh [REPORT_DIR]
 #
@@ -20,8 +20,11 @@ tests=$(cargo test --release --features cuda --target-dir "$target" --no-run --m
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
-        print(m["target"]["name"], m["executable"])')
+    t = m.get("target", {})
+    # The GPU tests; the rest of the suite runs in CI on the CPU.
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and t["kind"] == ["test"] \
+            and t["name"].startswith("cuda_"):
+        print(t["name"], m["executable"])')
 [ -n "$tests" ] || { echo "gpu-bundle: no test binaries were built" >&2; exit 1; }
 
 out=$repo/gpu-bundle
@@ -48,4 +51,5 @@ fi
 cp scripts/gpu-run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
 du -h "$out"/* >&2
-echo "gpu-bundle: ready in $out (commit $(cat "$stage/COMMIT"), sm_$CUDA_COMPUTE_CAP)" >&2
+echo "gpu-bundle: ready in $out (commit $(cat "$stage/COMMIT"), sm_$CUDA_COMPUTE_CAP): see" \
+  "the first lines of its run.sh for the GPUs and drivers it supports" >&2

@@ -25,11 +25,39 @@ done
 found=$(IFS=:; echo "${libdirs[*]:-}")
 export LD_LIBRARY_PATH=$found${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
+# What this bundle supports: PTX built with CUDA 13.0 (a driver for CUDA 13.0 or newer) for
+# compute capability $built. From 9.0 on, cudaforge (like candle's own kernels) builds the
+# arch-specific variant (sm_90a), which runs on that compute capability only; older targets
+# are plain PTX, which newer GPUs compile at load time.
+built=$(cat "$work/COMPUTE_CAP")
+gpu=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | head -1)
+have=$(echo "$gpu" | sed -n 's/.*, *\([0-9]*\)\.\([0-9]*\)$/\1\2/p')
+driver_cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\.[0-9]*\).*/\1/p' | head -1)
+cc() { echo "$(($1 / 10)).$(($1 % 10))"; }
+if [ "$built" -ge 90 ]; then
+  supports="GPUs of compute capability $(cc "$built") (sm_${built}a)"
+else
+  supports="GPUs of compute capability $(cc "$built") or newer"
+fi
+supports="This bundle runs on $supports with a driver for CUDA 13.0 or newer."
+if [ -z "$have" ]; then
+  echo "gpu-run: no GPU found (nvidia-smi answered: ${gpu:-nothing}). $supports" | tee -a "$report/run.log" >&2
+  exit 2
+fi
+if [ "$have" -lt "$built" ] || { [ "$built" -ge 90 ] && [ "$have" -ne "$built" ]; }; then
+  echo "gpu-run: the GPU is $gpu (compute capability $(cc "$have")). $supports Rebuild it with CUDA_COMPUTE_CAP=$have scripts/gpu-bundle.sh (sm_70 needs a CUDA 12 toolkit)." | tee -a "$report/run.log" >&2
+  exit 2
+fi
+if [ -z "$driver_cuda" ] || [ "${driver_cuda%%.*}" -lt 13 ]; then
+  echo "gpu-run: the driver supports CUDA ${driver_cuda:-unknown}. $supports" | tee -a "$report/run.log" >&2
+  exit 2
+fi
+
 {
   echo "# GPU report"
   echo
   echo "- commit: $(cat "$work/COMMIT"), built for sm_$(cat "$work/COMPUTE_CAP")"
-  echo "- device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo unknown)"
+  echo "- device: $(nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo unknown), driver for CUDA $driver_cuda"
   echo "- date: $(date -u +%F)"
   echo
   echo "## Tests"

@@ -151,3 +151,46 @@ fn cuda_singular_pivot_is_an_error() {
         .to_string();
     assert!(err.contains("node 1") && err.contains("singular"), "{err}");
 }
+
+/// `tree_solve_backward` (what `myo bench tree --backward` times) runs on CUDA and equals the
+/// CPU's.
+#[test]
+fn cuda_public_backward_equals_the_cpu() {
+    let Some(gpu) = gpu("cuda_public_backward_equals_the_cpu") else {
+        return;
+    };
+    let (mut rng, seed) = seeded_rng("cuda public backward", 21);
+    let tree = Tree::perfect(64, 4).unwrap();
+    let case = TreeCase {
+        batch: 3,
+        heads: 2,
+        d: 1,
+        r: 2,
+        shared: true,
+        complex: true,
+    };
+    let n = tree.len();
+    let x = random_tree_inputs(&tree, &case, &mut rng);
+    let g: Vec<f64> = (0..x.u.len())
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let opts = TreeSolveOptions { complex: true };
+    let grads = |dev: &Device| {
+        let t = |v: &[f64], s: Vec<usize>| tensor(v, &s, DType::F64, dev);
+        let (a, b, c) = (
+            t(&x.a, case.coef_shape(n)),
+            t(&x.b, case.coef_shape(n)),
+            t(&x.c, case.coef_shape(n)),
+        );
+        let u = t(&x.u, case.u_shape(n));
+        let sol = tree_solve(&tree, &a, &b, &c, &u, opts).unwrap();
+        let gr = t(&g, case.u_shape(n));
+        let gr = myosotis::ops::tree_solve_backward(&tree, &a, &b, &c, &sol, &gr, opts).unwrap();
+        [gr.u, gr.a, gr.b, gr.c].map(|t| to_vec(&t))
+    };
+    let (cuda, cpu) = (grads(&gpu), grads(&Device::Cpu));
+    for (k, what) in ["du", "da", "db", "dc"].iter().enumerate() {
+        let e = rel_err(&cuda[k], &cpu[k]);
+        assert!(e < 1e-12, "{what}: CUDA vs CPU {e:e} (seed {seed})");
+    }
+}

@@ -388,3 +388,48 @@ fn singular_pivots_and_bad_shapes_are_errors() {
         assert!(msg.contains("tree_solve"), "{what}: {msg}");
     }
 }
+
+/// The public backward equals autograd through the op (f64), and takes f16/bf16 on the CPU as
+/// the forward does (computed in f32, rounded once).
+#[test]
+fn public_backward_equals_autograd_and_takes_half_precision() {
+    let (mut rng, seed) = seeded_rng("tree_solve_backward", 31);
+    let tree = Tree::ragged(50, 3).unwrap();
+    let n = tree.len();
+    let case = TreeCase {
+        batch: 2,
+        heads: 3,
+        d: 1,
+        r: 2,
+        shared: true,
+        complex: true,
+    };
+    let x = random_tree_inputs(&tree, &case, &mut rng);
+    let w: Vec<f64> = (0..x.u.len())
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let [sol, gu, ga, gb, gc] = grads_with(tree_solve, &tree, &case, &x, &w);
+    let opts = TreeSolveOptions { complex: true };
+    let public = |dtype: DType| {
+        let t = |v: &[f64], s: Vec<usize>| tensor(v, &s, dtype, &Device::Cpu);
+        let (a, b, c) = (
+            t(&x.a, case.coef_shape(n)),
+            t(&x.b, case.coef_shape(n)),
+            t(&x.c, case.coef_shape(n)),
+        );
+        let (sol, w) = (t(&sol, case.u_shape(n)), t(&w, case.u_shape(n)));
+        let g = myosotis::ops::tree_solve_backward(&tree, &a, &b, &c, &sol, &w, opts).unwrap();
+        assert_eq!(g.u.dtype(), dtype);
+        [g.u, g.a, g.b, g.c].map(|t| to_vec(&t))
+    };
+    for (dtype, tol) in [(DType::F64, 1e-12), (DType::F16, 4e-3), (DType::BF16, 3e-2)] {
+        let got = public(dtype);
+        for (k, (what, want)) in [("u", &gu), ("a", &ga), ("b", &gb), ("c", &gc)]
+            .into_iter()
+            .enumerate()
+        {
+            let e = rel_err(&got[k], want);
+            assert!(e < tol, "∂{what} {dtype:?}: {e:e} (seed {seed})");
+        }
+    }
+}

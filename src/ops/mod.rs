@@ -1,9 +1,11 @@
-//! Differentiable custom ops, one per file: the candle `CustomOp` glue, the CPU implementation
-//! (the "twin" of the CUDA kernel, following the same algorithm) and the CUDA launch code.
+//! Differentiable custom ops. The two kernel-backed ops have a folder each (`scan/`,
+//! `tree_solve/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, a plain-candle
+//! reference, the launch plans); the small fused CPU ops are one file each.
 
 pub mod channel;
 pub mod gelu;
 pub mod layer_norm;
+pub mod plan;
 pub mod scan;
 pub mod transpose;
 pub mod tree_solve;

@@ -52,6 +52,19 @@ pub fn fresh_rng(test: &str) -> (StdRng, u64) {
     (StdRng::seed_from_u64(seed), seed)
 }
 
+/// A generator seeded with `MYO_TEST_SEED` when set (to explore other inputs), else with
+/// `default`, so that a run is reproducible; the seed is printed for a failing run to repeat.
+pub fn seeded_rng(test: &str, default: u64) -> (StdRng, u64) {
+    let seed = match std::env::var("MYO_TEST_SEED") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|_| panic!("MYO_TEST_SEED={s} is not an unsigned integer")),
+        Err(_) => default,
+    };
+    eprintln!("{test}: seed {seed}");
+    (StdRng::seed_from_u64(seed), seed)
+}
+
 /// One scan case: shapes and options.
 #[derive(Clone, Copy, Debug)]
 pub struct Case {

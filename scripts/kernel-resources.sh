@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Compiles kernels/*.cu for the GPUs we target and prints ptxas's resources per kernel
+# (registers, spill stores and loads, stack, static shared memory); fails when a kernel spills.
+#
+#   scripts/kernel-resources.sh [sm_70] [sm_90]      (default: both)
+#
+# sm_90 (Hopper): nvcc from scripts/cuda-toolchain.sh (CUDA 13), as build.rs compiles.
+# sm_70 (V100): CUDA 13 no longer targets it, and PyPI has no CUDA 12 nvcc front end, so the
+# CUDA 12.6 wheels of NVRTC (C++ to PTX for compute_70), ptxas and the runtime headers are
+# installed into a cache (~45 MB) and the kernels compiled with NVRTC, then ptxas.
+# Cache: $MYO_CUDA12_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/myosotis/cuda-12.6.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+archs=("$@")
+[ ${#archs[@]} -gt 0 ] || archs=(sm_70 sm_90)
+# The flags of build.rs.
+flags=(-std=c++17)
+
+# ptxas -v output on stdin -> a table; exit 1 when a kernel spills more than `allowed` bytes.
+# The real f64 tree kernels keep a 16-byte stack frame with up to 20 bytes of spills at 40
+# registers (so not register pressure; not the f64 reciprocal either: it stays when that is
+# removed). It is in the per-node path, not per element; up to 32 bytes are let through there.
+report_py=$(cat <<'PY'
+import re, sys
+rows, cur = {}, None
+for line in sys.stdin:
+    m = re.search(r"Compiling entry function .(\w+). for .(\w+).", line)
+    if m:
+        cur = m.group(1)
+        rows[cur] = dict(regs=0, st=0, ld=0, stack=0, smem=0)
+        continue
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+    if m and cur:
+        rows[cur].update(stack=int(m.group(1)), st=int(m.group(2)), ld=int(m.group(3)))
+    m = re.search(r"Used (\d+) registers", line)
+    if m and cur:
+        s = re.search(r"(\d+) bytes smem", line)
+        rows[cur].update(regs=int(m.group(1)), smem=int(s.group(1)) if s else 0)
+if not rows:
+    sys.exit("no ptxas report read")
+print(f"{'kernel':18} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'stack':>6} {'smem':>6}")
+for k in sorted(rows):
+    r = rows[k]
+    print(f"{k:18} {r['regs']:5} {r['st']:9} {r['ld']:9} {r['stack']:6} {r['smem']:6}")
+allowed = lambda k: 32 if k.startswith("tree_") and k.endswith("_f64") else 0
+bad = [k for k, r in rows.items() if max(r["st"], r["ld"]) > allowed(k)]
+if bad:
+    sys.exit("spills: " + ", ".join(sorted(bad)))
+print(f"{len(rows)} kernels, no spills beyond the f64 tree kernels' small frame")
+PY
+)
+report() { python3 -c "$report_py"; }
+
+sm_90() {
+  if ! command -v nvcc >/dev/null; then
+    eval "$("$repo/scripts/cuda-toolchain.sh")"
+  fi
+  echo "== sm_90: $(nvcc --version | tail -1)"
+  for cu in "$repo"/kernels/*.cu; do
+    nvcc -arch=sm_90 -cubin "${flags[@]}" -O3 -Xptxas -v "$cu" -o /dev/null 2>&1
+  done | report
+}
+
+sm_70() {
+  local cache=${MYO_CUDA12_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/myosotis/cuda-12.6}
+  if [ ! -f "$cache/.complete-v1" ]; then
+    mkdir -p "$cache/wheels"
+    echo "kernel-resources: downloading the CUDA 12.6 NVRTC, ptxas and headers into $cache" >&2
+    python3 -m pip download -q --no-deps --only-binary=:all: \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux_2_12_x86_64 --platform manylinux_2_5_x86_64 -d "$cache/wheels" \
+      nvidia-cuda-nvrtc-cu12==12.6.85 nvidia-cuda-nvcc-cu12==12.6.85 \
+      nvidia-cuda-runtime-cu12==12.6.77 >&2
+    for w in "$cache"/wheels/*.whl; do python3 -m zipfile -e "$w" "$cache"; done
+    chmod +x "$cache"/nvidia/cuda_nvcc/bin/ptxas
+    touch "$cache/.complete-v1"
+  fi
+  local nv=$cache/nvidia ptx
+  ptx=$(mktemp -d)
+  echo "== sm_70: NVRTC and $("$nv"/cuda_nvcc/bin/ptxas --version | tail -1)"
+  for cu in "$repo"/kernels/*.cu; do
+    python3 - "$nv/cuda_nvrtc/lib/libnvrtc.so.12" "$cu" "$ptx/$(basename "$cu").ptx" \
+      --gpu-architecture=compute_70 "${flags[@]}" -I"$repo/kernels" \
+      -I"$nv/cuda_runtime/include" <<'PY'
+import ctypes, sys
+nvrtc = ctypes.CDLL(sys.argv[1])
+src, out, opts = sys.argv[2], sys.argv[3], [o.encode() for o in sys.argv[4:]]
+prog = ctypes.c_void_p()
+assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), open(src, "rb").read(), src.encode(), 0, None, None) == 0
+rc = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+n = ctypes.c_size_t()
+nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+log = ctypes.create_string_buffer(n.value)
+nvrtc.nvrtcGetProgramLog(prog, log)
+# NVRTC 12.6 warns that sm_70 is deprecated; anything else is shown.
+text = "\n".join(l for l in log.value.decode().splitlines() if "deprecated" not in l).strip()
+if text:
+    print(text, file=sys.stderr)
+if rc != 0:
+    sys.exit(f"NVRTC could not compile {src}")
+nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(n))
+ptx = ctypes.create_string_buffer(n.value)
+nvrtc.nvrtcGetPTX(prog, ptx)
+open(out, "wb").write(ptx.value)
+PY
+    "$nv"/cuda_nvcc/bin/ptxas -v --gpu-name sm_70 "$ptx/$(basename "$cu").ptx" -o /dev/null 2>&1
+  done | report
+  rm -rf "$ptx"
+}
+
+for a in "${archs[@]}"; do
+  case $a in
+    sm_70) sm_70 ;;
+    sm_90) sm_90 ;;
+    *) echo "kernel-resources: unknown target $a (sm_70 or sm_90)" >&2; exit 2 ;;
+  esac
+done

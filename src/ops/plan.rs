@@ -1,0 +1,100 @@
+//! Launch plans of the CUDA kernels in `kernels/`: everything one launch needs besides the
+//! memory itself — kernel name, grid, block, dynamic shared memory, the argument list and the
+//! sizes of what the launch allocates — computed by a pure function per op (`scan::cuda`,
+//! `tree_solve::cuda`). The CUDA launch (`crate::cuda::launch`, feature `cuda`) executes a plan
+//! on candle's device; the host harness in `tests/kernels_on_cpu` executes the same plan with
+//! the kernels compiled as C++ on the CPU, so the tests exercise our launch arithmetic too.
+
+use candle_core::{bail, DType, Result};
+
+/// One kernel argument, in the kernel's parameter order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelArg {
+    /// A pointer to the op's `i`-th input (read only; the order is the plan function's).
+    Input(usize),
+    /// A pointer to the `i`-th output: [`LaunchPlan::outputs`]`[i]` elements of the op's dtype,
+    /// uninitialised before the launch (the kernel writes every element).
+    Output(usize),
+    /// A pointer to [`LaunchPlan::tables`]`[i]`, 32-bit integers copied to the device.
+    Table(usize),
+    /// A pointer to the global workspace of [`LaunchPlan::workspace_bytes`] bytes,
+    /// uninitialised (the kernel writes before it reads).
+    Workspace,
+    /// A null pointer.
+    Null,
+    /// A pointer to one `int`, zero before the launch: the kernel's error report.
+    Status,
+    /// An `int` by value.
+    I32(i32),
+}
+
+/// One kernel launch. See the module docs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchPlan {
+    /// The `extern "C"` kernel name in `kernels/*.cu`.
+    pub kernel: String,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, in bytes. Above [`SharedMemory::DEFAULT`] the launch
+    /// must first raise the kernel's limit (an opt-in).
+    pub shared_bytes: usize,
+    pub args: Vec<KernelArg>,
+    /// Elements of each output.
+    pub outputs: Vec<usize>,
+    pub tables: Vec<Vec<u32>>,
+    pub workspace_bytes: usize,
+}
+
+impl LaunchPlan {
+    /// Whether the launch needs more dynamic shared memory than a kernel gets by default.
+    pub fn opts_in_to_shared(&self) -> bool {
+        self.shared_bytes > SharedMemory::DEFAULT
+    }
+}
+
+/// The dynamic shared memory a device grants one block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedMemory {
+    /// The most one block may have, opting in above [`SharedMemory::DEFAULT`]
+    /// (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: 96 KiB on V100, 163 KiB on A100, 227 KiB on H100).
+    pub per_block: usize,
+}
+
+impl SharedMemory {
+    /// What every kernel gets without opting in.
+    pub const DEFAULT: usize = 48 * 1024;
+    pub const V100: SharedMemory = SharedMemory {
+        per_block: 96 * 1024,
+    };
+    pub const H100: SharedMemory = SharedMemory {
+        per_block: 227 * 1024,
+    };
+
+    /// Whether a block can have `bytes` of dynamic shared memory.
+    pub fn fits(&self, bytes: usize) -> bool {
+        bytes <= self.per_block
+    }
+}
+
+/// The kernel name of `stem` for a dtype, real or complex: `scan_fwd_f32`, `tree_bwd_bf16_c`.
+pub fn kernel_name(stem: &str, dtype: DType, complex: bool) -> Result<String> {
+    let suffix = match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        dt => bail!("no CUDA kernel for dtype {dt:?}"),
+    };
+    Ok(format!(
+        "{stem}_{suffix}{}",
+        if complex { "_c" } else { "" }
+    ))
+}
+
+/// `v` as a kernel `int`, or an error naming `what` of `op`.
+pub(crate) fn int_arg(op: &str, what: &str, v: usize) -> Result<i32> {
+    match i32::try_from(v) {
+        Ok(v) => Ok(v),
+        Err(_) => bail!("{op}: {what} {v} is too large for the CUDA kernel"),
+    }
+}

@@ -1,0 +1,230 @@
+//! The launches of `kernels/tree_solve.cu` (scalar blocks, d = 1): their plans (pure functions,
+//! executed by the CUDA launch below and by the host harness in `tests/kernels_on_cpu`) and,
+//! with the `cuda` feature, their execution on candle's stream.
+//!
+//! Grid: one block of [`THREADS`] threads per (batch, head) tree. Per-node state — n·(1 + r)
+//! values in the accumulation type (f32, or f64 for f64) — lives in dynamic shared memory when
+//! the device grants that much to a block (opting in above 48 KiB), else in a global workspace
+//! with one slice per tree.
+
+use candle_core::{bail, DType, Result, Tensor};
+
+use super::{check_args, Dims, TreeSolveOp, TreeSolveOptions};
+use crate::ops::plan::{int_arg, kernel_name, KernelArg, LaunchPlan, SharedMemory};
+use crate::tree::Tree;
+
+/// Threads per block (TREE_THREADS in the kernel).
+pub const THREADS: u32 = 256;
+
+impl TreeSolveOp {
+    /// Bytes of per-node state one tree needs.
+    fn workspace_per_tree(&self, dtype: DType) -> usize {
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        let w = if self.opts.complex { 2 } else { 1 };
+        self.dims.nodes * (1 + self.dims.r) * acc * w
+    }
+
+    /// The launch of `stem` with `inputs` tensor arguments and the outputs that follow them.
+    fn plan(
+        &self,
+        stem: &str,
+        dtype: DType,
+        shared: SharedMemory,
+        inputs: usize,
+        outputs: Vec<usize>,
+    ) -> Result<LaunchPlan> {
+        let Dims {
+            batch,
+            heads,
+            nodes,
+            d,
+            r,
+            shared: shared_coef,
+        } = self.dims;
+        if d != 1 {
+            bail!("tree_solve: the CUDA kernel covers scalar blocks (d = 1) only, got d = {d}");
+        }
+        let op = "tree_solve";
+        let trees = int_arg(op, "batch × heads", batch * heads)?;
+        let bytes = self.workspace_per_tree(dtype);
+        let in_shared = shared.fits(bytes);
+        let tree = &self.tree;
+        let table = |v: &[usize]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
+        let mut args: Vec<KernelArg> = (0..inputs)
+            .map(KernelArg::Input)
+            .chain((0..outputs.len()).map(KernelArg::Output))
+            .chain((0..3).map(KernelArg::Table))
+            .collect();
+        args.extend([
+            KernelArg::I32(int_arg(op, "levels", tree.levels())?),
+            KernelArg::I32(int_arg(op, "nodes", nodes)?),
+            KernelArg::I32(int_arg(op, "r", r)?),
+            KernelArg::I32(int_arg(op, "heads", heads)?),
+            KernelArg::I32(shared_coef as i32),
+            if in_shared {
+                KernelArg::Null
+            } else {
+                KernelArg::Workspace
+            },
+            KernelArg::Status,
+        ]);
+        Ok(LaunchPlan {
+            kernel: kernel_name(stem, dtype, self.opts.complex)?,
+            grid: [trees as u32, 1, 1],
+            block: [THREADS, 1, 1],
+            shared_bytes: if in_shared { bytes } else { 0 },
+            args,
+            outputs,
+            tables: vec![
+                table(tree.level_starts()),
+                table(tree.child_starts()),
+                table(tree.parents()),
+            ],
+            workspace_bytes: if in_shared { 0 } else { trees as usize * bytes },
+        })
+    }
+
+    fn rhs_len(&self) -> usize {
+        let Dims {
+            batch,
+            heads,
+            nodes,
+            r,
+            ..
+        } = self.dims;
+        batch * heads * nodes * r * if self.opts.complex { 2 } else { 1 }
+    }
+
+    /// `tree_fwd`: inputs (u, coef = [A; B; C]), output x.
+    fn forward_plan(&self, dtype: DType, shared: SharedMemory) -> Result<LaunchPlan> {
+        self.plan("tree_fwd", dtype, shared, 2, vec![self.rhs_len()])
+    }
+
+    /// `tree_bwd`: inputs (∂x, coef, x), outputs ∂u and the per-tree coefficient gradients
+    /// (3, batch, heads, nodes[, 2]).
+    fn backward_plan(&self, dtype: DType, shared: SharedMemory) -> Result<LaunchPlan> {
+        let Dims {
+            batch,
+            heads,
+            nodes,
+            ..
+        } = self.dims;
+        let w = if self.opts.complex { 2 } else { 1 };
+        let dcoef = 3 * batch * heads * nodes * w;
+        self.plan("tree_bwd", dtype, shared, 3, vec![self.rhs_len(), dcoef])
+    }
+}
+
+fn op_for(
+    tree: &Tree,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    u: &Tensor,
+    opts: TreeSolveOptions,
+) -> Result<TreeSolveOp> {
+    let dims = check_args(tree, a, b, c, u, opts)?;
+    Ok(TreeSolveOp {
+        tree: std::sync::Arc::new(tree.clone()),
+        dims,
+        opts,
+    })
+}
+
+/// The launch that `tree_solve(tree, a, b, c, u, opts)` makes on a GPU granting `shared`. Its
+/// inputs are (u, coef) with coef = [a; b; c] stacked on a new first axis; its output is x. The
+/// status word is 1 + the first node with a bad pivot, or 0.
+pub fn forward_plan(
+    tree: &Tree,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    u: &Tensor,
+    opts: TreeSolveOptions,
+    shared: SharedMemory,
+) -> Result<LaunchPlan> {
+    op_for(tree, a, b, c, u, opts)?.forward_plan(u.dtype(), shared)
+}
+
+/// The launch of the backward of `tree_solve` on a GPU granting `shared`. Its inputs are
+/// (∂x, coef, x); its outputs ∂u and the coefficient gradients per tree, (3, batch, heads,
+/// nodes[, 2]) (the op sums them over the batch for shared coefficients).
+pub fn backward_plan(
+    tree: &Tree,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    x: &Tensor,
+    opts: TreeSolveOptions,
+    shared: SharedMemory,
+) -> Result<LaunchPlan> {
+    op_for(tree, a, b, c, x, opts)?.backward_plan(x.dtype(), shared)
+}
+
+#[cfg(feature = "cuda")]
+pub(super) use launch::{backward, forward};
+
+#[cfg(feature = "cuda")]
+mod launch {
+    use candle_core::op::BackpropOp;
+    use candle_core::{bail, CudaStorage, Layout, Result, Storage, Tensor};
+
+    use super::super::{Side, TreeSolveOp};
+    use crate::cuda::{self, TREE_SOLVE};
+
+    /// The error for a status word the kernel set (1 + the first bad node).
+    fn check_status(op: &TreeSolveOp, status: i32, side: Side) -> Result<()> {
+        match status {
+            0 => Ok(()),
+            // The kernel reports the first bad node, not its tree.
+            s => Err(op.pivot_error(side, None, (s - 1) as usize)),
+        }
+    }
+
+    pub(in crate::ops::tree_solve) fn forward(
+        op: &TreeSolveOp,
+        u: (&CudaStorage, &Layout),
+        coef: (&CudaStorage, &Layout),
+    ) -> Result<CudaStorage> {
+        let dev = u.0.device();
+        let plan = op.forward_plan(u.0.dtype(), cuda::shared_memory(dev)?)?;
+        let mut out = cuda::launch(dev, TREE_SOLVE, &plan, &[u, coef])?;
+        check_status(op, out.status, Side::Forward)?;
+        Ok(out.outputs.remove(0))
+    }
+
+    pub(in crate::ops::tree_solve) fn backward(
+        op: &TreeSolveOp,
+        coef: &Tensor,
+        x: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let x = x.contiguous()?;
+        let guards = [g, coef, &x].map(|t| t.storage_and_layout());
+        let mut inputs = Vec::with_capacity(3);
+        for (s, l) in &guards {
+            let Storage::Cuda(s) = &**s else {
+                bail!("tree_solve backward: tensors are not all on the same CUDA device")
+            };
+            inputs.push((s, *l));
+        }
+        let dev = inputs[0].0.device().clone();
+        let plan = op.backward_plan(g.dtype(), cuda::shared_memory(&dev)?)?;
+        let out = cuda::launch(&dev, TREE_SOLVE, &plan, &inputs)?;
+        check_status(op, out.status, Side::Adjoint)?;
+        let dims = op.dims;
+        let tail: &[usize] = if op.opts.complex { &[2] } else { &[] };
+        let shapes = [
+            g.dims().to_vec(),
+            [&[3, dims.batch, dims.heads, dims.nodes, 1, 1][..], tail].concat(),
+        ];
+        let mut wrapped = out.outputs.into_iter().zip(shapes).map(|(s, shape)| {
+            Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false)
+        });
+        let du = wrapped.next().expect("two outputs");
+        let dcoef = wrapped.next().expect("two outputs");
+        // Per-tree gradients; shared coefficients sum them over the batch.
+        let dcoef = if dims.shared { dcoef.sum(1)? } else { dcoef };
+        Ok((du, dcoef))
+    }
+}

@@ -1,0 +1,224 @@
+//! Executes a [`LaunchPlan`] with the host harness, as `myosotis::cuda::launch` does on a GPU:
+//! every buffer the plan names is allocated here, between canaries. Outputs and the workspace
+//! start as 0xff bytes (NaN in every float format), so an element the kernel does not write, or
+//! reads before writing, shows up; inputs and tables must come back unchanged and every
+//! canary intact.
+
+use std::ffi::c_void;
+
+use candle_core::DType;
+use half::{bf16, f16};
+use kernels_on_cpu::{launch, Arg, Launch, Order};
+use myosotis::ops::plan::{KernelArg, LaunchPlan};
+
+/// Bytes of canary on each side of a buffer (a multiple of the 16-byte alignment).
+const CANARY: usize = 64;
+const POISON: u8 = 0xff;
+
+/// A buffer with canaries around it, 16-byte aligned.
+struct Guarded {
+    words: Vec<u128>,
+    len: usize,
+}
+
+impl Guarded {
+    fn filled(len: usize, fill: u8) -> Self {
+        let words = vec![u128::from_ne_bytes([POISON; 16]); (2 * CANARY + len).div_ceil(16)];
+        let mut g = Guarded { words, len };
+        g.data_mut().fill(fill);
+        g
+    }
+    fn with(data: &[u8]) -> Self {
+        let mut g = Self::filled(data.len(), 0);
+        g.data_mut().copy_from_slice(data);
+        g
+    }
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: plain bytes of the words.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.words.len() * 16) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast(), self.words.len() * 16)
+        }
+    }
+    fn data(&self) -> &[u8] {
+        &self.bytes()[CANARY..CANARY + self.len]
+    }
+    fn data_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.bytes_mut()[CANARY..CANARY + len]
+    }
+    fn ptr(&mut self) -> *mut c_void {
+        self.data_mut().as_mut_ptr().cast()
+    }
+    fn canaries_intact(&self) -> bool {
+        let b = self.bytes();
+        b[..CANARY]
+            .iter()
+            .chain(&b[CANARY + self.len..])
+            .all(|&x| x == POISON)
+    }
+}
+
+/// `v` stored in `dtype` (rounded to nearest even).
+pub fn to_bytes(v: &[f64], dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::F64 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::F32 => v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+        DType::F16 => v
+            .iter()
+            .flat_map(|&x| f16::from_f64(x).to_le_bytes())
+            .collect(),
+        DType::BF16 => v
+            .iter()
+            .flat_map(|&x| bf16::from_f64(x).to_le_bytes())
+            .collect(),
+        dt => panic!("no kernels for {dt:?}"),
+    }
+}
+
+pub fn from_bytes(b: &[u8], dtype: DType) -> Vec<f64> {
+    match dtype {
+        DType::F64 => b
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        DType::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
+        DType::F16 => b
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f64())
+            .collect(),
+        DType::BF16 => b
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f64())
+            .collect(),
+        dt => panic!("no kernels for {dt:?}"),
+    }
+}
+
+/// `v` rounded to `dtype` and back.
+pub fn round_to(v: &[f64], dtype: DType) -> Vec<f64> {
+    from_bytes(&to_bytes(v, dtype), dtype)
+}
+
+/// What a launch produced: the outputs as f64, and the status word.
+#[derive(Debug, PartialEq)]
+pub struct HostRun {
+    pub outputs: Vec<Vec<f64>>,
+    pub status: i32,
+}
+
+/// Runs `plan` in `dtype` on `inputs` (converted to `dtype`) in thread order `order`.
+pub fn run(
+    plan: &LaunchPlan,
+    dtype: DType,
+    inputs: &[&[f64]],
+    order: Order,
+) -> Result<HostRun, String> {
+    let esize = dtype.size_in_bytes();
+    let input_bytes: Vec<Vec<u8>> = inputs.iter().map(|v| to_bytes(v, dtype)).collect();
+    let mut ins: Vec<Guarded> = input_bytes.iter().map(|b| Guarded::with(b)).collect();
+    let mut outs: Vec<Guarded> = plan
+        .outputs
+        .iter()
+        .map(|&n| Guarded::filled(n * esize, POISON))
+        .collect();
+    let table_bytes: Vec<Vec<u8>> = plan
+        .tables
+        .iter()
+        .map(|t| t.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let mut tables: Vec<Guarded> = table_bytes.iter().map(|b| Guarded::with(b)).collect();
+    let mut workspace = Guarded::filled(plan.workspace_bytes, POISON);
+    let mut status = Guarded::filled(4, 0);
+    let mut args = Vec::with_capacity(plan.args.len());
+    for a in &plan.args {
+        let missing = |what: &str, i: usize| format!("{}: no {what} {i}", plan.kernel);
+        args.push(match a {
+            KernelArg::Input(i) => {
+                Arg::Ptr(ins.get_mut(*i).ok_or_else(|| missing("input", *i))?.ptr())
+            }
+            KernelArg::Output(i) => {
+                Arg::Ptr(outs.get_mut(*i).ok_or_else(|| missing("output", *i))?.ptr())
+            }
+            KernelArg::Table(i) => Arg::Ptr(
+                tables
+                    .get_mut(*i)
+                    .ok_or_else(|| missing("table", *i))?
+                    .ptr(),
+            ),
+            KernelArg::Workspace => Arg::Ptr(workspace.ptr()),
+            KernelArg::Null => Arg::Ptr(std::ptr::null_mut()),
+            KernelArg::Status => Arg::Ptr(status.ptr()),
+            KernelArg::I32(v) => Arg::I32(*v),
+        });
+    }
+    let l = Launch {
+        kernel: &plan.kernel,
+        grid: plan.grid,
+        block: plan.block,
+        shared_bytes: plan.shared_bytes,
+    };
+    // SAFETY: every pointer is a buffer sized as the plan says; what the kernel does with them
+    // is what this test checks.
+    unsafe { launch(&l, &args, order) }?;
+    let named = |what: &str, bufs: &[Guarded]| -> Result<(), String> {
+        match bufs.iter().position(|b| !b.canaries_intact()) {
+            Some(i) => Err(format!("{}: wrote outside {what} {i}", plan.kernel)),
+            None => Ok(()),
+        }
+    };
+    named("input", &ins)?;
+    named("output", &outs)?;
+    named("table", &tables)?;
+    named("the workspace", std::slice::from_ref(&workspace))?;
+    named("the status word", std::slice::from_ref(&status))?;
+    for (i, (g, b)) in ins.iter().zip(&input_bytes).enumerate() {
+        if g.data() != b.as_slice() {
+            return Err(format!("{}: changed input {i}", plan.kernel));
+        }
+    }
+    for (i, (g, b)) in tables.iter().zip(&table_bytes).enumerate() {
+        if g.data() != b.as_slice() {
+            return Err(format!("{}: changed table {i}", plan.kernel));
+        }
+    }
+    Ok(HostRun {
+        outputs: outs.iter().map(|g| from_bytes(g.data(), dtype)).collect(),
+        status: i32::from_le_bytes(status.data().try_into().unwrap()),
+    })
+}
+
+/// Runs `plan` with the threads of each block in ascending, descending and a shuffled order
+/// (from `seed`). The results must be the same bits in every order — a thread that reads what
+/// another writes without a barrier between them sees something else in one of the orders —
+/// and are returned once.
+pub fn run_in_every_order(
+    plan: &LaunchPlan,
+    dtype: DType,
+    inputs: &[&[f64]],
+    seed: u64,
+) -> HostRun {
+    let first = run(plan, dtype, inputs, Order::Ascending).unwrap_or_else(|e| panic!("{e}"));
+    for order in [Order::Descending, Order::Shuffled(seed)] {
+        let other = run(plan, dtype, inputs, order).unwrap_or_else(|e| panic!("{e}"));
+        let same = first.status == other.status
+            && first
+                .outputs
+                .iter()
+                .zip(&other.outputs)
+                .all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        assert!(
+            same,
+            "{}: the result depends on the order of the threads ({order:?} differs from \
+             ascending): a missing __syncthreads()",
+            plan.kernel
+        );
+    }
+    first
+}

@@ -1,0 +1,68 @@
+//! Every CUDA kernel in `kernels/*.cu`, compiled unchanged as host C++ and run on the CPU by the
+//! harness of `tests/kernels_on_cpu/host` through the same launch plans the CUDA launch
+//! executes, against the f64 references and the CPU twins. Threads of a block run one at a time
+//! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
+//! `__syncthreads()` makes them differ.
+//!
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block]`; `MYO_TEST_SEED` explores
+//! other inputs.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod exec;
+mod scan;
+mod tree_solve;
+
+use candle_core::DType;
+use myosotis::ops::plan::kernel_name;
+
+/// The dtypes every kernel is instantiated for, with the tolerance of its results relative to
+/// the largest reference value (f16/bf16 are computed in f32 and rounded once on output).
+pub const DTYPES: [(DType, f64); 4] = [
+    (DType::F64, 1e-12),
+    (DType::F32, 2e-5),
+    (DType::F16, 4e-3),
+    (DType::BF16, 2e-2),
+];
+
+/// The harness compiled exactly the kernels that the launch plans name, and the tests below
+/// run every one of them (every stem, dtype, real and complex).
+#[test]
+fn every_kernel_entry_point_is_tested() {
+    let mut planned: Vec<String> = ["scan_fwd", "scan_bwd", "tree_fwd", "tree_bwd"]
+        .iter()
+        .flat_map(|stem| {
+            DTYPES.iter().flat_map(move |(dt, _)| {
+                [false, true].map(|complex| kernel_name(stem, *dt, complex).unwrap())
+            })
+        })
+        .collect();
+    let mut compiled = kernels_on_cpu::kernels();
+    planned.sort();
+    compiled.sort();
+    assert_eq!(compiled, planned);
+}
+
+/// The constants the launch plans and the CPU twin share with the kernels (the block shape the
+/// plans launch must be the one the kernels are compiled for).
+#[test]
+fn kernel_constants_match_the_plans() {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("{}/kernels/{f}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    };
+    let (scan, tree) = (read("scan.cu"), read("tree_solve.cu"));
+    use myosotis::ops::scan::{SEGMENTS, SEG_LEN, TILE};
+    for (src, name, value) in [
+        (&scan, "SCAN_TILE", TILE),
+        (&scan, "SCAN_SEGMENTS", SEGMENTS),
+        (&scan, "SCAN_SEG_LEN", SEG_LEN),
+        (
+            &tree,
+            "TREE_THREADS",
+            myosotis::ops::tree_solve::cuda::THREADS as usize,
+        ),
+    ] {
+        let line = format!("#define {name} {value}");
+        assert!(src.contains(&line), "kernels/*.cu lacks `{line}`");
+    }
+}
