@@ -286,7 +286,7 @@ pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
 /// A spread of awkward cases: length 1, odd and prime lengths, one chunk exactly, more than a
 /// chunk, channel counts that are not tile multiples and more than one CPU tile.
 pub fn scan_cases() -> Vec<Case> {
-    let shapes = [
+    scan_cases_of(&[
         (1, 1, 1),
         (2, 7, 3),
         (3, 13, 5),
@@ -295,7 +295,12 @@ pub fn scan_cases() -> Vec<Case> {
         (2, 131, 17),
         (1, 97, 300),
         (4, 1000, 7),
-    ];
+    ])
+}
+
+/// Every gate shape, real and complex, forward and reverse, for each (batch, length, channels),
+/// half of them with h0.
+pub fn scan_cases_of(shapes: &[(usize, usize, usize)]) -> Vec<Case> {
     let gates = [GateShape::Full, GateShape::PerStep, GateShape::PerChannel];
     let mut cases = vec![];
     for (i, &(batch, len, chans)) in shapes.iter().enumerate() {

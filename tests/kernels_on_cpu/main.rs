@@ -25,6 +25,18 @@ pub const DTYPES: [(DType, f64); 4] = [
     (DType::BF16, 2e-2),
 ];
 
+/// Asserts that the harness's `got` equals the CPU twin's `want` element by element (±0
+/// alike): the twins do the kernels' arithmetic in the kernels' order.
+pub fn assert_same(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(e) = (0..got.len()).find(|&e| got[e] != want[e]) {
+        panic!(
+            "{what}: element {e} is {} on the harness, {} on the CPU twin",
+            got[e], want[e]
+        );
+    }
+}
+
 /// The harness compiled exactly the kernels that the launch plans name, and the tests below
 /// run every one of them (every stem, dtype, real and complex).
 #[test]

@@ -7,12 +7,12 @@ use rand::Rng;
 
 use crate::common::*;
 use crate::exec::{round_to, run_in_every_order};
-use crate::DTYPES;
+use crate::{assert_same, DTYPES};
 
 /// Channels 1, 3, 17, 33 and 64 + 5 (tiles of 32: partial tiles, several blocks per row of the
 /// grid); lengths 1, 7, 63, 64, 65, several chunks of 64 and a prime; batches of 1 to 3.
 fn cases() -> Vec<Case> {
-    let shapes = [
+    scan_cases_of(&[
         (1, 1, 1),
         (2, 7, 3),
         (3, 63, 17),
@@ -20,28 +20,7 @@ fn cases() -> Vec<Case> {
         (1, 65, 69),
         (2, 200, 5),
         (2, 263, 40),
-    ];
-    let gates = [GateShape::Full, GateShape::PerStep, GateShape::PerChannel];
-    let mut cases = vec![];
-    for (i, &(batch, len, chans)) in shapes.iter().enumerate() {
-        for (g, &gate) in gates.iter().enumerate() {
-            for complex in [false, true] {
-                for reverse in [false, true] {
-                    let with_h0 = (i + g + complex as usize + reverse as usize).is_multiple_of(2);
-                    cases.push(Case {
-                        batch,
-                        len,
-                        chans,
-                        gate,
-                        complex,
-                        reverse,
-                        with_h0,
-                    });
-                }
-            }
-        }
-    }
-    cases
+    ])
 }
 
 /// Sums per-batch ∂a partials (batch, rest) over the batch.
@@ -50,17 +29,6 @@ fn sum_over_batch(partials: &[f64], batch: usize) -> Vec<f64> {
     (0..n)
         .map(|e| (0..batch).map(|b| partials[b * n + e]).sum())
         .collect()
-}
-
-/// Asserts that `got` equals `want` element by element (±0 alike).
-fn assert_same(got: &[f64], want: &[f64], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    if let Some(e) = (0..got.len()).find(|&e| got[e] != want[e]) {
-        panic!(
-            "{what}: element {e} is {} on the harness, {} on the CPU twin",
-            got[e], want[e]
-        );
-    }
 }
 
 #[test]

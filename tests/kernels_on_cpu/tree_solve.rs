@@ -10,7 +10,7 @@ use rand::Rng;
 
 use crate::common::*;
 use crate::exec::{round_to, run, run_in_every_order};
-use crate::DTYPES;
+use crate::{assert_same, DTYPES};
 
 /// A device that grants no shared memory: the plan puts every tree in the global workspace.
 const NO_SHARED: SharedMemory = SharedMemory { per_block: 0 };
@@ -108,16 +108,6 @@ fn reference_backward(tree: &Tree, case: &TreeCase, x: &TreeInputs, g: &[f64]) -
         }
     }
     [lam, dcoef]
-}
-
-fn assert_same(got: &[f64], want: &[f64], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    if let Some(e) = (0..got.len()).find(|&e| got[e] != want[e]) {
-        panic!(
-            "{what}: element {e} is {} on the harness, {} on the CPU twin",
-            got[e], want[e]
-        );
-    }
 }
 
 /// Tensors of a case on the CPU in `dtype`: (a, b, c, u).

@@ -115,22 +115,6 @@ impl TreeSolveOp {
     }
 }
 
-fn op_for(
-    tree: &Tree,
-    a: &Tensor,
-    b: &Tensor,
-    c: &Tensor,
-    u: &Tensor,
-    opts: TreeSolveOptions,
-) -> Result<TreeSolveOp> {
-    let dims = check_args(tree, a, b, c, u, opts)?;
-    Ok(TreeSolveOp {
-        tree: std::sync::Arc::new(tree.clone()),
-        dims,
-        opts,
-    })
-}
-
 /// The launch that `tree_solve(tree, a, b, c, u, opts)` makes on a GPU granting `shared`. Its
 /// inputs are (u, coef) with coef = [a; b; c] stacked on a new first axis; its output is x. The
 /// status word is 1 + the first node with a bad pivot, or 0.
@@ -143,7 +127,8 @@ pub fn forward_plan(
     opts: TreeSolveOptions,
     shared: SharedMemory,
 ) -> Result<LaunchPlan> {
-    op_for(tree, a, b, c, u, opts)?.forward_plan(u.dtype(), shared)
+    let dims = check_args(tree, a, b, c, u, opts)?;
+    TreeSolveOp::new(tree, dims, opts).forward_plan(u.dtype(), shared)
 }
 
 /// The launch of the backward of `tree_solve` on a GPU granting `shared`. Its inputs are
@@ -158,7 +143,8 @@ pub fn backward_plan(
     opts: TreeSolveOptions,
     shared: SharedMemory,
 ) -> Result<LaunchPlan> {
-    op_for(tree, a, b, c, x, opts)?.backward_plan(x.dtype(), shared)
+    let dims = check_args(tree, a, b, c, x, opts)?;
+    TreeSolveOp::new(tree, dims, opts).backward_plan(x.dtype(), shared)
 }
 
 #[cfg(feature = "cuda")]

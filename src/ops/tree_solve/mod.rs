@@ -102,12 +102,8 @@ pub fn tree_solve(
         return tree_solve(tree, &up(a)?, &up(b)?, &up(c)?, &up(u)?, opts)?.to_dtype(dtype);
     }
     let coef = Tensor::stack(&[a, b, c], 0)?;
-    let op = TreeSolveOp {
-        tree: Arc::new(tree.clone()),
-        dims,
-        opts,
-    };
-    u.contiguous()?.apply_op2(&coef, op)
+    u.contiguous()?
+        .apply_op2(&coef, TreeSolveOp::new(tree, dims, opts))
 }
 
 fn check_args(
@@ -219,6 +215,14 @@ enum Side {
 }
 
 impl TreeSolveOp {
+    fn new(tree: &Tree, dims: Dims, opts: TreeSolveOptions) -> Self {
+        TreeSolveOp {
+            tree: Arc::new(tree.clone()),
+            dims,
+            opts,
+        }
+    }
+
     /// The error for a singular or non-finite pivot at node `v` of tree `t` (batch × heads +
     /// head), when known.
     fn pivot_error(&self, side: Side, t: Option<usize>, v: usize) -> candle_core::Error {
@@ -353,11 +357,7 @@ pub fn tree_solve_backward(
             c: down(g.c)?,
         });
     }
-    let op = TreeSolveOp {
-        tree: Arc::new(tree.clone()),
-        dims,
-        opts,
-    };
+    let op = TreeSolveOp::new(tree, dims, opts);
     let coef = Tensor::stack(&[a, b, c], 0)?;
     let (du, dcoef) = op.backward(&coef, &x.contiguous()?, grad_x)?;
     Ok(TreeSolveGrads {
