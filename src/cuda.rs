@@ -1,6 +1,7 @@
 //! The PTX compiled from `kernels/*.cu` by build.rs, and the execution of a [`LaunchPlan`] on
 //! candle's CUDA device (its stream, its custom-module cache).
 
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::sys::{
     CUdevice_attribute_enum, CUfunction_attribute_enum,
 };

@@ -194,10 +194,10 @@ pub fn run(
     })
 }
 
-/// Runs `plan` with the threads of each block in ascending, descending and a shuffled order
-/// (from `seed`). The results must be the same bits in every order — a thread that reads what
-/// another writes without a barrier between them sees something else in one of the orders —
-/// and are returned once.
+/// Runs `plan` with the threads of each block (and the blocks) in ascending, descending and a
+/// shuffled order (from `seed`). The results must be the same bits in every order — a thread
+/// that reads what another writes without a barrier between them, or a block what another
+/// block writes, sees something else in one of the orders — and are returned once.
 pub fn run_in_every_order(
     plan: &LaunchPlan,
     dtype: DType,
@@ -215,8 +215,8 @@ pub fn run_in_every_order(
                 .all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
         assert!(
             same,
-            "{}: the result depends on the order of the threads ({order:?} differs from \
-             ascending): a missing __syncthreads()",
+            "{}: the result depends on the order in which threads and blocks run ({order:?} \
+             differs from ascending): a missing __syncthreads(), or blocks that share memory",
             plan.kernel
         );
     }

@@ -152,6 +152,7 @@ pub(super) use launch::{backward, forward};
 
 #[cfg(feature = "cuda")]
 mod launch {
+    use candle_core::backend::BackendStorage;
     use candle_core::op::BackpropOp;
     use candle_core::{bail, CudaStorage, Layout, Result, Storage, Tensor};
 
