@@ -1,4 +1,4 @@
-//! Readers of the image benchmarks' files (formats in anchors.md), with errors that name the
+//! Readers of the image benchmarks' files (formats in docs/reference.md), with errors that name the
 //! file and record:
 //! * MNIST IDX: `{train,t10k}-images-idx3-ubyte` (magic 2051, count, rows, cols, pixels) and
 //!   `{train,t10k}-labels-idx1-ubyte` (magic 2049, count, labels), big-endian, plain or `.gz`;

@@ -1,4 +1,4 @@
-//! ListOps (LRA, `lra_benchmarks/data/listops.py`; facts in anchors.md): nested lists of
+//! ListOps (LRA, `lra_benchmarks/data/listops.py`; facts in docs/reference.md): nested lists of
 //! operators over digits, `[MAX 2 9 [MIN 4 7 ] 0 ]`, labelled with their value (10 classes).
 //!
 //! * Operators: `[MIN`, `[MAX`, `[MED` (integer median), `[SM` (sum mod 10); `]` closes a list.

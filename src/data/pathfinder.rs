@@ -1,4 +1,4 @@
-//! The LRA Pathfinder and Path-X images (format in anchors.md): a difficulty directory such as
+//! The LRA Pathfinder and Path-X images (format in docs/reference.md): a difficulty directory such as
 //! `pathfinder32/curv_contour_length_14/` holds `metadata/<k>.npy` files — plain text despite
 //! the name, one space-separated row per image: subpath, file name, an index, the label (0/1),
 //! … — and the greyscale PNGs at `<subpath>/<file name>` (32 × 32; 128 × 128 for Path-X).

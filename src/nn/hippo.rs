@@ -1,4 +1,4 @@
-//! HiPPO-N initialisation of S5's state matrix (S5 paper; anchors.md).
+//! HiPPO-N initialisation of S5's state matrix (S5 paper; docs/reference.md).
 //!
 //! HiPPO-LegS: p_n = √(1+2n), A_nk = −p_n p_k (n > k), −(n+1) (n = k), 0 (n < k). With the
 //! normal-plus-low-rank term P_n = √(n+½), S = A + P Pᵀ = −½ I + K where K is skew-symmetric.

@@ -1,4 +1,4 @@
-//! The S5 layer (Smith et al., "Simplified State Space Layers"; facts in anchors.md):
+//! The S5 layer (Smith et al., "Simplified State Space Layers"; facts in docs/reference.md):
 //!
 //!   x_k = Λ̄ ⊙ x_{k−1} + B̄ u_k,   y_k = Re(C̃ x_k) (× 2 with conj_sym) + D ⊙ u_k,
 //!

@@ -1,4 +1,4 @@
-//! The optimiser of the S5 reference (`train_helpers.py`; anchors.md): AdamW in two parameter
+//! The optimiser of the S5 reference (`train_helpers.py`; docs/reference.md): AdamW in two parameter
 //! groups — the SSM parameters (Λ, B, log Δ, tree coefficients, norms) at `ssm_lr` without
 //! weight decay, everything else at `lr` with `weight_decay` — under a linear warm-up followed
 //! by a per-step cosine decay to `lr_min`, with optional gradient clipping by global norm.

@@ -1,5 +1,5 @@
 //! The reference's hyper-parameters per task (`myo train --preset TASK`): S5's Table 11
-//! (Smith et al., Appendix G.2) and its LRA run scripts (anchors.md) — depth, width H, latent
+//! (Smith et al., Appendix G.2) and its LRA run scripts (docs/reference.md) — depth, width H, latent
 //! size P, HiPPO blocks J, dropout, learning rates, batch size, epochs, weight decay, and the
 //! task-specific choices of G.3 (C initialisation, activation, post-norm for psMNIST, causal
 //! models for sMNIST/psMNIST). Myo takes the same settings with heads = P (Myosotis §5).

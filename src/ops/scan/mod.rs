@@ -4,7 +4,7 @@
 //!   in memory.
 //! * Real, or complex with a trailing dimension of 2 (re, im).
 //! * Forward or reverse direction (reverse: h_t = a_t ⊙ h_{t+1} + b_t), optional h_0.
-//! * Exact backward by the op's own reverse scan (anchors.md):
+//! * Exact backward by the op's own reverse scan (docs/reference.md, "Gradients"):
 //!   λ_t = g_t + conj(a_{t+1}) ⊙ λ_{t+1},  ∂b_t = λ_t,  ∂a_t = λ_t ⊙ conj(h_{t-1}),
 //!   ∂h_0 = conj(a_first) ⊙ λ_first, with ∂a summed over the axes along which a is shared.
 //!
