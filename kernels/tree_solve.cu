@@ -1,5 +1,6 @@
-// Myo tree solve x = T_G^-1 u for scalar blocks (d = 1), and its backward. The algorithm and
-// its CPU twin are described in src/ops/tree_solve.rs.
+// Myo tree solve x = T_G^-1 u and its backward: scalar blocks (d = 1, `tree_fwd`/`tree_bwd`)
+// and d x d blocks (`tree_block_fwd`/`tree_block_bwd`, below). The algorithm is described in
+// src/ops/tree_solve/mod.rs; the CPU twins are src/ops/tree_solve/{lanes,blocked}.rs.
 //
 // Grid: one block per (batch, head) tree. Threads work on the parents of one BFS level at a
 // time (each parent folds in its contiguous children), with a barrier between levels; the
@@ -17,6 +18,10 @@
 #include "values.cuh"
 
 #define TREE_THREADS 256
+// Resident blocks per SM the d x d kernels are compiled for (at most 80 registers, no spills on
+// sm_70 or sm_90): left to itself, ptxas gave the real backward 48 registers and 84 bytes of
+// spills on sm_90; at 4 blocks (64 registers) the complex kernels spill on sm_70.
+#define TREE_BLOCK_MIN_BLOCKS 3
 
 struct TreeGeometry {
     const int *level_start; // levels + 1
@@ -106,7 +111,7 @@ __device__ void tree_solve_block(const TreeGeometry &g, const TreeCoefs<T, O, AD
 }
 
 // This block's workspace: dynamic shared memory, or its tree's slice of `global_ws`.
-template <typename V> __device__ __forceinline__ V *tree_workspace(V *global_ws, int per_tree) {
+template <typename V> __device__ __forceinline__ V *tree_workspace(V *global_ws, i64 per_tree) {
     extern __shared__ __align__(16) unsigned char smem[];
     return global_ws ? global_ws + (i64)blockIdx.x * per_tree : reinterpret_cast<V *>(smem);
 }
@@ -157,6 +162,206 @@ __device__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef
     }
 }
 
+// ---- d x d blocks ---------------------------------------------------------------------------
+// The same grid (a block per tree) and passes, a thread per parent; each Schur step is the CPU
+// twin's LU solve with partial pivoting (src/ops/tree_solve/blocked.rs), with its operations in
+// the same order. Per tree the workspace holds ab (n d x d blocks: Â_v, then B̂_v), uh (n d x r:
+// ũ_v, then û_v, then x_v) and `slots` d x d LU scratch blocks, one per thread that can own a
+// parent at once (the host's min(threads, widest level)). Row-major blocks throughout.
+
+// Node v's blocks of one tree read as T_G or (ADJ) its adjoint: A'_v = A_v^H, the (v, parent)
+// block C_v^H and the (parent, v) block B_v^H.
+template <typename T, typename O, bool ADJ> struct BlockCoefs {
+    const T *coef;
+    i64 a, b, c; // element offsets of this tree's A, B and C
+    int d;
+    __device__ __forceinline__ typename O::V get(i64 set, int v, int i, int j) const {
+        const i64 e = set + (i64)v * d * d;
+        return ADJ ? O::conj(O::load(coef, e + j * d + i)) : O::load(coef, e + i * d + j);
+    }
+    __device__ __forceinline__ typename O::V diag(int v, int i, int j) const {
+        return get(a, v, i, j);
+    }
+    __device__ __forceinline__ typename O::V up(int v, int i, int j) const {
+        return get(ADJ ? c : b, v, i, j);
+    }
+    __device__ __forceinline__ typename O::V down(int v, int i, int j) const {
+        return get(ADJ ? b : c, v, i, j);
+    }
+};
+
+template <typename T, typename O, bool ADJ>
+__device__ __forceinline__ BlockCoefs<T, O, ADJ> block_coefs(const T *coef, int nodes, int d,
+                                                               int heads, int shared_coef) {
+    const int tree = blockIdx.x;
+    const i64 per_tree = (i64)nodes * d * d;
+    const i64 set = (i64)(shared_coef ? heads : gridDim.x) * per_tree;
+    const i64 off = (i64)(shared_coef ? tree % heads : tree) * per_tree;
+    return BlockCoefs<T, O, ADJ>{coef, off, set + off, 2 * set + off, d};
+}
+
+// Solves m X = [R1 | R2] in place for a d x d `m` (destroyed) and row-major right-hand sides R1
+// (d x k1) and R2 (d x k2, k2 may be 0), by LU with partial pivoting. False, with the solve
+// abandoned, for a pivot that is zero or not finite.
+template <typename O>
+__device__ __forceinline__ bool lu_solve(typename O::V *m, typename O::V *r1, int k1, typename O::V *r2, int k2,
+                         int d) {
+    typedef typename O::V V;
+    for (int col = 0; col < d; ++col) {
+        int piv = col;
+        for (int i = col + 1; i < d; ++i)
+            if (O::norm2(m[i * d + col]) > O::norm2(m[piv * d + col])) piv = i;
+        if (!pivot_ok(m[piv * d + col])) return false;
+        if (piv != col) {
+            for (int j = 0; j < d; ++j) swap_values(m[col * d + j], m[piv * d + j]);
+            for (int j = 0; j < k1; ++j) swap_values(r1[col * k1 + j], r1[piv * k1 + j]);
+            for (int j = 0; j < k2; ++j) swap_values(r2[col * k2 + j], r2[piv * k2 + j]);
+        }
+        const V inv = O::inv(m[col * d + col]);
+        for (int i = col + 1; i < d; ++i) {
+            const V f = O::mul(m[i * d + col], inv);
+            for (int j = col; j < d; ++j)
+                m[i * d + j] = O::sub(m[i * d + j], O::mul(f, m[col * d + j]));
+            for (int j = 0; j < k1; ++j)
+                r1[i * k1 + j] = O::sub(r1[i * k1 + j], O::mul(f, r1[col * k1 + j]));
+            for (int j = 0; j < k2; ++j)
+                r2[i * k2 + j] = O::sub(r2[i * k2 + j], O::mul(f, r2[col * k2 + j]));
+        }
+    }
+    for (int i = d - 1; i >= 0; --i) {
+        const V inv = O::inv(m[i * d + i]);
+        for (int j = 0; j < k1; ++j) {
+            V s = r1[i * k1 + j];
+            for (int l = i + 1; l < d; ++l) s = O::sub(s, O::mul(m[i * d + l], r1[l * k1 + j]));
+            r1[i * k1 + j] = O::mul(s, inv);
+        }
+        for (int j = 0; j < k2; ++j) {
+            V s = r2[i * k2 + j];
+            for (int l = i + 1; l < d; ++l) s = O::sub(s, O::mul(m[i * d + l], r2[l * k2 + j]));
+            r2[i * k2 + j] = O::mul(s, inv);
+        }
+    }
+    return true;
+}
+
+// The block solve of one tree into the workspace; on return uh holds x (or λ).
+template <typename T, typename O, bool ADJ>
+__device__ void tree_block_solve(const TreeGeometry &g, int d, const BlockCoefs<T, O, ADJ> &cf,
+                                 const T *__restrict__ rhs, i64 rhs0, typename O::V *ab,
+                                 typename O::V *uh, typename O::V *lu, int *status) {
+    typedef typename O::V V;
+    const int tid = threadIdx.x, r = g.r, dd = d * d, dr = d * r;
+    for (int e = tid; e < g.nodes * dd; e += blockDim.x)
+        ab[e] = cf.diag(e / dd, e % dd / d, e % d);
+    for (int e = tid; e < g.nodes * dr; e += blockDim.x) uh[e] = O::load(rhs, rhs0 + e);
+    __syncthreads();
+    V *m = lu + tid * dd; // this thread's scratch (only threads that own a parent use it)
+    // Upward: each child c of the parents of level k solves Â_c [B̂_c | û_c] = [-B_c | ũ_c],
+    // with B̂_c taking Â_c's place once m holds Â_c, then sends Â_p += C_c B̂_c, ũ_p -= C_c û_c.
+    for (int k = 1; k < g.levels; ++k) {
+        for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += blockDim.x) {
+            V *ap = ab + (i64)p * dd, *up = uh + (i64)p * dr;
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                V *bc = ab + (i64)c * dd, *uc = uh + (i64)c * dr;
+                for (int e = 0; e < dd; ++e) {
+                    m[e] = bc[e];
+                    bc[e] = O::sub(O::zero(), cf.up(c, e / d, e % d));
+                }
+                if (!lu_solve<O>(m, bc, d, uc, r, d)) atomicCAS(status, 0, 1 + c);
+                for (int i = 0; i < d; ++i) {
+                    for (int l = 0; l < d; ++l) {
+                        const V cil = cf.down(c, i, l);
+                        for (int j = 0; j < d; ++j)
+                            ap[i * d + j] = O::add(O::mul(cil, bc[l * d + j]), ap[i * d + j]);
+                        for (int j = 0; j < r; ++j)
+                            up[i * r + j] = O::sub(up[i * r + j], O::mul(cil, uc[l * r + j]));
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const int root = g.nodes - 1;
+    if (tid == 0) {
+        for (int e = 0; e < dd; ++e) m[e] = ab[(i64)root * dd + e];
+        if (!lu_solve<O>(m, uh + (i64)root * dr, r, nullptr, 0, d))
+            atomicCAS(status, 0, 1 + root);
+    }
+    __syncthreads();
+    // Downward: x_c = û_c + B̂_c x_p.
+    for (int k = g.levels - 1; k >= 1; --k) {
+        for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += blockDim.x) {
+            const V *xp = uh + (i64)p * dr;
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const V *bc = ab + (i64)c * dd;
+                V *xc = uh + (i64)c * dr;
+                for (int i = 0; i < d; ++i) {
+                    for (int j = 0; j < r; ++j) {
+                        V s = xc[i * r + j];
+                        for (int l = 0; l < d; ++l) s = O::add(O::mul(bc[i * d + l], xp[l * r + j]), s);
+                        xc[i * r + j] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Values of the per-tree block workspace: ab, uh, then the LU scratch.
+__device__ __forceinline__ i64 block_workspace_len(int nodes, int d, int r, int slots) {
+    return (i64)nodes * d * (d + r) + (i64)slots * d * d;
+}
+
+template <typename T, typename O>
+__device__ void tree_block_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g, int d,
+                               int heads, int shared_coef, int slots, typename O::V *global_ws,
+                               int *status) {
+    typedef typename O::V V;
+    V *ab = tree_workspace<V>(global_ws, block_workspace_len(g.nodes, d, g.r, slots));
+    V *uh = ab + (i64)g.nodes * d * d, *lu = uh + (i64)g.nodes * d * g.r;
+    const auto cf = block_coefs<T, O, false>(coef, g.nodes, d, heads, shared_coef);
+    const i64 len = (i64)g.nodes * d * g.r, x0 = (i64)blockIdx.x * len;
+    tree_block_solve<T, O, false>(g, d, cf, u, x0, ab, uh, lu, status);
+    for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(x, x0 + e, uh[e]);
+}
+
+// -Σ_k λ[k] conj(x[x0 + k]) over the r right-hand sides: one entry of a gradient block.
+template <typename T, typename O>
+__device__ __forceinline__ typename O::V block_outer(const typename O::V *lam, const T *x, i64 x0,
+                                                     int r) {
+    typename O::V s = O::zero();
+    for (int k = 0; k < r; ++k) s = O::add(O::mul(lam[k], O::conj(O::load(x, x0 + k))), s);
+    return O::sub(O::zero(), s);
+}
+
+// Backward: λ = T_G^-H ∂x, ∂u = λ, and per tree the blocks ∂A_v = -Σ_r λ_v x_v^H,
+// ∂B_v = -Σ_r λ_v x_parent^H, ∂C_v = -Σ_r λ_parent x_v^H (zero for the root), written as
+// (3, trees, nodes, d, d).
+template <typename T, typename O>
+__device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
+                               const TreeGeometry &g, int d, int heads, int shared_coef,
+                               int slots, typename O::V *global_ws, int *status) {
+    typedef typename O::V V;
+    V *ab = tree_workspace<V>(global_ws, block_workspace_len(g.nodes, d, g.r, slots));
+    V *lam = ab + (i64)g.nodes * d * d, *lu = lam + (i64)g.nodes * d * g.r;
+    const auto cf = block_coefs<T, O, true>(coef, g.nodes, d, heads, shared_coef);
+    const int r = g.r, dd = d * d, root = g.nodes - 1;
+    const i64 len = (i64)g.nodes * d * r, x0 = (i64)blockIdx.x * len;
+    tree_block_solve<T, O, true>(g, d, cf, gx, x0, ab, lam, lu, status);
+    for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(du, x0 + e, lam[e]);
+    const i64 per_tree = (i64)g.nodes * dd, set = (i64)gridDim.x * per_tree;
+    const i64 d0 = (i64)blockIdx.x * per_tree;
+    for (i64 e = threadIdx.x; e < per_tree; e += blockDim.x) {
+        const int v = (int)(e / dd), i = (int)(e % dd) / d, j = (int)(e % d), p = g.parent[v];
+        const V *lv = lam + ((i64)v * d + i) * r, *lp = lam + ((i64)p * d + i) * r;
+        const i64 xv = x0 + ((i64)v * d + j) * r, xp = x0 + ((i64)p * d + j) * r;
+        O::store(dcoef, d0 + e, block_outer<T, O>(lv, x, xv, r));
+        O::store(dcoef, set + d0 + e, v == root ? O::zero() : block_outer<T, O>(lv, x, xp, r));
+        O::store(dcoef, 2 * set + d0 + e, v == root ? O::zero() : block_outer<T, O>(lp, x, xv, r));
+    }
+}
+
 #define TREE_KERNELS(SUFFIX, T, OPS)                                                            \
     extern "C" __global__ void __launch_bounds__(TREE_THREADS) tree_fwd_##SUFFIX(                \
         const T *u, const T *coef, T *x, const int *level_start, const int *child_start,        \
@@ -171,6 +376,21 @@ __device__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef
         int shared_coef, OPS::V *global_ws, int *status) {                                      \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
         tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, heads, shared_coef, global_ws, status);     \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_BLOCK_MIN_BLOCKS) tree_block_fwd_##SUFFIX(          \
+        const T *u, const T *coef, T *x, const int *level_start, const int *child_start,        \
+        const int *parent, int levels, int nodes, int d, int r, int heads, int shared_coef,     \
+        int slots, OPS::V *global_ws, int *status) {                                            \
+        const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
+        tree_block_fwd<T, OPS>(u, coef, x, g, d, heads, shared_coef, slots, global_ws, status); \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_BLOCK_MIN_BLOCKS) tree_block_bwd_##SUFFIX(          \
+        const T *gx, const T *coef, const T *x, T *du, T *dcoef, const int *level_start,        \
+        const int *child_start, const int *parent, int levels, int nodes, int d, int r,         \
+        int heads, int shared_coef, int slots, OPS::V *global_ws, int *status) {                \
+        const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
+        tree_block_bwd<T, OPS>(gx, coef, x, du, dcoef, g, d, heads, shared_coef, slots,         \
+                               global_ws, status);                                              \
     }
 
 // The instantiations: kernel-name suffix, storage type, arithmetic (the host harness in

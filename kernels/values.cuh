@@ -27,6 +27,8 @@ template <typename F> struct RealOps {
     static __device__ __forceinline__ V conj(V a) { return a; }
     static __device__ __forceinline__ V sub(V a, V b) { return a - b; }
     static __device__ __forceinline__ V inv(V a) { return F(1) / a; }
+    // |a|^2, for choosing pivots.
+    static __device__ __forceinline__ F norm2(V a) { return a * a; }
     template <typename T> static __device__ __forceinline__ V load(const T *p, i64 e) {
         return to_acc(p[e]);
     }
@@ -53,6 +55,7 @@ template <typename F> struct ComplexOps {
         const F n = a.re * a.re + a.im * a.im;
         return {a.re / n, -a.im / n};
     }
+    static __device__ __forceinline__ F norm2(V a) { return a.re * a.re + a.im * a.im; }
     template <typename T> static __device__ __forceinline__ V load(const T *p, i64 e) {
         return {to_acc(p[2 * e]), to_acc(p[2 * e + 1])};
     }
@@ -67,4 +70,10 @@ template <typename F> __device__ __forceinline__ bool pivot_ok(F v) { return v !
 template <typename F> __device__ __forceinline__ bool pivot_ok(Cx<F> v) {
     const F n = v.re * v.re + v.im * v.im;
     return n != F(0) && isfinite(n);
+}
+
+template <typename V> __device__ __forceinline__ void swap_values(V &a, V &b) {
+    const V t = a;
+    a = b;
+    b = t;
 }

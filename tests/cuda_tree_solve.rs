@@ -50,12 +50,10 @@ fn forward_backward(
     [to_vec(&out), g(&u), g(&a), g(&b), g(&c)]
 }
 
-#[test]
-fn cuda_tree_solve_matches_cpu_twin_and_dense_solve() {
-    let Some(gpu) = gpu("cuda_tree_solve_matches_cpu_twin_and_dense_solve") else {
-        return;
-    };
-    let (mut rng, seed) = fresh_rng("cuda tree solve");
+/// Every tree × case in f32 and f64: x against the dense solve, x and every gradient against
+/// the CPU twin.
+fn check(gpu: &Device, cases: &[TreeCase], rng_of: (&str, u64)) {
+    let (mut rng, seed) = seeded_rng(rng_of.0, rng_of.1);
     let trees = [
         ("perfect 4-ary 64", Tree::perfect(64, 4).unwrap()),
         ("ragged 3-ary 100", Tree::ragged(100, 3).unwrap()),
@@ -64,23 +62,15 @@ fn cuda_tree_solve_matches_cpu_twin_and_dense_solve() {
         ("single node", Tree::ragged(1, 2).unwrap()),
     ];
     for (name, tree) in &trees {
-        for i in 0..4 {
-            let case = TreeCase {
-                batch: if i == 1 { 9 } else { 2 },
-                heads: 3,
-                d: 1,
-                r: 1 + i % 3,
-                shared: i % 2 == 1,
-                complex: i >= 2,
-            };
-            let x = random_tree_inputs(tree, &case, &mut rng);
+        for case in cases {
+            let x = random_tree_inputs(tree, case, &mut rng);
             let w: Vec<f64> = (0..x.u.len())
                 .map(|_| rng.random_range(-1.0..1.0))
                 .collect();
-            let want = dense_tree_solve(tree, &case, &x);
+            let want = dense_tree_solve(tree, case, &x);
             for (dtype, tol) in [(DType::F32, 2e-5), (DType::F64, 1e-12)] {
-                let cuda = forward_backward(tree, &case, &x, &w, &gpu, dtype);
-                let cpu = forward_backward(tree, &case, &x, &w, &Device::Cpu, dtype);
+                let cuda = forward_backward(tree, case, &x, &w, gpu, dtype);
+                let cpu = forward_backward(tree, case, &x, &w, &Device::Cpu, dtype);
                 let e = rel_err(&cuda[0], &want);
                 assert!(
                     e < tol,
@@ -96,6 +86,46 @@ fn cuda_tree_solve_matches_cpu_twin_and_dense_solve() {
             }
         }
     }
+}
+
+fn case(batch: usize, d: usize, r: usize, shared: bool, complex: bool) -> TreeCase {
+    TreeCase {
+        batch,
+        heads: 3,
+        d,
+        r,
+        shared,
+        complex,
+    }
+}
+
+#[test]
+fn cuda_tree_solve_matches_cpu_twin_and_dense_solve() {
+    let Some(gpu) = gpu("cuda_tree_solve_matches_cpu_twin_and_dense_solve") else {
+        return;
+    };
+    let cases = [
+        case(2, 1, 1, false, false),
+        case(9, 1, 2, true, false),
+        case(2, 1, 3, false, true),
+        case(2, 1, 1, true, true),
+    ];
+    check(&gpu, &cases, ("cuda tree solve", 21));
+}
+
+/// d × d blocks (`tree_block_*` kernels): the block sizes the layer offers, up to 16.
+#[test]
+fn cuda_block_tree_solve_matches_cpu_twin_and_dense_solve() {
+    let Some(gpu) = gpu("cuda_block_tree_solve_matches_cpu_twin_and_dense_solve") else {
+        return;
+    };
+    let cases = [
+        case(2, 2, 1, false, false),
+        case(5, 3, 2, true, false),
+        case(2, 4, 2, false, true),
+        case(2, 16, 1, true, false),
+    ];
+    check(&gpu, &cases, ("cuda block tree solve", 22));
 }
 
 #[test]

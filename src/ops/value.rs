@@ -27,8 +27,8 @@ pub(crate) trait Value<F: WithDType>: Copy + Send + Sync {
     fn sub(self, o: Self) -> Self;
     /// 1 / self.
     fn inv(self) -> Self;
-    /// |self|², for choosing pivots.
-    fn abs2(self) -> f64;
+    /// |self|² in the working precision, for choosing pivots (as the CUDA kernels do).
+    fn norm2(self) -> F;
     /// Usable as a pivot: non-zero and finite (in the working precision, branch-free, so that
     /// a check over SIMD lanes vectorises; `x - x == 0` fails for NaN and ±∞).
     fn pivot_ok(self) -> bool;
@@ -96,9 +96,8 @@ impl<F: WithDType> Value<F> for Re<F> {
         Re(F::one() / self.0)
     }
     #[inline(always)]
-    fn abs2(self) -> f64 {
-        let v = self.0.to_f64();
-        v * v
+    fn norm2(self) -> F {
+        self.0 * self.0
     }
     #[inline(always)]
     #[allow(clippy::eq_op)] // x - x is 0 exactly when x is finite
@@ -168,9 +167,8 @@ impl<F: WithDType> Value<F> for Complex<F> {
         }
     }
     #[inline(always)]
-    fn abs2(self) -> f64 {
-        let (re, im) = (self.re.to_f64(), self.im.to_f64());
-        re * re + im * im
+    fn norm2(self) -> F {
+        self.re * self.re + self.im * self.im
     }
     #[inline(always)]
     #[allow(clippy::eq_op)] // n - n is 0 exactly when n is finite

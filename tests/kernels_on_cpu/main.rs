@@ -41,14 +41,21 @@ pub fn assert_same(got: &[f64], want: &[f64], what: &str) {
 /// run every one of them (every stem, dtype, real and complex).
 #[test]
 fn every_kernel_entry_point_is_tested() {
-    let mut planned: Vec<String> = ["scan_fwd", "scan_bwd", "tree_fwd", "tree_bwd"]
-        .iter()
-        .flat_map(|stem| {
-            DTYPES.iter().flat_map(move |(dt, _)| {
-                [false, true].map(|complex| kernel_name(stem, *dt, complex).unwrap())
-            })
+    let mut planned: Vec<String> = [
+        "scan_fwd",
+        "scan_bwd",
+        "tree_fwd",
+        "tree_bwd",
+        "tree_block_fwd",
+        "tree_block_bwd",
+    ]
+    .iter()
+    .flat_map(|stem| {
+        DTYPES.iter().flat_map(move |(dt, _)| {
+            [false, true].map(|complex| kernel_name(stem, *dt, complex).unwrap())
         })
-        .collect();
+    })
+    .collect();
     let mut compiled = kernels_on_cpu::kernels();
     planned.sort();
     compiled.sort();

@@ -1,16 +1,20 @@
-//! `tree_fwd_*` and `tree_bwd_*` of kernels/tree_solve.cu through the harness, with the per-node
-//! state in dynamic shared memory and in the global workspace.
+//! The kernels of kernels/tree_solve.cu through the harness — `tree_fwd_*`/`tree_bwd_*` for
+//! scalar blocks, `tree_block_fwd_*`/`tree_block_bwd_*` for d × d blocks (the tests named
+//! `block_*`) — with the per-tree state in dynamic shared memory and in the global workspace.
 
 use candle_core::{DType, Device, Tensor};
 use myosotis::ops::plan::SharedMemory;
-use myosotis::ops::tree_solve::cuda::{backward_plan, forward_plan};
+use myosotis::ops::tree_solve::cuda::{backward_plan, forward_plan, lu_slots};
 use myosotis::ops::{tree_solve, tree_solve_backward, TreeSolveOptions};
 use myosotis::tree::Tree;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::Rng;
 
 use crate::common::*;
 use crate::exec::{round_to, run, run_in_every_order};
 use crate::{assert_same, DTYPES};
+use myosotis::ops::plan::KernelArg;
 
 /// A device that grants no shared memory: the plan puts every tree in the global workspace.
 const NO_SHARED: SharedMemory = SharedMemory { per_block: 0 };
@@ -53,61 +57,123 @@ fn opts(case: &TreeCase) -> TreeSolveOptions {
     }
 }
 
-/// Complex conjugates of interleaved (re, im) values; real values as they are.
-fn conj(v: &[f64], complex: bool) -> Vec<f64> {
-    v.iter()
-        .enumerate()
-        .map(|(i, &x)| if complex && i % 2 == 1 { -x } else { x })
-        .collect()
-}
-
 /// The f64 reference of the backward: λ = T_G⁻ᴴ g by a dense solve of the adjoint matrix
-/// (diagonal conj(A), conj(C_v) at (v, parent), conj(B_v) at (parent, v)), and per tree
-/// ∂A_v = −Σ_r λ_v conj(x_v), ∂B_v = −Σ_r λ_v conj(x_parent), ∂C_v = −Σ_r λ_parent conj(x_v),
-/// laid out as the kernel writes them: (3, batch, heads, nodes[, 2]).
+/// (diagonal A_vᴴ, C_vᴴ at (v, parent), B_vᴴ at (parent, v)), and per tree
+/// ∂A_v = −Σ_r λ_v x_vᴴ, ∂B_v = −Σ_r λ_v x_parentᴴ, ∂C_v = −Σ_r λ_parent x_vᴴ, laid out as the
+/// kernels write them: (3, batch, heads, nodes, d, d[, 2]).
 fn reference_backward(tree: &Tree, case: &TreeCase, x: &TreeInputs, g: &[f64]) -> [Vec<f64>; 2] {
+    let (n, d, r, w) = (tree.len(), case.d, case.r, case.w());
+    // Blocks conjugate-transposed in place.
+    let adj = |m: &[f64]| {
+        let mut out = vec![0.0; m.len()];
+        for blk in 0..m.len() / (d * d * w) {
+            for i in 0..d {
+                for j in 0..d {
+                    let (src, dst) = ((blk * d * d + i * d + j) * w, (blk * d * d + j * d + i) * w);
+                    out[dst] = m[src];
+                    if w == 2 {
+                        out[dst + 1] = -m[src + 1];
+                    }
+                }
+            }
+        }
+        out
+    };
     let adjoint = TreeInputs {
-        a: conj(&x.a, case.complex),
-        b: conj(&x.c, case.complex),
-        c: conj(&x.b, case.complex),
+        a: adj(&x.a),
+        b: adj(&x.c),
+        c: adj(&x.b),
         u: g.to_vec(),
     };
     let lam = dense_tree_solve(tree, case, &adjoint);
     let sol = dense_tree_solve(tree, case, x);
-    let (n, r, w) = (tree.len(), case.r, case.w());
     let trees = case.batch * case.heads;
-    let mut dcoef = vec![0.0; 3 * trees * n * w];
+    let mut dcoef = vec![0.0; 3 * trees * n * d * d * w];
     let get = |s: &[f64], o: usize| (s[o], if w == 2 { s[o + 1] } else { 0.0 });
     for bi in 0..case.batch {
         for hi in 0..case.heads {
             let t = bi * case.heads + hi;
-            // −Σ_k row[k] conj(col[k])
-            let outer = |row: usize, col: usize| {
+            // −Σ_k λ_row[i][k] conj(x_col[j][k])
+            let outer = |row: usize, col: usize, i: usize, j: usize| {
                 let mut s = (0.0, 0.0);
                 for k in 0..r {
-                    let l = get(&lam, case.rhs_at(n, bi, hi, row, 0, k));
-                    let x = get(&sol, case.rhs_at(n, bi, hi, col, 0, k));
+                    let l = get(&lam, case.rhs_at(n, bi, hi, row, i, k));
+                    let x = get(&sol, case.rhs_at(n, bi, hi, col, j, k));
                     s.0 += l.0 * x.0 + l.1 * x.1;
                     s.1 += l.1 * x.0 - l.0 * x.1;
                 }
                 (-s.0, -s.1)
             };
             for v in 0..n {
-                let grads = match tree.parent(v) {
-                    Some(p) => [outer(v, v), outer(v, p), outer(p, v)],
-                    None => [outer(v, v), (0.0, 0.0), (0.0, 0.0)],
-                };
-                for (k, gk) in grads.iter().enumerate() {
-                    let o = ((k * trees + t) * n + v) * w;
-                    dcoef[o] = gk.0;
-                    if w == 2 {
-                        dcoef[o + 1] = gk.1;
+                for i in 0..d {
+                    for j in 0..d {
+                        let grads = match tree.parent(v) {
+                            Some(p) => [outer(v, v, i, j), outer(v, p, i, j), outer(p, v, i, j)],
+                            None => [outer(v, v, i, j), (0.0, 0.0), (0.0, 0.0)],
+                        };
+                        for (k, gk) in grads.iter().enumerate() {
+                            let o = ((((k * trees + t) * n + v) * d + i) * d + j) * w;
+                            dcoef[o] = gk.0;
+                            if w == 2 {
+                                dcoef[o + 1] = gk.1;
+                            }
+                        }
                     }
                 }
             }
         }
     }
     [lam, dcoef]
+}
+
+/// Permutes the rows of every node's block row of T_G (rows of A_v and B_v, of C_c for its
+/// children c, and of u_v) by a random permutation: the solution is unchanged, but the LU of
+/// the pivot blocks must now swap rows (diagonally dominant blocks never do).
+fn permute_block_rows(tree: &Tree, case: &TreeCase, x: &mut TreeInputs, rng: &mut StdRng) {
+    let (n, d, r, w) = (tree.len(), case.d, case.r, case.w());
+    let coef_trees = if case.shared { 1 } else { case.batch };
+    for hi in 0..case.heads {
+        for ci in 0..coef_trees {
+            for v in 0..n {
+                let mut perm: Vec<usize> = (0..d).collect();
+                perm.shuffle(rng);
+                let rows = |m: &mut Vec<f64>, node: usize| {
+                    let old = m.clone();
+                    for (i, &pi) in perm.iter().enumerate() {
+                        for j in 0..d {
+                            let (dst, src) = (
+                                case.coef_at(n, ci, hi, node, i, j),
+                                case.coef_at(n, ci, hi, node, pi, j),
+                            );
+                            m[dst..dst + w].copy_from_slice(&old[src..src + w]);
+                        }
+                    }
+                };
+                rows(&mut x.a, v);
+                rows(&mut x.b, v);
+                for ch in tree.children(v) {
+                    rows(&mut x.c, ch);
+                }
+                let batches = if case.shared {
+                    0..case.batch
+                } else {
+                    ci..ci + 1
+                };
+                for bi in batches {
+                    let old = x.u.clone();
+                    for (i, &pi) in perm.iter().enumerate() {
+                        for k in 0..r {
+                            let (dst, src) = (
+                                case.rhs_at(n, bi, hi, v, i, k),
+                                case.rhs_at(n, bi, hi, v, pi, k),
+                            );
+                            x.u[dst..dst + w].copy_from_slice(&old[src..src + w]);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Tensors of a case on the CPU in `dtype`: (a, b, c, u).
@@ -131,14 +197,19 @@ fn rounded(x: &TreeInputs, dtype: DType) -> TreeInputs {
     }
 }
 
-#[test]
-fn tree_kernels_match_the_dense_solve_and_the_cpu_twin() {
-    let (mut rng, seed) = seeded_rng("tree kernels", 12);
-    for (name, tree) in trees() {
-        for case in cases() {
+/// Every tree × case × dtype, forward and backward, in shared memory and in the global
+/// workspace: the kernels against the dense f64 solve and, bit for bit, the CPU twin.
+fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_of: (&str, u64)) {
+    let (mut rng, seed) = seeded_rng(rng_of.0, rng_of.1);
+    for (name, tree) in trees {
+        for case in cases {
             for (dtype, tol) in DTYPES {
-                let x = rounded(&random_tree_inputs(&tree, &case, &mut rng), dtype);
-                let [a, b, c, u] = tensors(&tree, &case, &x, dtype);
+                let mut x = random_tree_inputs(tree, case, &mut rng);
+                if permute {
+                    permute_block_rows(tree, case, &mut x, &mut rng);
+                }
+                let x = rounded(&x, dtype);
+                let [a, b, c, u] = tensors(tree, case, &x, dtype);
                 let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
                 let g = round_to(
                     &(0..x.u.len())
@@ -146,13 +217,14 @@ fn tree_kernels_match_the_dense_solve_and_the_cpu_twin() {
                         .collect::<Vec<_>>(),
                     dtype,
                 );
-                let want_x = dense_tree_solve(&tree, &case, &x);
-                let [want_lam, want_dcoef] = reference_backward(&tree, &case, &x, &g);
-                let twin_x = to_vec(&tree_solve(&tree, &a, &b, &c, &u, opts(&case)).unwrap());
+                let want_x = dense_tree_solve(tree, case, &x);
+                let [want_lam, want_dcoef] = reference_backward(tree, case, &x, &g);
+                let twin_x = to_vec(&tree_solve(tree, &a, &b, &c, &u, opts(case)).unwrap());
                 for (path, shared) in [("shared", SharedMemory::H100), ("global", NO_SHARED)] {
                     let what = format!("{name}, {case:?}, {dtype:?}, {path} (seed {seed})");
-                    let plan = forward_plan(&tree, &a, &b, &c, &u, opts(&case), shared).unwrap();
+                    let plan = forward_plan(tree, &a, &b, &c, &u, opts(case), shared).unwrap();
                     assert_eq!(plan.workspace_bytes > 0, path == "global", "{what}");
+                    assert_eq!(plan.kernel.starts_with("tree_block_"), case.d > 1, "{what}");
                     let run = run_in_every_order(&plan, dtype, &[&x.u, &coef], seed);
                     assert_eq!(run.status, 0, "{what}");
                     let sol = &run.outputs[0];
@@ -161,7 +233,7 @@ fn tree_kernels_match_the_dense_solve_and_the_cpu_twin() {
                     assert_same(sol, &twin_x, &format!("x, {what}"));
 
                     let x_t = tensor(sol, &case.u_shape(tree.len()), dtype, &Device::Cpu);
-                    let plan = backward_plan(&tree, &a, &b, &c, &x_t, opts(&case), shared).unwrap();
+                    let plan = backward_plan(tree, &a, &b, &c, &x_t, opts(case), shared).unwrap();
                     let run = run_in_every_order(&plan, dtype, &[&g, &coef, sol], seed);
                     assert_eq!(run.status, 0, "{what}");
                     let (du, dcoef) = (&run.outputs[0], &run.outputs[1]);
@@ -172,7 +244,7 @@ fn tree_kernels_match_the_dense_solve_and_the_cpu_twin() {
 
                     let g_t = tensor(&g, &case.u_shape(tree.len()), dtype, &Device::Cpu);
                     let twin =
-                        tree_solve_backward(&tree, &a, &b, &c, &x_t, &g_t, opts(&case)).unwrap();
+                        tree_solve_backward(tree, &a, &b, &c, &x_t, &g_t, opts(case)).unwrap();
                     assert_same(du, &to_vec(&twin.u), &format!("∂u, {what}"));
                     if !case.shared {
                         let twin_dcoef = [twin.a, twin.b, twin.c].map(|t| to_vec(&t)).concat();
@@ -184,36 +256,106 @@ fn tree_kernels_match_the_dense_solve_and_the_cpu_twin() {
     }
 }
 
-/// Large trees: a 4,096-leaf binary tree's state fits in shared memory only with an opt-in
-/// above 48 KiB; Path-X's 16,384-leaf binary tree goes to the global workspace even on H100.
-/// Both paths run and equal the CPU twin.
+#[test]
+fn tree_kernels_match_the_dense_solve_and_the_cpu_twin() {
+    check_kernels(&trees(), &cases(), false, ("tree kernels", 12));
+}
+
+/// d × d blocks: d = 2, 3, 4 on every tree, shared and per-sample, real and complex, r ≥ 1;
+/// rows permuted so that the LU pivots.
+#[test]
+fn block_kernels_match_the_dense_solve_and_the_cpu_twin() {
+    let case = |batch, heads, d, r, shared, complex| TreeCase {
+        batch,
+        heads,
+        d,
+        r,
+        shared,
+        complex,
+    };
+    let cases = [
+        case(2, 2, 2, 1, false, false),
+        case(3, 2, 3, 2, true, false),
+        case(2, 1, 2, 2, false, true),
+        case(2, 2, 4, 1, true, true),
+    ];
+    check_kernels(&trees(), &cases, true, ("block kernels", 15));
+}
+
+/// The largest blocks the layer offers (d = 16) and an odd size, on a few trees.
+#[test]
+fn block_kernels_with_large_blocks() {
+    let trees: Vec<_> = trees()
+        .into_iter()
+        .filter(|(name, _)| ["perfect 4-ary 64", "ragged binary 23", "single node"].contains(name))
+        .collect();
+    let cases = [5, 16].map(|d| TreeCase {
+        batch: 2,
+        heads: 1,
+        d,
+        r: 2,
+        shared: false,
+        complex: false,
+    });
+    check_kernels(&trees, &cases, true, ("block kernels, large blocks", 16));
+}
+
+/// Large trees: the forward of `tree` with d × d blocks in shared memory (H100) and in the
+/// global workspace equals the CPU twin.
+fn check_large_tree(name: &str, tree: &Tree, d: usize, dtype: DType, rng_of: (&str, u64)) {
+    let (mut rng, seed) = seeded_rng(rng_of.0, rng_of.1);
+    let case = TreeCase {
+        batch: 1,
+        heads: 2,
+        d,
+        r: 1,
+        shared: false,
+        complex: false,
+    };
+    let mut x = random_tree_inputs(tree, &case, &mut rng);
+    permute_block_rows(tree, &case, &mut x, &mut rng);
+    let x = rounded(&x, dtype);
+    let [a, b, c, u] = tensors(tree, &case, &x, dtype);
+    let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
+    let twin = to_vec(&tree_solve(tree, &a, &b, &c, &u, opts(&case)).unwrap());
+    for shared in [SharedMemory::H100, NO_SHARED] {
+        let what = format!("{name}, d = {d}, {shared:?} (seed {seed})");
+        let plan = forward_plan(tree, &a, &b, &c, &u, opts(&case), shared).unwrap();
+        let run = run_in_every_order(&plan, dtype, &[&x.u, &coef], seed);
+        assert_same(&run.outputs[0], &twin, &what);
+    }
+}
+
+/// A 4,096-leaf binary tree's state fits in shared memory only with an opt-in above 48 KiB;
+/// Path-X's 16,384-leaf binary tree goes to the global workspace even on H100.
 #[test]
 fn tree_kernels_on_large_trees_in_shared_and_global_memory() {
-    let (mut rng, seed) = seeded_rng("tree kernels, large trees", 13);
-    for (name, tree, dtype) in [
-        ("binary 4096", Tree::perfect(4096, 2).unwrap(), DType::F32),
-        ("quad 28x28", Tree::quad(28, 28).unwrap(), DType::F64),
-        ("binary 16384", Tree::perfect(16384, 2).unwrap(), DType::F32),
+    for (name, leaves, arity, dtype) in [
+        ("binary 4096", 4096, 2, DType::F32),
+        ("binary 16384", 16384, 2, DType::F32),
     ] {
-        let case = TreeCase {
-            batch: 1,
-            heads: 2,
-            d: 1,
-            r: 1,
-            shared: false,
-            complex: false,
-        };
-        let x = rounded(&random_tree_inputs(&tree, &case, &mut rng), dtype);
-        let [a, b, c, u] = tensors(&tree, &case, &x, dtype);
-        let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
-        let twin = to_vec(&tree_solve(&tree, &a, &b, &c, &u, opts(&case)).unwrap());
-        for shared in [SharedMemory::H100, NO_SHARED] {
-            let what = format!("{name}, {shared:?} (seed {seed})");
-            let plan = forward_plan(&tree, &a, &b, &c, &u, opts(&case), shared).unwrap();
-            let run = run_in_every_order(&plan, dtype, &[&x.u, &coef], seed);
-            assert_same(&run.outputs[0], &twin, &what);
-        }
+        let tree = Tree::perfect(leaves, arity).unwrap();
+        check_large_tree(name, &tree, 1, dtype, ("tree kernels, large trees", 13));
     }
+    let quad = Tree::quad(28, 28).unwrap();
+    check_large_tree(
+        "quad 28x28",
+        &quad,
+        1,
+        DType::F64,
+        ("tree kernels, large trees", 13),
+    );
+}
+
+/// Levels wider than the block's 256 threads: threads own several parents in turn, reusing
+/// their LU scratch (zMNIST's quad tree; a 1,024-leaf binary tree has 512 parents on level 1).
+#[test]
+fn block_kernels_on_large_trees_in_shared_and_global_memory() {
+    let rng_of = ("block kernels, large trees", 18);
+    let binary = Tree::perfect(1024, 2).unwrap();
+    check_large_tree("binary 1024", &binary, 2, DType::F32, rng_of);
+    let quad = Tree::quad(32, 32).unwrap();
+    check_large_tree("quad 32x32", &quad, 3, DType::F64, rng_of);
 }
 
 /// The workspace decisions, per device: bytes per tree n·(1 + r)·(4 or 8)·(1 or 2).
@@ -242,12 +384,12 @@ fn tree_plans_place_the_workspace_by_the_device_limit() {
     let p = plan(4096, false, DType::F32, SharedMemory::V100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (65_528, 0));
     assert!(p.opts_in_to_shared());
-    assert_eq!(p.args[11], myosotis::ops::plan::KernelArg::Null);
+    assert_eq!(p.args[11], KernelArg::Null);
     assert_eq!((p.grid, p.block), ([6, 1, 1], [256, 1, 1]));
     // Complex: 131,056 bytes, over V100's 96 KiB, under H100's 227 KiB.
     let p = plan(4096, true, DType::F32, SharedMemory::V100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (0, 6 * 131_056));
-    assert_eq!(p.args[11], myosotis::ops::plan::KernelArg::Workspace);
+    assert_eq!(p.args[11], KernelArg::Workspace);
     let p = plan(4096, true, DType::F32, SharedMemory::H100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (131_056, 0));
     // Path-X, 16,384 leaves, f32 real: 262,136 bytes: global on H100.
@@ -262,9 +404,8 @@ fn tree_plans_place_the_workspace_by_the_device_limit() {
 
 /// A singular pivot: the status word names the node (1 + node), forward and backward, in the
 /// shared-memory and the global path.
-#[test]
-fn tree_kernels_report_a_singular_pivot_with_its_node() {
-    let (mut rng, seed) = seeded_rng("tree kernels, singular pivot", 14);
+fn check_singular_pivot(d: usize, rng_of: (&str, u64)) {
+    let (mut rng, seed) = seeded_rng(rng_of.0, rng_of.1);
     for (tree, node) in [
         (Tree::perfect(16, 4).unwrap(), 5),
         (Tree::ragged(1, 2).unwrap(), 0),
@@ -272,19 +413,22 @@ fn tree_kernels_report_a_singular_pivot_with_its_node() {
         let case = TreeCase {
             batch: 2,
             heads: 2,
-            d: 1,
+            d,
             r: 1,
             shared: false,
             complex: false,
         };
         let n = tree.len();
         let mut x = random_tree_inputs(&tree, &case, &mut rng);
-        // A leaf's pivot is its own A_v (a single node's is the root's): zero it in one tree.
-        x.a[case.coef_at(n, 1, 0, node, 0, 0)] = 0.0;
+        // A leaf's pivot is its own A_v (a single node's is the root's): zero its first column
+        // in one tree.
+        for i in 0..d {
+            x.a[case.coef_at(n, 1, 0, node, i, 0)] = 0.0;
+        }
         let [a, b, c, u] = tensors(&tree, &case, &x, DType::F32);
         let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
         for shared in [SharedMemory::H100, NO_SHARED] {
-            let what = format!("{n} nodes, node {node}, {shared:?} (seed {seed})");
+            let what = format!("{n} nodes, d = {d}, node {node}, {shared:?} (seed {seed})");
             let plan = forward_plan(&tree, &a, &b, &c, &u, opts(&case), shared).unwrap();
             let fwd = run(
                 &plan,
@@ -303,4 +447,73 @@ fn tree_kernels_report_a_singular_pivot_with_its_node() {
             assert_eq!(bwd.unwrap().status, 1 + node as i32, "backward, {what}");
         }
     }
+}
+
+#[test]
+fn tree_kernels_report_a_singular_pivot_with_its_node() {
+    check_singular_pivot(1, ("tree kernels, singular pivot", 14));
+}
+
+#[test]
+fn block_kernels_report_a_singular_pivot_with_its_node() {
+    check_singular_pivot(3, ("block kernels, singular pivot", 17));
+}
+
+/// The block kernels' workspace: n·d·(d + r) values plus one d × d LU block per thread that
+/// can own a parent at once, in shared memory when the device grants it.
+#[test]
+fn block_plans_place_the_workspace_by_the_device_limit() {
+    let plan = |tree: &Tree, d: usize, r: usize, dtype: DType, shared: SharedMemory| {
+        let n = tree.len();
+        let z = |s: &[usize]| Tensor::zeros(s, dtype, &Device::Cpu).unwrap();
+        let (coef, u) = (z(&[3, n, d, d]), z(&[2, 3, n, d, r]));
+        forward_plan(tree, &coef, &coef, &coef, &u, opts_real(), shared).unwrap()
+    };
+    // zMNIST's quad tree of 32 × 32 pixels: 1,365 nodes, 256 parents in the widest level.
+    let quad = Tree::quad(32, 32).unwrap();
+    assert_eq!((quad.len(), lu_slots(&quad)), (1365, 256));
+    let p = plan(&quad, 2, 1, DType::F32, SharedMemory::V100);
+    assert_eq!(p.kernel, "tree_block_fwd_f32");
+    assert_eq!(
+        (p.shared_bytes, p.workspace_bytes),
+        ((1365 * 6 + 256 * 4) * 4, 0)
+    );
+    assert_eq!(&p.args[8..10], &[KernelArg::I32(2), KernelArg::I32(1)]);
+    assert_eq!(p.args[12], KernelArg::I32(256));
+    // d = 16, r = 1: 1365 · 272 + 256 · 256 values of 4 bytes: global on H100 too.
+    let bytes = (1365 * 272 + 256 * 256) * 4;
+    let p = plan(&quad, 16, 1, DType::F32, SharedMemory::H100);
+    assert_eq!((p.shared_bytes, p.workspace_bytes), (0, 6 * bytes));
+    assert_eq!(p.args[13], KernelArg::Workspace);
+    // A chain has one parent per level: one LU block.
+    let chain = Tree::chain(40).unwrap();
+    assert_eq!(lu_slots(&chain), 1);
+    let p = plan(
+        &chain,
+        4,
+        2,
+        DType::F64,
+        SharedMemory {
+            per_block: SharedMemory::DEFAULT,
+        },
+    );
+    assert_eq!(p.shared_bytes, (40 * 4 * 6 + 16) * 8);
+    // The gradient blocks: (3, batch, heads, nodes, d, d).
+    let z = |s: &[usize]| Tensor::zeros(s, DType::F32, &Device::Cpu).unwrap();
+    let n = quad.len();
+    let (coef, x) = (z(&[3, n, 2, 2]), z(&[2, 3, n, 2, 1]));
+    let p = backward_plan(
+        &quad,
+        &coef,
+        &coef,
+        &coef,
+        &x,
+        opts_real(),
+        SharedMemory::H100,
+    );
+    assert_eq!(p.unwrap().outputs, vec![2 * 3 * n * 2, 3 * 2 * 3 * n * 4]);
+}
+
+fn opts_real() -> TreeSolveOptions {
+    TreeSolveOptions::default()
 }

@@ -80,22 +80,17 @@ impl<V: Copy> Workspace<V> {
 /// A pivot that failed: the node whose block Â_v is singular or not finite.
 struct BadPivot(usize);
 
-#[inline(always)]
-fn pivot_ok(p: f64) -> bool {
-    p > 0.0 && p.is_finite()
-}
-
 /// Solves m X = rhs in place for a d × d `m` and a d × k `rhs` (row-major), by LU with
 /// partial pivoting; m is destroyed and rhs becomes X.
 fn lu_solve<F: WithDType, V: Value<F>>(m: &mut [V], rhs: &mut [V], d: usize, k: usize) -> bool {
     for col in 0..d {
         let mut piv = col;
         for i in col + 1..d {
-            if m[i * d + col].abs2() > m[piv * d + col].abs2() {
+            if m[i * d + col].norm2() > m[piv * d + col].norm2() {
                 piv = i;
             }
         }
-        if !pivot_ok(m[piv * d + col].abs2()) {
+        if !m[piv * d + col].pivot_ok() {
             return false;
         }
         if piv != col {

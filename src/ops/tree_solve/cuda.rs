@@ -1,13 +1,16 @@
-//! The launches of `kernels/tree_solve.cu` (scalar blocks, d = 1): their plans (pure functions,
-//! executed by the CUDA launch below and by the host harness in `tests/kernels_on_cpu`) and,
-//! with the `cuda` feature, their execution on candle's stream.
+//! The launches of `kernels/tree_solve.cu`: their plans (pure functions, executed by the CUDA
+//! launch below and by the host harness in `tests/kernels_on_cpu`) and, with the `cuda`
+//! feature, their execution on candle's stream.
 //!
-//! Grid: one block of [`THREADS`] threads per (batch, head) tree. Per-node state — n·(1 + r)
-//! values in the accumulation type (f32, or f64 for f64) — lives in dynamic shared memory when
-//! the device grants that much to a block (opting in above 48 KiB), else in a global workspace
-//! with one slice per tree.
+//! Grid: one block of [`THREADS`] threads per (batch, head) tree. Per-tree state, in the
+//! accumulation type (f32, or f64 for f64), lives in dynamic shared memory when the device
+//! grants that much to a block (opting in above 48 KiB), else in a global workspace with one
+//! slice per tree:
+//! * scalar blocks (`tree_fwd`, `tree_bwd`): n·(1 + r) values;
+//! * d × d blocks (`tree_block_fwd`, `tree_block_bwd`): n·d·(d + r) values plus one d × d LU
+//!   scratch block per thread that can own a parent at once ([`lu_slots`]).
 
-use candle_core::{bail, DType, Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 
 use super::{check_args, Dims, TreeSolveOp, TreeSolveOptions};
 use crate::ops::plan::{int_arg, kernel_name, KernelArg, LaunchPlan, SharedMemory};
@@ -16,12 +19,27 @@ use crate::tree::Tree;
 /// Threads per block (TREE_THREADS in the kernel).
 pub const THREADS: u32 = 256;
 
+/// The LU scratch blocks a d × d block solve of `tree` needs: one per thread that owns a
+/// parent in the widest level (at most [`THREADS`]), and one for the root.
+pub fn lu_slots(tree: &Tree) -> usize {
+    (1..tree.levels())
+        .map(|k| tree.level(k).len())
+        .max()
+        .unwrap_or(1)
+        .clamp(1, THREADS as usize)
+}
+
 impl TreeSolveOp {
-    /// Bytes of per-node state one tree needs.
+    /// Bytes of state one tree needs.
     fn workspace_per_tree(&self, dtype: DType) -> usize {
         let acc = if dtype == DType::F64 { 8 } else { 4 };
         let w = if self.opts.complex { 2 } else { 1 };
-        self.dims.nodes * (1 + self.dims.r) * acc * w
+        let Dims { nodes, d, r, .. } = self.dims;
+        let values = match d {
+            1 => nodes * (1 + r),
+            _ => nodes * d * (d + r) + lu_slots(&self.tree) * d * d,
+        };
+        values * acc * w
     }
 
     /// The launch of `stem` with `inputs` tensor arguments and the outputs that follow them.
@@ -41,9 +59,6 @@ impl TreeSolveOp {
             r,
             shared: shared_coef,
         } = self.dims;
-        if d != 1 {
-            bail!("tree_solve: the CUDA kernel covers scalar blocks (d = 1) only, got d = {d}");
-        }
         let op = "tree_solve";
         let trees = int_arg(op, "batch × heads", batch * heads)?;
         let bytes = self.workspace_per_tree(dtype);
@@ -55,21 +70,31 @@ impl TreeSolveOp {
             .chain((0..outputs.len()).map(KernelArg::Output))
             .chain((0..3).map(KernelArg::Table))
             .collect();
-        args.extend([
-            KernelArg::I32(int_arg(op, "levels", tree.levels())?),
-            KernelArg::I32(int_arg(op, "nodes", nodes)?),
-            KernelArg::I32(int_arg(op, "r", r)?),
-            KernelArg::I32(int_arg(op, "heads", heads)?),
-            KernelArg::I32(shared_coef as i32),
-            if in_shared {
-                KernelArg::Null
-            } else {
-                KernelArg::Workspace
-            },
-            KernelArg::Status,
-        ]);
+        args.push(KernelArg::I32(int_arg(op, "levels", tree.levels())?));
+        args.push(KernelArg::I32(int_arg(op, "nodes", nodes)?));
+        if d > 1 {
+            args.push(KernelArg::I32(int_arg(op, "d", d)?));
+        }
+        args.push(KernelArg::I32(int_arg(op, "r", r)?));
+        args.push(KernelArg::I32(int_arg(op, "heads", heads)?));
+        args.push(KernelArg::I32(shared_coef as i32));
+        if d > 1 {
+            args.push(KernelArg::I32(lu_slots(tree) as i32));
+        }
+        args.push(if in_shared {
+            KernelArg::Null
+        } else {
+            KernelArg::Workspace
+        });
+        args.push(KernelArg::Status);
+        // Scalar blocks have their own kernels: `tree_fwd` or `tree_block_fwd`.
+        let stem = if d == 1 {
+            stem.to_string()
+        } else {
+            stem.replacen("tree_", "tree_block_", 1)
+        };
         Ok(LaunchPlan {
-            kernel: kernel_name(stem, dtype, self.opts.complex)?,
+            kernel: kernel_name(&stem, dtype, self.opts.complex)?,
             grid: [trees as u32, 1, 1],
             block: [THREADS, 1, 1],
             shared_bytes: if in_shared { bytes } else { 0 },
@@ -89,10 +114,11 @@ impl TreeSolveOp {
             batch,
             heads,
             nodes,
+            d,
             r,
             ..
         } = self.dims;
-        batch * heads * nodes * r * if self.opts.complex { 2 } else { 1 }
+        batch * heads * nodes * d * r * if self.opts.complex { 2 } else { 1 }
     }
 
     /// `tree_fwd`: inputs (u, coef = [A; B; C]), output x.
@@ -101,16 +127,17 @@ impl TreeSolveOp {
     }
 
     /// `tree_bwd`: inputs (∂x, coef, x), outputs ∂u and the per-tree coefficient gradients
-    /// (3, batch, heads, nodes[, 2]).
+    /// (3, batch, heads, nodes, d, d[, 2]).
     fn backward_plan(&self, dtype: DType, shared: SharedMemory) -> Result<LaunchPlan> {
         let Dims {
             batch,
             heads,
             nodes,
+            d,
             ..
         } = self.dims;
         let w = if self.opts.complex { 2 } else { 1 };
-        let dcoef = 3 * batch * heads * nodes * w;
+        let dcoef = 3 * batch * heads * nodes * d * d * w;
         self.plan("tree_bwd", dtype, shared, 3, vec![self.rhs_len(), dcoef])
     }
 }
@@ -133,7 +160,7 @@ pub fn forward_plan(
 
 /// The launch of the backward of `tree_solve` on a GPU granting `shared`. Its inputs are
 /// (∂x, coef, x); its outputs ∂u and the coefficient gradients per tree, (3, batch, heads,
-/// nodes[, 2]) (the op sums them over the batch for shared coefficients).
+/// nodes, d, d[, 2]) (the op sums them over the batch for shared coefficients).
 pub fn backward_plan(
     tree: &Tree,
     a: &Tensor,
@@ -203,7 +230,11 @@ mod launch {
         let tail: &[usize] = if op.opts.complex { &[2] } else { &[] };
         let shapes = [
             g.dims().to_vec(),
-            [&[3, dims.batch, dims.heads, dims.nodes, 1, 1][..], tail].concat(),
+            [
+                &[3, dims.batch, dims.heads, dims.nodes, dims.d, dims.d][..],
+                tail,
+            ]
+            .concat(),
         ];
         let mut wrapped = out.outputs.into_iter().zip(shapes).map(|(s, shape)| {
             Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false)

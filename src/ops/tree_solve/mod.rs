@@ -95,7 +95,7 @@ pub fn tree_solve(
     opts: TreeSolveOptions,
 ) -> Result<Tensor> {
     let dims = check_args(tree, a, b, c, u, opts)?;
-    check_device(u, dims)?;
+    check_device(u)?;
     let dtype = u.dtype();
     if u.device().is_cpu() && matches!(dtype, DType::F16 | DType::BF16) {
         let up = |t: &Tensor| t.to_dtype(DType::F32);
@@ -187,16 +187,11 @@ fn check_args(
     })
 }
 
-/// The CPU runs every case; the CUDA kernel covers scalar blocks (d = 1).
-fn check_device(u: &Tensor, dims: Dims) -> Result<()> {
+/// The CPU, and CUDA when built with the `cuda` feature.
+fn check_device(u: &Tensor) -> Result<()> {
     match u.device() {
         Device::Cpu => Ok(()),
-        Device::Cuda(_) if cfg!(feature = "cuda") && dims.d == 1 => Ok(()),
-        Device::Cuda(_) if cfg!(feature = "cuda") => bail!(
-            "tree_solve: the CUDA kernel covers scalar blocks (d = 1) only, got d = {}; \
-             run block sizes > 1 on the CPU",
-            dims.d
-        ),
+        Device::Cuda(_) if cfg!(feature = "cuda") => Ok(()),
         dev => bail!("tree_solve: device {:?} is not supported", dev.location()),
     }
 }
@@ -345,7 +340,7 @@ pub fn tree_solve_backward(
             x.device().location()
         );
     }
-    check_device(x, dims)?;
+    check_device(x)?;
     if x.device().is_cpu() && matches!(x.dtype(), DType::F16 | DType::BF16) {
         let up = |t: &Tensor| t.to_dtype(DType::F32);
         let g = tree_solve_backward(tree, &up(a)?, &up(b)?, &up(c)?, &up(x)?, &up(grad_x)?, opts)?;

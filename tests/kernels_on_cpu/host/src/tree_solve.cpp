@@ -2,7 +2,9 @@
 #include "../../../../kernels/tree_solve.cu"
 #include "launcher.h"
 
-#define TREE_ENTRIES(SUFFIX, T, OPS) KERNEL_ENTRY(tree_fwd_##SUFFIX), KERNEL_ENTRY(tree_bwd_##SUFFIX),
+#define TREE_ENTRIES(SUFFIX, T, OPS)                                                              \
+    KERNEL_ENTRY(tree_fwd_##SUFFIX), KERNEL_ENTRY(tree_bwd_##SUFFIX),                             \
+        KERNEL_ENTRY(tree_block_fwd_##SUFFIX), KERNEL_ENTRY(tree_block_bwd_##SUFFIX),
 static const KernelEntry entries[] = {TREE_DTYPES(TREE_ENTRIES)};
 
 const KernelEntry *tree_solve_kernels(size_t *n) {
