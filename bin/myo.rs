@@ -163,6 +163,19 @@ struct TrainArgs {
 
 #[derive(Subcommand)]
 enum DataCmd {
+    /// Synthetic 28 × 28 digits in the MNIST IDX format, for the MNIST tasks without a
+    /// download: class k is a bar (horizontal for k < 5, vertical otherwise) whose position is
+    /// k, with jitter and noise.
+    Strokes {
+        #[arg(long)]
+        out: std::path::PathBuf,
+        #[arg(long, default_value_t = 6_000)]
+        train: usize,
+        #[arg(long, default_value_t = 1_000)]
+        test: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// ListOps in the LRA TSV format (basic_{train,val,test}.tsv) from the built-in generator.
     Listops {
         #[arg(long)]
@@ -533,6 +546,19 @@ fn run() -> Result<()> {
             );
         }
         Command::Data { which } => match which {
+            DataCmd::Strokes {
+                out,
+                train,
+                test,
+                seed,
+            } => {
+                myosotis::data::strokes::write_dataset(&out, train, test, seed)
+                    .context("generating the stroke digits")?;
+                println!(
+                    "Stroke digits written to {} ({train} / {test} images, MNIST IDX)",
+                    out.display()
+                );
+            }
             DataCmd::Listops {
                 out,
                 train,

@@ -2,19 +2,20 @@
 // and d x d blocks (`tree_block_fwd`/`tree_block_bwd`, below). The algorithm is described in
 // src/ops/tree_solve/mod.rs; the CPU twins are src/ops/tree_solve/{lanes,blocked}.rs.
 //
-// Grid: one block per (batch, head) tree. Threads work on the parents of one BFS level at a
-// time (each parent folds in its contiguous children), with a barrier between levels; the
-// downward pass walks the levels back, parents pushing their solution to their children.
+// Grid: a block per (batch, head) tree, or fewer blocks each taking several trees in turn.
+// Threads work on the parents of one BFS level at a time (each parent folds in its contiguous
+// children), with a barrier between levels; the downward pass walks the levels back, parents
+// pushing their solution to their children.
 //
 // Per-node state lives in one workspace: `ab[v]` holds Â_v until the parent consumes it, then
 // B̂_v; `uh[v*r + j]` holds ũ_v, then û_v, then x_v. It is in shared memory when
 // nodes * (1 + r) values fit the device's opt-in limit per block (the host decides and opts
 // in: 227 KiB on H100 holds a 4,096-leaf binary tree), else in a global buffer, one slice per
-// tree (the path for Path-X's 16,384-leaf binary tree). Global traffic is the minimum: read u,
-// A, B, C once, write x once.
+// block (the path for Path-X's 16,384-leaf binary tree). Global traffic is the minimum: read
+// u, A, B, C once, write x once.
 //
-// A singular or non-finite pivot sets *status to 1 + node (first one wins); the host turns it
-// into an error.
+// A singular or non-finite pivot sets *status to 1 + node (first one wins); the host reads it
+// when it next synchronises and turns it into an error.
 #include "values.cuh"
 
 #define TREE_THREADS 256
@@ -49,9 +50,9 @@ template <typename T, typename O, bool ADJ> struct TreeCoefs {
 };
 
 template <typename T, typename O, bool ADJ>
-__device__ __forceinline__ TreeCoefs<T, O, ADJ> tree_coefs(const T *coef, int nodes, int heads,
-                                                             int trees, int shared_coef) {
-    const int tree = blockIdx.x;
+__device__ __forceinline__ TreeCoefs<T, O, ADJ> tree_coefs(const T *coef, int nodes, int tree,
+                                                             int trees, int heads,
+                                                             int shared_coef) {
     const i64 set = (i64)(shared_coef ? heads : trees) * nodes;
     const i64 off = (i64)(shared_coef ? tree % heads : tree) * nodes;
     return TreeCoefs<T, O, ADJ>{coef, off, set + off, 2 * set + off};
@@ -117,13 +118,14 @@ template <typename V> __device__ __forceinline__ V *tree_workspace(V *global_ws,
 }
 
 template <typename T, typename O>
-__device__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g, int heads,
-                         int shared_coef, typename O::V *global_ws, int *status) {
+__device__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g, int tree,
+                         int trees, int heads, int shared_coef, typename O::V *global_ws,
+                         int *status) {
     typedef typename O::V V;
     V *ab = tree_workspace<V>(global_ws, g.nodes * (1 + g.r));
     V *uh = ab + g.nodes;
-    const auto cf = tree_coefs<T, O, false>(coef, g.nodes, heads, gridDim.x, shared_coef);
-    const i64 x0 = (i64)blockIdx.x * g.nodes * g.r;
+    const auto cf = tree_coefs<T, O, false>(coef, g.nodes, tree, trees, heads, shared_coef);
+    const i64 x0 = (i64)tree * g.nodes * g.r;
     tree_solve_block<T, O, false>(g, cf, u, x0, ab, uh, status);
     for (int i = threadIdx.x; i < g.nodes * g.r; i += blockDim.x) O::store(x, x0 + i, uh[i]);
 }
@@ -134,16 +136,16 @@ __device__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g,
 // shared coefficients.
 template <typename T, typename O>
 __device__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
-                         const TreeGeometry &g, int heads, int shared_coef,
+                         const TreeGeometry &g, int tree, int trees, int heads, int shared_coef,
                          typename O::V *global_ws, int *status) {
     typedef typename O::V V;
     V *ab = tree_workspace<V>(global_ws, g.nodes * (1 + g.r));
     V *lam = ab + g.nodes;
-    const auto cf = tree_coefs<T, O, true>(coef, g.nodes, heads, gridDim.x, shared_coef);
-    const i64 x0 = (i64)blockIdx.x * g.nodes * g.r;
+    const auto cf = tree_coefs<T, O, true>(coef, g.nodes, tree, trees, heads, shared_coef);
+    const i64 x0 = (i64)tree * g.nodes * g.r;
     tree_solve_block<T, O, true>(g, cf, gx, x0, ab, lam, status);
     const int r = g.r, root = g.nodes - 1;
-    const i64 set = (i64)gridDim.x * g.nodes, d0 = (i64)blockIdx.x * g.nodes;
+    const i64 set = (i64)trees * g.nodes, d0 = (i64)tree * g.nodes;
     for (int i = threadIdx.x; i < g.nodes * r; i += blockDim.x) O::store(du, x0 + i, lam[i]);
     for (int v = threadIdx.x; v < g.nodes; v += blockDim.x) {
         const int p = g.parent[v];
@@ -192,10 +194,10 @@ template <typename T, typename O, bool ADJ> struct BlockCoefs {
 
 template <typename T, typename O, bool ADJ>
 __device__ __forceinline__ BlockCoefs<T, O, ADJ> block_coefs(const T *coef, int nodes, int d,
-                                                               int heads, int shared_coef) {
-    const int tree = blockIdx.x;
+                                                               int tree, int trees, int heads,
+                                                               int shared_coef) {
     const i64 per_tree = (i64)nodes * d * d;
-    const i64 set = (i64)(shared_coef ? heads : gridDim.x) * per_tree;
+    const i64 set = (i64)(shared_coef ? heads : trees) * per_tree;
     const i64 off = (i64)(shared_coef ? tree % heads : tree) * per_tree;
     return BlockCoefs<T, O, ADJ>{coef, off, set + off, 2 * set + off, d};
 }
@@ -315,13 +317,13 @@ __device__ __forceinline__ i64 block_workspace_len(int nodes, int d, int r, int 
 
 template <typename T, typename O>
 __device__ void tree_block_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g, int d,
-                               int heads, int shared_coef, int slots, typename O::V *global_ws,
-                               int *status) {
+                               int tree, int trees, int heads, int shared_coef, int slots,
+                               typename O::V *global_ws, int *status) {
     typedef typename O::V V;
     V *ab = tree_workspace<V>(global_ws, block_workspace_len(g.nodes, d, g.r, slots));
     V *uh = ab + (i64)g.nodes * d * d, *lu = uh + (i64)g.nodes * d * g.r;
-    const auto cf = block_coefs<T, O, false>(coef, g.nodes, d, heads, shared_coef);
-    const i64 len = (i64)g.nodes * d * g.r, x0 = (i64)blockIdx.x * len;
+    const auto cf = block_coefs<T, O, false>(coef, g.nodes, d, tree, trees, heads, shared_coef);
+    const i64 len = (i64)g.nodes * d * g.r, x0 = (i64)tree * len;
     tree_block_solve<T, O, false>(g, d, cf, u, x0, ab, uh, lu, status);
     for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(x, x0 + e, uh[e]);
 }
@@ -340,18 +342,19 @@ __device__ __forceinline__ typename O::V block_outer(const typename O::V *lam, c
 // (3, trees, nodes, d, d).
 template <typename T, typename O>
 __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
-                               const TreeGeometry &g, int d, int heads, int shared_coef,
-                               int slots, typename O::V *global_ws, int *status) {
+                               const TreeGeometry &g, int d, int tree, int trees, int heads,
+                               int shared_coef, int slots, typename O::V *global_ws,
+                               int *status) {
     typedef typename O::V V;
     V *ab = tree_workspace<V>(global_ws, block_workspace_len(g.nodes, d, g.r, slots));
     V *lam = ab + (i64)g.nodes * d * d, *lu = lam + (i64)g.nodes * d * g.r;
-    const auto cf = block_coefs<T, O, true>(coef, g.nodes, d, heads, shared_coef);
+    const auto cf = block_coefs<T, O, true>(coef, g.nodes, d, tree, trees, heads, shared_coef);
     const int r = g.r, dd = d * d, root = g.nodes - 1;
-    const i64 len = (i64)g.nodes * d * r, x0 = (i64)blockIdx.x * len;
+    const i64 len = (i64)g.nodes * d * r, x0 = (i64)tree * len;
     tree_block_solve<T, O, true>(g, d, cf, gx, x0, ab, lam, lu, status);
     for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(du, x0 + e, lam[e]);
-    const i64 per_tree = (i64)g.nodes * dd, set = (i64)gridDim.x * per_tree;
-    const i64 d0 = (i64)blockIdx.x * per_tree;
+    const i64 per_tree = (i64)g.nodes * dd, set = (i64)trees * per_tree;
+    const i64 d0 = (i64)tree * per_tree;
     for (i64 e = threadIdx.x; e < per_tree; e += blockDim.x) {
         const int v = (int)(e / dd), i = (int)(e % dd) / d, j = (int)(e % d), p = g.parent[v];
         const V *lv = lam + ((i64)v * d + i) * r, *lp = lam + ((i64)p * d + i) * r;
@@ -362,35 +365,55 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
     }
 }
 
+// Each block solves trees blockIdx.x, blockIdx.x + gridDim.x, ... of the `trees` (batch x heads)
+// in turn, reusing its workspace: the host sizes the grid so that the global workspace stays
+// within its budget (Path-X's trees take 0.26-0.52 MB each).
 #define TREE_KERNELS(SUFFIX, T, OPS)                                                            \
     extern "C" __global__ void __launch_bounds__(TREE_THREADS) tree_fwd_##SUFFIX(                \
         const T *u, const T *coef, T *x, const int *level_start, const int *child_start,        \
-        const int *parent, int levels, int nodes, int r, int heads, int shared_coef,            \
-        OPS::V *global_ws, int *status) {                                                       \
+        const int *parent, int levels, int nodes, int r, int heads, int trees,                  \
+        int shared_coef, OPS::V *global_ws, int *status) {                                      \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        tree_fwd<T, OPS>(u, coef, x, g, heads, shared_coef, global_ws, status);                 \
+        for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
+            tree_fwd<T, OPS>(u, coef, x, g, t, trees, heads, shared_coef, global_ws, status);   \
+            __syncthreads();                                                                    \
+        }                                                                                       \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(TREE_THREADS) tree_bwd_##SUFFIX(                \
         const T *gx, const T *coef, const T *x, T *du, T *dcoef, const int *level_start,        \
         const int *child_start, const int *parent, int levels, int nodes, int r, int heads,     \
-        int shared_coef, OPS::V *global_ws, int *status) {                                      \
+        int trees, int shared_coef, OPS::V *global_ws, int *status) {                           \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, heads, shared_coef, global_ws, status);     \
+        for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
+            tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, t, trees, heads, shared_coef,           \
+                             global_ws, status);                                                \
+            __syncthreads();                                                                    \
+        }                                                                                       \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_BLOCK_MIN_BLOCKS) tree_block_fwd_##SUFFIX(          \
-        const T *u, const T *coef, T *x, const int *level_start, const int *child_start,        \
-        const int *parent, int levels, int nodes, int d, int r, int heads, int shared_coef,     \
-        int slots, OPS::V *global_ws, int *status) {                                            \
+    extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_BLOCK_MIN_BLOCKS)           \
+        tree_block_fwd_##SUFFIX(const T *u, const T *coef, T *x, const int *level_start,        \
+                                const int *child_start, const int *parent, int levels,          \
+                                int nodes, int d, int r, int heads, int trees, int shared_coef, \
+                                int slots, OPS::V *global_ws, int *status) {                    \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        tree_block_fwd<T, OPS>(u, coef, x, g, d, heads, shared_coef, slots, global_ws, status); \
+        for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
+            tree_block_fwd<T, OPS>(u, coef, x, g, d, t, trees, heads, shared_coef, slots,       \
+                                   global_ws, status);                                          \
+            __syncthreads();                                                                    \
+        }                                                                                       \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_BLOCK_MIN_BLOCKS) tree_block_bwd_##SUFFIX(          \
-        const T *gx, const T *coef, const T *x, T *du, T *dcoef, const int *level_start,        \
-        const int *child_start, const int *parent, int levels, int nodes, int d, int r,         \
-        int heads, int shared_coef, int slots, OPS::V *global_ws, int *status) {                \
+    extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_BLOCK_MIN_BLOCKS)           \
+        tree_block_bwd_##SUFFIX(const T *gx, const T *coef, const T *x, T *du, T *dcoef,        \
+                                const int *level_start, const int *child_start,                 \
+                                const int *parent, int levels, int nodes, int d, int r,         \
+                                int heads, int trees, int shared_coef, int slots,               \
+                                OPS::V *global_ws, int *status) {                               \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        tree_block_bwd<T, OPS>(gx, coef, x, du, dcoef, g, d, heads, shared_coef, slots,         \
-                               global_ws, status);                                              \
+        for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
+            tree_block_bwd<T, OPS>(gx, coef, x, du, dcoef, g, d, t, trees, heads, shared_coef,  \
+                                   slots, global_ws, status);                                   \
+            __syncthreads();                                                                    \
+        }                                                                                       \
     }
 
 // The instantiations: kernel-name suffix, storage type, arithmetic (the host harness in

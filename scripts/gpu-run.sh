@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Runner packed into gpu-bundle/ by scripts/gpu-bundle.sh; runs on the GPU machine:
-#   bash gpu-bundle/run.sh [REPORT_DIR]
-# Unpacks the binaries, finds the CUDA 13 libraries, runs the CUDA tests and the kernel
-# benchmarks, and writes REPORT_DIR/report.md plus raw logs (default: ./gpu-report).
+#   bash gpu-bundle/run.sh [REPORT_DIR [SECTIONS]]
+# SECTIONS: a comma-separated subset of tests,sanitizer,train,bench (default: all of them; a
+# device call that cannot fit them all runs them in two calls with two report directories).
+# Unpacks the binaries, finds the CUDA 13 libraries, and checks and records in one call: the
+# CUDA tests (kernels against the CPU twin and f64, CPU–CUDA parity of one training step of
+# every model), compute-sanitizer's memcheck and racecheck over a scan and a tree test, short
+# `myo train --device cuda` runs of every model on generated ListOps and synthetic digits with
+# the same runs' steps/s on the CPU, and the kernel benchmarks. Writes REPORT_DIR/report.md,
+# REPORT_DIR/bench.jsonl and raw logs (default: ./gpu-report).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
+sections=${2:-tests,sanitizer,train,bench}
+want() { [[ ",$sections," == *",$1,"* ]]; }
 work=$(mktemp -d)
 tar -C "$work" -xJf "$here/bundle.tar.xz"
 bin=$work/bin
@@ -64,7 +72,7 @@ fi
 } >"$report/report.md"
 
 status=0
-for t in "$bin"/test-*; do
+want tests && for t in "$bin"/test-*; do
   name=$(basename "$t")
   "$t" --test-threads=1 --nocapture >"$report/$name.log" 2>&1
   rc=$?
@@ -73,6 +81,85 @@ for t in "$bin"/test-*; do
   grep -h "SKIPPED" "$report/$name.log" | sed 's/^/  - /' >>"$report/report.md"
 done
 
+# compute-sanitizer, where the toolkit has it: memory errors and shared-memory races.
+sanitizer=$(command -v compute-sanitizer || find /usr/local /opt -name compute-sanitizer -type f -print -quit 2>/dev/null)
+want sanitizer && {
+  echo
+  echo "## compute-sanitizer"
+  echo
+  if [ -z "$sanitizer" ]; then
+    echo "- not found on this machine"
+  fi
+} >>"$report/report.md"
+if want sanitizer && [ -n "$sanitizer" ]; then
+  for tool in memcheck racecheck; do
+    for t in "test-cuda_scan cuda_half_precision" "test-cuda_tree_solve cuda_block_tree_solve"; do
+      # shellcheck disable=SC2086
+      set -- $t
+      log="$report/sanitizer-$tool-$1.log"
+      timeout 100 "$sanitizer" --tool "$tool" --error-exitcode 9 "$bin/$1" "$2" --test-threads=1 >"$log" 2>&1
+      rc=$?
+      [ $rc -eq 0 ] || status=1
+      echo "- $tool, $1 $2: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^test result' "$log" | tr '\n' ' ')" >>"$report/report.md"
+    done
+  done
+fi
+
+# Training end to end: every model a few hundred steps on CUDA, then the same configuration
+# for 20 steps on the CPU; steps/s from each run's own clock (metrics.jsonl: steps and
+# seconds at the last training record, evaluation included).
+data=$work/data
+want train && "$bin/myo" data strokes --out "$data/strokes" --train 3200 --test 500 >/dev/null
+last_train() { grep '"split":"train"' "$1/metrics.jsonl" | tail -1; }
+field() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1"; }
+want train && {
+  echo
+  echo "## Training (myo train: 2 epochs of 3,200 samples, batch 32 = 200 steps on CUDA; 20 steps on the CPU)"
+  echo
+  echo "| model | task | CUDA: loss epoch 1 → 2, val acc | CUDA steps/s | CPU steps/s | CUDA samples/s |"
+  echo "|---|---|---|---|---|---|"
+} >>"$report/report.md"
+runs=(
+  "s5|listops|--model s5"
+  "myo d=1|listops|--model myo"
+  "myo d=2|listops|--model myo --block-size 2"
+  "mingru|listops|--model mingru"
+  "s5|smnist (strokes)|--model s5 --task smnist --data-dir $data/strokes"
+  "myo d=1|zmnist (strokes)|--model myo --task zmnist --data-dir $data/strokes"
+  "myo d=2|zmnist (strokes)|--model myo --block-size 2 --task zmnist --data-dir $data/strokes"
+  "mingru|smnist (strokes)|--model mingru --task smnist --data-dir $data/strokes"
+)
+want train && for r in "${runs[@]}"; do
+  IFS='|' read -r model task flags <<<"$r"
+  tag=$(echo "$model-$task" | tr -c 'a-z0-9=\n' '_')
+  out=$work/runs/$tag
+  # shellcheck disable=SC2086
+  timeout 100 "$bin/myo" train $flags --device cuda --epochs 2 --max-train-samples 3200 \
+    --max-eval-samples 500 --out "$out" >"$report/train-$tag.log" 2>&1
+  rc=$?
+  # shellcheck disable=SC2086
+  timeout 60 "$bin/myo" train $flags --device cpu --epochs 1 --max-train-samples 640 \
+    --max-eval-samples 32 --out "$out-cpu" >"$report/train-$tag-cpu.log" 2>&1
+  if [ $rc -ne 0 ] || [ ! -f "$out/metrics.jsonl" ]; then
+    status=1
+    echo "| $model | $task | failed (exit $rc): $(tail -1 "$report/train-$tag.log") | | | |" >>"$report/report.md"
+    continue
+  fi
+  cp "$out/metrics.jsonl" "$report/metrics-$tag.jsonl"
+  l1=$(field "$(grep '"split":"train"' "$out/metrics.jsonl" | head -1)" loss)
+  t=$(last_train "$out")
+  l2=$(field "$t" loss)
+  acc=$(field "$(grep '"split":"val"' "$out/metrics.jsonl" | tail -1)" accuracy)
+  gpu_sps=$(awk -v s="$(field "$t" step)" -v t="$(field "$t" seconds)" 'BEGIN { printf "%.1f", s / t }')
+  gpu_xps=$(awk -v s="$(field "$t" step)" -v t="$(field "$t" seconds)" 'BEGIN { printf "%.0f", 32 * s / t }')
+  c=$(last_train "$out-cpu" 2>/dev/null)
+  cpu_sps=$( [ -n "$c" ] && awk -v s="$(field "$c" step)" -v t="$(field "$c" seconds)" 'BEGIN { printf "%.2f", s / t }')
+  falling=$(awk -v a="$l1" -v b="$l2" 'BEGIN { print (b < a) ? "falling" : "NOT FALLING" }')
+  [ "$falling" = falling ] || status=1
+  echo "| $model | $task | $l1 → $l2 ($falling), $acc | $gpu_sps | ${cpu_sps:-failed} | $gpu_xps |" >>"$report/report.md"
+done
+
+if want bench; then
 {
   echo
   echo "## Benchmarks (median; GB/s = bytes that must move / time)"
@@ -95,6 +182,10 @@ tree_shapes=(
   "--batch 16 --heads 64 --leaves 16384 --arity 2"
   "--batch 16 --heads 64 --leaves 16384 --arity 2 --backward"
   "--batch 16 --heads 256 --leaves 1024 --arity 4 --complex"
+  "--batch 16 --heads 64 --leaves 1024 --arity 4 --block 2"
+  "--batch 16 --heads 64 --leaves 1024 --arity 4 --block 2 --backward"
+  "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4"
+  "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4 --backward"
 )
 for s in "${shapes[@]}"; do
   # shellcheck disable=SC2086
@@ -109,6 +200,7 @@ for s in "${tree_shapes[@]}"; do
   "$bin/myo" bench tree --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
 done
 echo '```' >>"$report/report.md"
+fi
 cat "$report/report.md"
 rm -rf "$work"
 exit $status

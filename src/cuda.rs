@@ -8,10 +8,15 @@ use candle_core::cuda_backend::cudarc::driver::sys::{
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
+use candle_core::cuda_backend::DeviceId;
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, WithDType};
 
-use crate::ops::plan::{KernelArg, LaunchPlan, SharedMemory};
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+
+use crate::ops::plan::{DeviceLimits, KernelArg, LaunchPlan};
 
 /// A PTX module and the name candle caches it under.
 #[derive(Clone, Copy, Debug)]
@@ -39,35 +44,83 @@ impl CudaElem for f64 {}
 impl CudaElem for half::f16 {}
 impl CudaElem for half::bf16 {}
 
-/// The dynamic shared memory the device grants a block.
-pub fn shared_memory(dev: &CudaDevice) -> Result<SharedMemory> {
+/// What the runtime keeps per device across launches, so that a launch allocates only its
+/// outputs and never waits for the device.
+struct DeviceState {
+    limits: DeviceLimits,
+    /// Tables uploaded so far (a few per tree shape: training uses one or two trees).
+    tables: HashMap<Vec<u32>, CudaSlice<u32>>,
+    /// One workspace, grown to the largest launch so far; launches on candle's one stream run
+    /// in order, so they can share it.
+    workspace: Option<CudaSlice<u8>>,
+    /// The status word every launch with a status argument reports to (zero: no error); read
+    /// and cleared by [`take_status`].
+    status: CudaSlice<i32>,
+}
+
+/// Tables cached per device before the cache is cleared (a sweep over many tree shapes).
+const MAX_TABLES: usize = 64;
+
+static STATE: LazyLock<Mutex<HashMap<DeviceId, DeviceState>>> = LazyLock::new(Default::default);
+
+/// Runs `f` on `dev`'s state, creating it on first use.
+fn with_state<R>(dev: &CudaDevice, f: impl FnOnce(&mut DeviceState) -> Result<R>) -> Result<R> {
+    let mut all = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let state = match all.entry(dev.id()) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => e.insert(DeviceState {
+            limits: query_limits(dev)?,
+            tables: HashMap::new(),
+            workspace: None,
+            status: dev.alloc_zeros::<i32>(1)?,
+        }),
+    };
+    f(state)
+}
+
+/// The shared memory the device grants a block, and a workspace budget of an eighth of the
+/// memory free now (at most [`DeviceLimits::MAX_WORKSPACE`]).
+fn query_limits(dev: &CudaDevice) -> Result<DeviceLimits> {
     let opt_in = dev
         .cuda_stream()
         .context()
         .attribute(CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         .w()?;
-    Ok(SharedMemory {
-        per_block: (opt_in as usize).max(SharedMemory::DEFAULT),
+    let (free, _total) = dev.cuda_stream().context().mem_get_info().w()?;
+    Ok(DeviceLimits {
+        shared_per_block: (opt_in as usize).max(DeviceLimits::DEFAULT_SHARED),
+        workspace_bytes: (free / 8).min(DeviceLimits::MAX_WORKSPACE),
     })
 }
 
-/// What a launch produced: its outputs (in the plan's order) and its status word (0 when the
-/// plan has none).
-pub struct Launched {
-    pub outputs: Vec<CudaStorage>,
-    pub status: i32,
+/// What the device grants a launch (queried once per device).
+pub fn limits(dev: &CudaDevice) -> Result<DeviceLimits> {
+    with_state(dev, |s| Ok(s.limits))
+}
+
+/// Reads the device's status word and clears it: 0, or the first error a kernel reported
+/// since the last call (for the tree solve: 1 + the node of a bad pivot). This waits for the
+/// device, so callers do it where they read a result back anyway.
+pub fn take_status(dev: &CudaDevice) -> Result<i32> {
+    with_state(dev, |s| {
+        let v = dev.clone_dtoh(&s.status)?[0];
+        if v != 0 {
+            dev.cuda_stream().memset_zeros(&mut s.status).w()?;
+        }
+        Ok(v)
+    })
 }
 
 /// Executes `plan` on `dev` with `inputs` (contiguous, all of one dtype, in the plan's input
-/// order): allocates the outputs, tables, workspace and status word the plan names, opts in
-/// to large dynamic shared memory, launches on candle's stream, and reads the status word back
-/// when there is one.
+/// order): allocates the outputs, uploads the tables the device does not have yet, sizes the
+/// shared workspace, opts in to large dynamic shared memory and launches on candle's stream.
+/// Nothing is read back: a status the kernel sets waits for [`take_status`].
 pub fn launch(
     dev: &CudaDevice,
     module: Module,
     plan: &LaunchPlan,
     inputs: &[(&CudaStorage, &Layout)],
-) -> Result<Launched> {
+) -> Result<Vec<CudaStorage>> {
     let Some(&(first, _)) = inputs.first() else {
         bail!("internal error: {} launched without inputs", plan.kernel)
     };
@@ -85,7 +138,7 @@ fn run<T: CudaElem>(
     module: Module,
     plan: &LaunchPlan,
     inputs: &[(&CudaStorage, &Layout)],
-) -> Result<Launched> {
+) -> Result<Vec<CudaStorage>> {
     let views: Vec<CudaView<T>> = inputs.iter().map(|&i| slice_at(i)).collect::<Result<_>>()?;
     // SAFETY (outputs, workspace): the kernel writes every output element, and every workspace
     // element before reading it (the host harness runs the kernels on poisoned memory).
@@ -94,22 +147,6 @@ fn run<T: CudaElem>(
         .iter()
         .map(|&n| unsafe { dev.alloc::<T>(n) })
         .collect::<Result<_>>()?;
-    let tables: Vec<CudaSlice<u32>> = plan
-        .tables
-        .iter()
-        .map(|t| dev.clone_htod(t))
-        .collect::<Result<_>>()?;
-    let workspace = match plan.workspace_bytes {
-        0 => None,
-        n => Some(unsafe { dev.alloc::<u8>(n) }?),
-    };
-    let has_status = plan.args.contains(&KernelArg::Status);
-    let status = if has_status {
-        Some(dev.alloc_zeros::<i32>(1)?)
-    } else {
-        None
-    };
-    let null = 0usize;
     let func = dev.get_or_load_custom_func(&plan.kernel, module.name, module.ptx)?;
     if plan.opts_in_to_shared() {
         func.set_attribute(
@@ -118,38 +155,54 @@ fn run<T: CudaElem>(
         )
         .w()?;
     }
-    let mut b = func.builder();
-    for arg in &plan.args {
-        match arg {
-            KernelArg::Input(i) => b.arg(&views[*i]),
-            KernelArg::Output(i) => b.arg(&outputs[*i]),
-            KernelArg::Table(i) => b.arg(&tables[*i]),
-            KernelArg::Workspace => match &workspace {
-                Some(w) => b.arg(w),
-                None => bail!("internal error: {} has no workspace", plan.kernel),
-            },
-            KernelArg::Null => b.arg(&null),
-            KernelArg::Status => b.arg(status.as_ref().expect("allocated above")),
-            KernelArg::I32(v) => b.arg(v),
+    with_state(dev, |state| {
+        if state.tables.len() + plan.tables.len() > MAX_TABLES {
+            state.tables.clear();
+        }
+        for t in &plan.tables {
+            if !state.tables.contains_key(t) {
+                state.tables.insert(t.clone(), dev.clone_htod(t)?);
+            }
+        }
+        let have = state.workspace.as_ref().map_or(0, |w| w.len());
+        if plan.workspace_bytes > have {
+            state.workspace = None; // freed in stream order before the larger one is made
+            state.workspace = Some(unsafe { dev.alloc::<u8>(plan.workspace_bytes) }?);
+        }
+        let DeviceState {
+            tables,
+            workspace,
+            status,
+            ..
+        } = state;
+        let null = 0usize;
+        let mut b = func.builder();
+        for arg in &plan.args {
+            match arg {
+                KernelArg::Input(i) => b.arg(&views[*i]),
+                KernelArg::Output(i) => b.arg(&outputs[*i]),
+                KernelArg::Table(i) => b.arg(&tables[&plan.tables[*i]]),
+                KernelArg::Workspace => match workspace.as_ref() {
+                    Some(w) => b.arg(w),
+                    None => bail!("internal error: {} has no workspace", plan.kernel),
+                },
+                KernelArg::Null => b.arg(&null),
+                KernelArg::Status => b.arg(&*status),
+                KernelArg::I32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (plan.grid[0], plan.grid[1], plan.grid[2]),
+            block_dim: (plan.block[0], plan.block[1], plan.block[2]),
+            shared_mem_bytes: plan.shared_bytes as u32,
         };
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (plan.grid[0], plan.grid[1], plan.grid[2]),
-        block_dim: (plan.block[0], plan.block[1], plan.block[2]),
-        shared_mem_bytes: plan.shared_bytes as u32,
-    };
-    unsafe { b.launch(cfg) }.w()?;
-    let status = match &status {
-        Some(s) => dev.clone_dtoh(s)?[0],
-        None => 0,
-    };
-    Ok(Launched {
-        outputs: outputs
-            .into_iter()
-            .map(|s| CudaStorage::wrap_cuda_slice(s, dev.clone()))
-            .collect(),
-        status,
-    })
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
+    })?;
+    Ok(outputs
+        .into_iter()
+        .map(|s| CudaStorage::wrap_cuda_slice(s, dev.clone()))
+        .collect())
 }
 
 /// The contiguous region of a storage that a layout addresses, as a typed view.

@@ -7,7 +7,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
-use myosotis::ops::{tree_solve, TreeSolveOptions};
+use myosotis::ops::{check_pivots, tree_solve, TreeSolveOptions};
 use myosotis::tree::Tree;
 use rand::Rng;
 
@@ -164,22 +164,37 @@ fn cuda_large_trees_in_shared_and_global_workspace() {
     }
 }
 
+/// A singular pivot does not stop the solve (that would wait for the device); the next
+/// `check_pivots` names the node, and the one after it is clear again.
 #[test]
-fn cuda_singular_pivot_is_an_error() {
-    let Some(gpu) = gpu("cuda_singular_pivot_is_an_error") else {
+fn cuda_singular_pivot_is_reported_by_check_pivots() {
+    let Some(gpu) = gpu("cuda_singular_pivot_is_reported_by_check_pivots") else {
         return;
     };
-    let tree = Tree::perfect(4, 2).unwrap();
-    let n = tree.len();
-    let ones = Tensor::ones((1, n, 1, 1), DType::F32, &gpu).unwrap();
-    let mut a = vec![1f32; n];
-    a[1] = 0.0;
-    let a = Tensor::from_vec(a, (1, n, 1, 1), &gpu).unwrap();
-    let u = Tensor::ones((2, 1, n, 1, 1), DType::F32, &gpu).unwrap();
-    let err = tree_solve(&tree, &a, &ones, &ones, &u, TreeSolveOptions::default())
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("node 1") && err.contains("singular"), "{err}");
+    check_pivots(&gpu).unwrap();
+    for d in [1, 3] {
+        let tree = Tree::perfect(4, 2).unwrap();
+        let n = tree.len();
+        let eye = Tensor::eye(d, DType::F32, &gpu).unwrap();
+        let blocks = eye.unsqueeze(0).unwrap().repeat((n, 1, 1)).unwrap();
+        let keep = Tensor::from_vec(
+            (0..n).map(|v| if v == 1 { 0f32 } else { 1.0 }).collect(),
+            (n, 1, 1),
+            &gpu,
+        )
+        .unwrap();
+        let a = blocks.broadcast_mul(&keep).unwrap().unsqueeze(0).unwrap();
+        let small = (a.ones_like().unwrap() * 0.1).unwrap();
+        let u = Tensor::ones((2, 1, n, d, 1), DType::F32, &gpu).unwrap();
+        let opts = TreeSolveOptions::default();
+        tree_solve(&tree, &a, &small, &small, &u, opts).unwrap();
+        let err = check_pivots(&gpu).unwrap_err().to_string();
+        assert!(
+            err.contains("node 1") && err.contains("singular"),
+            "d = {d}: {err}"
+        );
+        check_pivots(&gpu).unwrap();
+    }
 }
 
 /// `tree_solve_backward` (what `myo bench tree --backward` times) runs on CUDA and equals the

@@ -147,3 +147,36 @@ fn cifar_reads_planes_into_pixels_and_rejects_bad_records() {
     );
     assert!(format!("{:#}", read_cifar10(&d, &["absent.bin"]).unwrap_err()).contains("absent.bin"));
 }
+
+/// The synthetic stroke digits are written as MNIST IDX files the reader accepts, and the
+/// class is in the image: the bar's rows (or columns) are the brightest.
+#[test]
+fn stroke_digits_read_back_as_mnist() {
+    use myosotis::data::strokes::{generate, write_dataset, SIDE};
+    let d = dir("strokes");
+    write_dataset(&d, 30, 20, 7).unwrap();
+    let train = read_mnist(&d, "train").unwrap();
+    assert_eq!(train, generate(30, 7));
+    assert_eq!(read_mnist(&d, "t10k").unwrap().len(), 20);
+    for i in 0..train.len() {
+        let img = train.image(i);
+        let class = train.labels[i] as usize;
+        let line = |k: usize| -> u32 {
+            (0..SIDE)
+                .map(|j| {
+                    img[if class < 5 {
+                        k * SIDE + j
+                    } else {
+                        j * SIDE + k
+                    }] as u32
+                })
+                .sum()
+        };
+        let brightest = (0..SIDE).max_by_key(|&k| line(k)).unwrap();
+        let at = 3 + 5 * (class % 5);
+        assert!(
+            (at - 1..at + 4).contains(&brightest),
+            "image {i}, class {class}: line {brightest}"
+        );
+    }
+}

@@ -70,26 +70,34 @@ fn one_step_is_adamw_with_decay_only_on_the_regular_group() {
     );
 }
 
+/// The gradient norm, and clipping's effect on the step: with eps far above √v the AdamW
+/// update is nearly proportional to the gradient, so clipping a norm of 10 to 1 shrinks it
+/// about tenfold; a norm already under the bound is left alone.
 #[test]
 fn clipping_scales_the_global_norm() {
-    let vars: HashMap<String, Var> = [("decoder.weight".to_string(), scalar_var(0.0))]
-        .into_iter()
-        .collect();
-    let mut opt = Optimizer::new(
-        OptimConfig {
-            clip: Some(1.0),
+    let delta = |clip: Option<f64>, slope: f64| {
+        let w = scalar_var(0.0);
+        let vars: HashMap<String, Var> = [("decoder.weight".to_string(), w.clone())].into();
+        let config = OptimConfig {
+            clip,
+            eps: 1e6,
+            weight_decay: 0.0,
             ..cfg()
-        },
-        &vars,
-        |_| false,
-    )
-    .unwrap();
-    let loss = (vars["decoder.weight"].as_tensor() * 10.0)
-        .unwrap()
-        .sum_all()
-        .unwrap();
-    let norm = opt.step(&loss.backward().unwrap()).unwrap();
-    assert!((norm - 10.0).abs() < 1e-12);
+        };
+        let mut opt = Optimizer::new(config, &vars, |_| false).unwrap();
+        let loss = (w.as_tensor() * slope).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let norm = opt.grad_norm(&grads).unwrap().to_scalar::<f64>().unwrap();
+        assert!((norm - slope.abs()).abs() < 1e-12, "norm {norm}");
+        opt.step(&grads).unwrap();
+        w.as_tensor().to_vec1::<f64>().unwrap()[0]
+    };
+    let (free, clipped) = (delta(None, 10.0), delta(Some(1.0), 10.0));
+    assert!(free < 0.0, "{free}");
+    // m̂ = g and √v̂ = |g| after one step: the ratio is 10 (eps + 1) / (eps + 10).
+    let want = 10.0 * (1e6 + 1.0) / (1e6 + 10.0);
+    assert!((free / clipped - want).abs() < 1e-9, "{free} vs {clipped}");
+    assert_eq!(delta(Some(1.0), 0.5), delta(None, 0.5));
 }
 
 fn train(opt: &mut Optimizer, w: &Var, steps: usize) {

@@ -61,8 +61,14 @@ fn vars_of(varmap: &VarMap) -> HashMap<String, candle_core::Var> {
 }
 
 fn optimizer(varmap: &VarMap, steps: usize) -> Optimizer {
-    let vars = vars_of(varmap);
-    let cfg = OptimConfig {
+    Optimizer::new(optim_config(steps), &vars_of(varmap), |n| {
+        n.ends_with("running_mean") || n.ends_with("running_var")
+    })
+    .unwrap()
+}
+
+fn optim_config(steps: usize) -> OptimConfig {
+    OptimConfig {
         lr: 0.01,
         ssm_lr: 0.003,
         lr_min: 0.0,
@@ -73,11 +79,7 @@ fn optimizer(varmap: &VarMap, steps: usize) -> Optimizer {
         beta2: 0.999,
         eps: 1e-8,
         clip: Some(5.0),
-    };
-    Optimizer::new(cfg, &vars, |n| {
-        n.ends_with("running_mean") || n.ends_with("running_var")
-    })
-    .unwrap()
+    }
 }
 
 #[test]
@@ -132,6 +134,7 @@ fn training_on_listops_lowers_the_loss() {
                 batching,
                 e as u64,
                 &Device::Cpu,
+                1 + e % 3,
                 |n, loss, correct| {
                     assert!(loss.is_finite() && correct <= n);
                     seen += n;
@@ -209,6 +212,7 @@ fn sharded_batches_take_the_same_step() {
             batching,
             0,
             &Device::Cpu,
+            1,
             |n, loss, c| reports.push((n, loss, c)),
         )
         .unwrap();
@@ -233,4 +237,49 @@ fn sharded_batches_take_the_same_step() {
         scale > 0.0 && diff < 1e-3 * scale,
         "update differs: {diff:e} of {scale:e}"
     );
+}
+
+/// The losses are read back in groups (here every 4 batches), and the first non-finite one
+/// stops the epoch with its own step number: a NaN learning rate spoils the parameters in
+/// step 1, so step 2's loss is the first NaN.
+#[test]
+fn a_non_finite_loss_stops_the_epoch_naming_its_step() {
+    let data = listops(64, 3);
+    let layer = SeqLayerConfig::S5(S5Config {
+        state: 4,
+        blocks: 1,
+        ..S5Config::default()
+    });
+    let (varmap, m) = model(layer, Pooling::Mean, 0.0);
+    let vars = vars_of(&varmap);
+    let cfg = OptimConfig {
+        lr: f64::NAN,
+        ..optim_config(8)
+    };
+    let mut opt = Optimizer::new(cfg, &vars, |_| false).unwrap();
+    let batching = Batching {
+        batch_size: 8,
+        pad_to: None,
+        shards: 1,
+    };
+    let mut seen = Vec::new();
+    let err = train_epoch(
+        &m,
+        &mut opt,
+        &data,
+        batching,
+        0,
+        &Device::Cpu,
+        4,
+        |n, l, _| seen.push((n, l)),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("NaN at step 2"), "{err}");
+    assert_eq!(
+        seen.len(),
+        1,
+        "the batch before the NaN is reported: {seen:?}"
+    );
+    assert!(seen[0].1.is_finite());
 }

@@ -4,3 +4,4 @@ pub mod hub;
 pub mod images;
 pub mod listops;
 pub mod pathfinder;
+pub mod strokes;

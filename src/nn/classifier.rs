@@ -408,27 +408,32 @@ impl SequenceClassifier {
         candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1)
     }
 
-    /// Mean over valid steps or the last valid step: (batch, H).
+    /// Mean over valid steps or the last valid step: (batch, H). The lengths stay on their
+    /// device; on the CPU, where reading them is free, they are checked to lie in 1..=L (the
+    /// trainer's batches are checked where they are made).
     fn pool_steps(&self, h: &Tensor, lengths: Option<&Tensor>) -> Result<Tensor> {
         let (b, l, _) = h.dims3()?;
-        let lens: Vec<u32> = match lengths {
-            Some(t) => t.to_dtype(DType::U32)?.to_vec1()?,
-            None => vec![l as u32; b],
+        let lengths = match lengths {
+            Some(t) => t.to_dtype(DType::U32)?,
+            None => Tensor::full(l as u32, b, h.device())?,
         };
-        if let Some((i, n)) = lens
-            .iter()
-            .enumerate()
-            .find(|(_, &n)| n == 0 || n as usize > l)
-        {
-            candle_core::bail!(
-                "sequence length {n} of sample {i} is not in 1..={l} (the padded length)"
-            );
+        if lengths.device().is_cpu() {
+            let lens: Vec<u32> = lengths.to_vec1()?;
+            if let Some((i, n)) = lens
+                .iter()
+                .enumerate()
+                .find(|(_, &n)| n == 0 || n as usize > l)
+            {
+                candle_core::bail!(
+                    "sequence length {n} of sample {i} is not in 1..={l} (the padded length)"
+                );
+            }
         }
-        let lengths = Tensor::new(lens.as_slice(), h.device())?;
         match self.cfg.pooling {
             Pooling::Last => {
-                let last: Vec<u32> = lens.iter().map(|n| n - 1).collect();
-                let idx = Tensor::new(last, h.device())?
+                let one = Tensor::ones(1, DType::U32, h.device())?;
+                let idx = lengths
+                    .broadcast_sub(&one)?
                     .reshape((b, 1, 1))?
                     .broadcast_as((b, 1, h.dim(2)?))?
                     .contiguous()?;

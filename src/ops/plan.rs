@@ -35,7 +35,7 @@ pub struct LaunchPlan {
     pub kernel: String,
     pub grid: [u32; 3],
     pub block: [u32; 3],
-    /// Dynamic shared memory per block, in bytes. Above [`SharedMemory::DEFAULT`] the launch
+    /// Dynamic shared memory per block, in bytes. Above [`DeviceLimits::DEFAULT_SHARED`] the launch
     /// must first raise the kernel's limit (an opt-in).
     pub shared_bytes: usize,
     pub args: Vec<KernelArg>,
@@ -48,31 +48,40 @@ pub struct LaunchPlan {
 impl LaunchPlan {
     /// Whether the launch needs more dynamic shared memory than a kernel gets by default.
     pub fn opts_in_to_shared(&self) -> bool {
-        self.shared_bytes > SharedMemory::DEFAULT
+        self.shared_bytes > DeviceLimits::DEFAULT_SHARED
     }
 }
 
-/// The dynamic shared memory a device grants one block.
+/// What a device grants one launch: dynamic shared memory per block, and how much global
+/// memory a kernel's workspace may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SharedMemory {
-    /// The most one block may have, opting in above [`SharedMemory::DEFAULT`]
+pub struct DeviceLimits {
+    /// The most one block may have, opting in above [`DeviceLimits::DEFAULT_SHARED`]
     /// (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: 96 KiB on V100, 163 KiB on A100, 227 KiB on H100).
-    pub per_block: usize,
+    pub shared_per_block: usize,
+    /// The most global workspace one launch may use, in bytes (kernels whose blocks take
+    /// several work items in turn shrink their grid to stay within it).
+    pub workspace_bytes: usize,
 }
 
-impl SharedMemory {
-    /// What every kernel gets without opting in.
-    pub const DEFAULT: usize = 48 * 1024;
-    pub const V100: SharedMemory = SharedMemory {
-        per_block: 96 * 1024,
+impl DeviceLimits {
+    /// The shared memory every kernel gets without opting in.
+    pub const DEFAULT_SHARED: usize = 48 * 1024;
+    /// The largest workspace budget [`crate::cuda`] gives a launch: 1 GiB, or an eighth of the
+    /// device memory free when the budget is first needed, whichever is less.
+    pub const MAX_WORKSPACE: usize = 1 << 30;
+    pub const V100: DeviceLimits = DeviceLimits {
+        shared_per_block: 96 * 1024,
+        workspace_bytes: Self::MAX_WORKSPACE,
     };
-    pub const H100: SharedMemory = SharedMemory {
-        per_block: 227 * 1024,
+    pub const H100: DeviceLimits = DeviceLimits {
+        shared_per_block: 227 * 1024,
+        workspace_bytes: Self::MAX_WORKSPACE,
     };
 
     /// Whether a block can have `bytes` of dynamic shared memory.
-    pub fn fits(&self, bytes: usize) -> bool {
-        bytes <= self.per_block
+    pub fn fits_shared(&self, bytes: usize) -> bool {
+        bytes <= self.shared_per_block
     }
 }
 

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use candle_core::backprop::GradStore;
-use candle_core::{Result, Tensor, Var};
+use candle_core::{Device, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 /// Which group a parameter belongs to, from its name in the module tree.
@@ -123,23 +123,38 @@ impl Optimizer {
         )
     }
 
-    /// One AdamW step with the gradients in `grads` (missing gradients count as zero).
-    /// Returns the global gradient norm before clipping.
-    pub fn step(&mut self, grads: &GradStore) -> Result<f64> {
-        let mut sq = 0.0;
+    /// The global gradient norm ‖g‖₂ over the optimised parameters, as an f64 scalar on their
+    /// device (missing gradients count as zero); reading it waits for the device.
+    pub fn grad_norm(&self, grads: &GradStore) -> Result<Tensor> {
+        let mut sq: Option<Tensor> = None;
         for s in &self.slots {
             if let Some(g) = grads.get(&s.var) {
-                sq += g
-                    .sqr()?
-                    .sum_all()?
-                    .to_dtype(candle_core::DType::F64)?
-                    .to_scalar::<f64>()?;
+                let t = g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?;
+                sq = Some(match sq {
+                    Some(acc) => (acc + t)?,
+                    None => t,
+                });
             }
         }
-        let norm = sq.sqrt();
+        match sq {
+            Some(sq) => sq.sqrt(),
+            None => {
+                let dev = self.slots.first().map(|s| s.var.device().clone());
+                Tensor::zeros((), candle_core::DType::F64, &dev.unwrap_or(Device::Cpu))
+            }
+        }
+    }
+
+    /// One AdamW step with the gradients in `grads` (missing gradients count as zero), clipped
+    /// to the global norm `clip` when set. Nothing is read back from the device: the clipping
+    /// factor c / max(‖g‖, c) is a tensor.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         let scale = match self.cfg.clip {
-            Some(c) if norm > c => c / norm,
-            _ => 1.0,
+            Some(c) => {
+                let norm = self.grad_norm(grads)?;
+                Some(Tensor::new(c, norm.device())?.div(&norm.maximum(c)?)?)
+            }
+            None => None,
         };
         let (lr, ssm_lr) = self.rates();
         self.step += 1;
@@ -148,7 +163,10 @@ impl Optimizer {
         let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
         for s in &self.slots {
             let Some(g) = grads.get(&s.var) else { continue };
-            let g = (g * scale)?;
+            let g = match &scale {
+                Some(k) => g.broadcast_mul(&k.to_dtype(g.dtype())?)?,
+                None => g.clone(),
+            };
             let m = ((s.m.as_tensor() * b1)? + (&g * (1.0 - b1))?)?;
             let v = ((s.v.as_tensor() * b2)? + (g.sqr()? * (1.0 - b2))?)?;
             let (eta, wd) = if s.ssm {
@@ -163,7 +181,7 @@ impl Optimizer {
             s.v.set(&v)?;
             s.var.set(&next)?;
         }
-        Ok(norm)
+        Ok(())
     }
 
     /// The optimiser state as named tensors (`adam.m.<param>`, `adam.v.<param>`, `adam.step`),

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::checkpoint;
 use super::optim::{OptimConfig, Optimizer};
-use super::trainer::{evaluate, train_epoch, Batching, Dataset, Evaluation};
+use super::trainer::{evaluate, report_interval, train_epoch, Batching, Dataset, Evaluation};
 use crate::data::listops::{self, ListOpsConfig};
 use crate::nn::{ClassifierConfig, SeqLayerConfig, SequenceClassifier};
 
@@ -538,6 +538,7 @@ pub fn train(
             train_batching,
             cfg.seed.wrapping_add(epoch as u64),
             device,
+            report_interval(device),
             |samples, loss, correct| {
                 on_event(Event::Batch {
                     samples,

@@ -169,14 +169,35 @@ fn batch_padding(data: &Dataset, idx: &[usize], pad_to: Option<usize>) -> Option
     }
 }
 
-/// Number of `logp`'s rows whose argmax is `y`.
-fn count_correct(logp: &Tensor, y: &Tensor) -> Result<usize> {
-    Ok(logp
-        .argmax(1)?
-        .eq(y)?
-        .to_dtype(DType::U32)?
-        .sum_all()?
-        .to_scalar::<u32>()? as usize)
+/// The number of `logp`'s rows whose argmax is `y`, as an f64 scalar on the device.
+fn count_correct(logp: &Tensor, y: &Tensor) -> Result<Tensor> {
+    logp.argmax(1)?.eq(y)?.to_dtype(DType::F64)?.sum_all()
+}
+
+/// Per-batch results still on the device: (batch size, mean loss, correct count), each an f64
+/// scalar tensor. Reading them waits for the device, so training reads them in groups.
+#[derive(Default)]
+struct Pending(Vec<(usize, Tensor, Tensor)>);
+
+impl Pending {
+    /// Reads every pending result back in one transfer, after checking the tree solves' pivot
+    /// status on `device` (which the same synchronisation makes free), and empties the list.
+    fn read(&mut self, device: &Device) -> Result<Vec<(usize, f64, usize)>> {
+        if self.0.is_empty() {
+            return Ok(Vec::new());
+        }
+        let values: Vec<&Tensor> = self.0.iter().flat_map(|(_, l, c)| [l, c]).collect();
+        let host = Tensor::stack(&values, 0)?.to_vec1::<f64>()?;
+        crate::ops::check_pivots(device)?;
+        let out = self
+            .0
+            .iter()
+            .zip(host.chunks(2))
+            .map(|((n, _, _), v)| (*n, v[0], v[1] as usize))
+            .collect();
+        self.0.clear();
+        Ok(out)
+    }
 }
 
 /// Loss and accuracy over a split.
@@ -186,29 +207,31 @@ pub struct Evaluation {
     pub accuracy: f64,
 }
 
-/// Mean loss and accuracy of `model` (eval mode) over `data`.
+/// Mean loss and accuracy of `model` (eval mode) over `data`; the results are read back once,
+/// at the end.
 pub fn evaluate(
     model: &SequenceClassifier,
     data: &Dataset,
     batching: Batching,
     device: &Device,
 ) -> Result<Evaluation> {
-    let (mut loss, mut correct) = (0.0, 0usize);
+    let mut pending = Pending::default();
     let order: Vec<usize> = (0..data.len()).collect();
     for idx in order.chunks(batching.batch_size.max(1)) {
         let pad = batch_padding(data, idx, batching.pad_to);
         let parts = sharded(idx, batching.shards, |_, part| {
             let (x, lengths, y) = data.batch(part, pad, device)?;
             let logp = model.forward(&x, Some(&lengths), Mode::Eval)?;
-            let loss = candle_nn::loss::nll(&logp, &y)?
-                .to_dtype(DType::F64)?
-                .to_scalar::<f64>()?;
-            Ok((loss * part.len() as f64, count_correct(&logp, &y)?))
+            let loss =
+                (candle_nn::loss::nll(&logp, &y)?.to_dtype(DType::F64)? * part.len() as f64)?;
+            Ok((part.len(), loss, count_correct(&logp, &y)?))
         })?;
-        for (l, c) in parts {
-            loss += l;
-            correct += c;
-        }
+        pending.0.extend(parts);
+    }
+    let (mut loss, mut correct) = (0.0, 0usize);
+    for (_, l, c) in pending.read(device)? {
+        loss += l;
+        correct += c;
     }
     let n = data.len().max(1) as f64;
     Ok(Evaluation {
@@ -217,11 +240,26 @@ pub fn evaluate(
     })
 }
 
+/// Batches between read-backs of the training loss on `device`: every batch on the CPU (where
+/// reading costs nothing), every 25th on CUDA, so that the host queues steps ahead of the GPU.
+pub fn report_interval(device: &Device) -> usize {
+    if device.is_cpu() {
+        1
+    } else {
+        25
+    }
+}
+
 /// One epoch of training: examples shuffled with `seed`, one optimiser step per batch (the
 /// loss is the batch mean, however the batch is sharded); dropout masks are keyed by `seed`,
-/// the optimiser step and the row in the batch (see [`DropoutKey`]). `on_batch` sees each
-/// batch's size, mean loss and correct count. Returns the mean training loss and accuracy; a
-/// non-finite loss stops with the step number.
+/// the optimiser step and the row in the batch (see [`DropoutKey`]).
+///
+/// The losses and correct counts stay on the device and are read back every `report_every`
+/// batches and at the end of the epoch; `on_batch` then sees each batch's size, mean loss and
+/// correct count, in order. A non-finite loss, or a singular pivot in a tree solve, stops the
+/// epoch with an error at that read (naming the step of the first non-finite loss). Returns the
+/// mean training loss and accuracy.
+#[allow(clippy::too_many_arguments)]
 pub fn train_epoch(
     model: &SequenceClassifier,
     opt: &mut Optimizer,
@@ -229,12 +267,33 @@ pub fn train_epoch(
     batching: Batching,
     seed: u64,
     device: &Device,
+    report_every: usize,
     mut on_batch: impl FnMut(usize, f64, usize),
 ) -> Result<Evaluation> {
     let mut order: Vec<usize> = (0..data.len()).collect();
     order.shuffle(&mut StdRng::seed_from_u64(seed));
     let (mut loss_sum, mut correct) = (0.0, 0usize);
-    for idx in order.chunks(batching.batch_size.max(1)) {
+    let mut pending = Pending::default();
+    let mut report = |pending: &mut Pending, step: usize| -> Result<()> {
+        let results = pending.read(device)?;
+        let first = step + 1 - results.len();
+        for (k, (n, value, right)) in results.into_iter().enumerate() {
+            if !value.is_finite() {
+                candle_core::bail!(
+                    "the training loss is {value} at step {}; stopping (the last good \
+                     checkpoint is kept)",
+                    first + k
+                );
+            }
+            loss_sum += value * n as f64;
+            correct += right;
+            on_batch(n, value, right);
+        }
+        Ok(())
+    };
+    let batches = order.chunks(batching.batch_size.max(1));
+    let count = batches.len();
+    for (b, idx) in batches.enumerate() {
         let pad = batch_padding(data, idx, batching.pad_to);
         let step = opt.step_count() as u64;
         let parts = sharded(idx, batching.shards, |at, part| {
@@ -247,24 +306,22 @@ pub fn train_epoch(
             let logp = model.forward(&x, Some(&lengths), Mode::Train(key))?;
             // This shard's share of the batch mean.
             let loss = (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
-            let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            Ok((value, count_correct(&logp, &y)?, loss.backward()?))
+            let grads = loss.backward()?;
+            Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
         })?;
         let mut parts = parts.into_iter();
-        let (mut value, mut right, mut grads): (f64, usize, GradStore) =
+        let (mut value, mut right, mut grads): (Tensor, Tensor, GradStore) =
             parts.next().expect("a batch has at least one shard");
         for (v, c, g) in parts {
-            value += v;
-            right += c;
+            value = (value + v)?;
+            right = (right + c)?;
             grads.extend(g)?;
         }
-        if !value.is_finite() {
-            candle_core::bail!("the training loss is {value} at step {}; stopping (the last good checkpoint is kept)", opt.step_count() + 1);
-        }
         opt.step(&grads)?;
-        loss_sum += value * idx.len() as f64;
-        correct += right;
-        on_batch(idx.len(), value, right);
+        pending.0.push((idx.len(), value, right));
+        if (b + 1) % report_every.max(1) == 0 || b + 1 == count {
+            report(&mut pending, opt.step_count())?;
+        }
     }
     let n = data.len().max(1) as f64;
     Ok(Evaluation {

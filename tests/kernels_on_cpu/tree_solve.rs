@@ -3,7 +3,7 @@
 //! `block_*`) — with the per-tree state in dynamic shared memory and in the global workspace.
 
 use candle_core::{DType, Device, Tensor};
-use myosotis::ops::plan::SharedMemory;
+use myosotis::ops::plan::DeviceLimits;
 use myosotis::ops::tree_solve::cuda::{backward_plan, forward_plan, lu_slots};
 use myosotis::ops::{tree_solve, tree_solve_backward, TreeSolveOptions};
 use myosotis::tree::Tree;
@@ -17,7 +17,10 @@ use crate::{assert_same, DTYPES};
 use myosotis::ops::plan::KernelArg;
 
 /// A device that grants no shared memory: the plan puts every tree in the global workspace.
-const NO_SHARED: SharedMemory = SharedMemory { per_block: 0 };
+const NO_SHARED: DeviceLimits = DeviceLimits {
+    shared_per_block: 0,
+    workspace_bytes: DeviceLimits::MAX_WORKSPACE,
+};
 
 fn trees() -> Vec<(&'static str, Tree)> {
     vec![
@@ -220,7 +223,7 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                 let want_x = dense_tree_solve(tree, case, &x);
                 let [want_lam, want_dcoef] = reference_backward(tree, case, &x, &g);
                 let twin_x = to_vec(&tree_solve(tree, &a, &b, &c, &u, opts(case)).unwrap());
-                for (path, shared) in [("shared", SharedMemory::H100), ("global", NO_SHARED)] {
+                for (path, shared) in [("shared", DeviceLimits::H100), ("global", NO_SHARED)] {
                     let what = format!("{name}, {case:?}, {dtype:?}, {path} (seed {seed})");
                     let plan = forward_plan(tree, &a, &b, &c, &u, opts(case), shared).unwrap();
                     assert_eq!(plan.workspace_bytes > 0, path == "global", "{what}");
@@ -318,7 +321,7 @@ fn check_large_tree(name: &str, tree: &Tree, d: usize, dtype: DType, rng_of: (&s
     let [a, b, c, u] = tensors(tree, &case, &x, dtype);
     let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
     let twin = to_vec(&tree_solve(tree, &a, &b, &c, &u, opts(&case)).unwrap());
-    for shared in [SharedMemory::H100, NO_SHARED] {
+    for shared in [DeviceLimits::H100, NO_SHARED] {
         let what = format!("{name}, d = {d}, {shared:?} (seed {seed})");
         let plan = forward_plan(tree, &a, &b, &c, &u, opts(&case), shared).unwrap();
         let run = run_in_every_order(&plan, dtype, &[&x.u, &coef], seed);
@@ -363,7 +366,7 @@ fn block_kernels_on_large_trees_in_shared_and_global_memory() {
 fn tree_plans_place_the_workspace_by_the_device_limit() {
     let o = TreeSolveOptions::default();
     let oc = TreeSolveOptions { complex: true };
-    let plan = |leaves: usize, complex: bool, dtype: DType, shared: SharedMemory| {
+    let plan = |leaves: usize, complex: bool, dtype: DType, shared: DeviceLimits| {
         let tree = Tree::perfect(leaves, 2).unwrap();
         let n = tree.len();
         let w = if complex { vec![2] } else { vec![] };
@@ -381,23 +384,23 @@ fn tree_plans_place_the_workspace_by_the_device_limit() {
         .unwrap()
     };
     // 4,096-leaf binary, f32 real: 8,191 · 2 · 4 = 65,528 bytes: opt-in on V100 and H100.
-    let p = plan(4096, false, DType::F32, SharedMemory::V100);
+    let p = plan(4096, false, DType::F32, DeviceLimits::V100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (65_528, 0));
     assert!(p.opts_in_to_shared());
-    assert_eq!(p.args[11], KernelArg::Null);
+    assert_eq!(p.args[12], KernelArg::Null);
     assert_eq!((p.grid, p.block), ([6, 1, 1], [256, 1, 1]));
     // Complex: 131,056 bytes, over V100's 96 KiB, under H100's 227 KiB.
-    let p = plan(4096, true, DType::F32, SharedMemory::V100);
+    let p = plan(4096, true, DType::F32, DeviceLimits::V100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (0, 6 * 131_056));
-    assert_eq!(p.args[11], KernelArg::Workspace);
-    let p = plan(4096, true, DType::F32, SharedMemory::H100);
+    assert_eq!(p.args[12], KernelArg::Workspace);
+    let p = plan(4096, true, DType::F32, DeviceLimits::H100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (131_056, 0));
     // Path-X, 16,384 leaves, f32 real: 262,136 bytes: global on H100.
-    let p = plan(16384, false, DType::F32, SharedMemory::H100);
+    let p = plan(16384, false, DType::F32, DeviceLimits::H100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (0, 6 * 262_136));
     assert!(!p.opts_in_to_shared());
     // Small trees need no opt-in.
-    let p = plan(64, false, DType::F64, SharedMemory::H100);
+    let p = plan(64, false, DType::F64, DeviceLimits::H100);
     assert_eq!(p.shared_bytes, 127 * 2 * 8);
     assert!(!p.opts_in_to_shared());
 }
@@ -427,7 +430,7 @@ fn check_singular_pivot(d: usize, rng_of: (&str, u64)) {
         }
         let [a, b, c, u] = tensors(&tree, &case, &x, DType::F32);
         let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
-        for shared in [SharedMemory::H100, NO_SHARED] {
+        for shared in [DeviceLimits::H100, NO_SHARED] {
             let what = format!("{n} nodes, d = {d}, node {node}, {shared:?} (seed {seed})");
             let plan = forward_plan(&tree, &a, &b, &c, &u, opts(&case), shared).unwrap();
             let fwd = run(
@@ -463,7 +466,7 @@ fn block_kernels_report_a_singular_pivot_with_its_node() {
 /// can own a parent at once, in shared memory when the device grants it.
 #[test]
 fn block_plans_place_the_workspace_by_the_device_limit() {
-    let plan = |tree: &Tree, d: usize, r: usize, dtype: DType, shared: SharedMemory| {
+    let plan = |tree: &Tree, d: usize, r: usize, dtype: DType, shared: DeviceLimits| {
         let n = tree.len();
         let z = |s: &[usize]| Tensor::zeros(s, dtype, &Device::Cpu).unwrap();
         let (coef, u) = (z(&[3, n, d, d]), z(&[2, 3, n, d, r]));
@@ -472,19 +475,19 @@ fn block_plans_place_the_workspace_by_the_device_limit() {
     // zMNIST's quad tree of 32 × 32 pixels: 1,365 nodes, 256 parents in the widest level.
     let quad = Tree::quad(32, 32).unwrap();
     assert_eq!((quad.len(), lu_slots(&quad)), (1365, 256));
-    let p = plan(&quad, 2, 1, DType::F32, SharedMemory::V100);
+    let p = plan(&quad, 2, 1, DType::F32, DeviceLimits::V100);
     assert_eq!(p.kernel, "tree_block_fwd_f32");
     assert_eq!(
         (p.shared_bytes, p.workspace_bytes),
         ((1365 * 6 + 256 * 4) * 4, 0)
     );
     assert_eq!(&p.args[8..10], &[KernelArg::I32(2), KernelArg::I32(1)]);
-    assert_eq!(p.args[12], KernelArg::I32(256));
+    assert_eq!(p.args[13], KernelArg::I32(256));
     // d = 16, r = 1: 1365 · 272 + 256 · 256 values of 4 bytes: global on H100 too.
     let bytes = (1365 * 272 + 256 * 256) * 4;
-    let p = plan(&quad, 16, 1, DType::F32, SharedMemory::H100);
+    let p = plan(&quad, 16, 1, DType::F32, DeviceLimits::H100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (0, 6 * bytes));
-    assert_eq!(p.args[13], KernelArg::Workspace);
+    assert_eq!(p.args[14], KernelArg::Workspace);
     // A chain has one parent per level: one LU block.
     let chain = Tree::chain(40).unwrap();
     assert_eq!(lu_slots(&chain), 1);
@@ -493,8 +496,9 @@ fn block_plans_place_the_workspace_by_the_device_limit() {
         4,
         2,
         DType::F64,
-        SharedMemory {
-            per_block: SharedMemory::DEFAULT,
+        DeviceLimits {
+            shared_per_block: DeviceLimits::DEFAULT_SHARED,
+            ..DeviceLimits::H100
         },
     );
     assert_eq!(p.shared_bytes, (40 * 4 * 6 + 16) * 8);
@@ -509,11 +513,69 @@ fn block_plans_place_the_workspace_by_the_device_limit() {
         &coef,
         &x,
         opts_real(),
-        SharedMemory::H100,
+        DeviceLimits::H100,
     );
     assert_eq!(p.unwrap().outputs, vec![2 * 3 * n * 2, 3 * 2 * 3 * n * 4]);
 }
 
 fn opts_real() -> TreeSolveOptions {
     TreeSolveOptions::default()
+}
+
+/// A workspace budget smaller than one slice per tree: the grid shrinks to what the budget
+/// holds and each block solves several trees in turn, forward and backward, with results equal
+/// to the CPU twin's.
+#[test]
+fn tree_and_block_kernels_take_trees_in_turn_within_a_workspace_budget() {
+    let (mut rng, seed) = seeded_rng("tree kernels, workspace budget", 19);
+    let tree = Tree::ragged(40, 3).unwrap();
+    for (d, complex) in [(1, false), (1, true), (2, false), (3, true)] {
+        let case = TreeCase {
+            batch: 3,
+            heads: 3,
+            d,
+            r: 2,
+            shared: false,
+            complex,
+        };
+        let mut x = random_tree_inputs(&tree, &case, &mut rng);
+        permute_block_rows(&tree, &case, &mut x, &mut rng);
+        let dtype = DType::F32;
+        let x = rounded(&x, dtype);
+        let [a, b, c, u] = tensors(&tree, &case, &x, dtype);
+        let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
+        let g = round_to(&x.u.iter().map(|v| 0.5 - v).collect::<Vec<_>>(), dtype);
+        let twin = tree_solve(&tree, &a, &b, &c, &u, opts(&case)).unwrap();
+        let g_t = tensor(&g, &case.u_shape(tree.len()), dtype, &Device::Cpu);
+        let twin_grads = tree_solve_backward(&tree, &a, &b, &c, &twin, &g_t, opts(&case)).unwrap();
+        let twin_dcoef = [twin_grads.a, twin_grads.b, twin_grads.c]
+            .map(|t| to_vec(&t))
+            .concat();
+        let full = forward_plan(&tree, &a, &b, &c, &u, opts(&case), NO_SHARED).unwrap();
+        let per_tree = full.workspace_bytes / 9;
+        // Room for two slices and a half: a grid of two blocks for nine trees.
+        let limits = DeviceLimits {
+            workspace_bytes: 5 * per_tree / 2,
+            ..NO_SHARED
+        };
+        let what = format!("d = {d}, complex {complex} (seed {seed})");
+        let plan = forward_plan(&tree, &a, &b, &c, &u, opts(&case), limits).unwrap();
+        assert_eq!(
+            (plan.grid[0], plan.workspace_bytes),
+            (2, 2 * per_tree),
+            "{what}"
+        );
+        let run = run_in_every_order(&plan, dtype, &[&x.u, &coef], seed);
+        assert_same(&run.outputs[0], &to_vec(&twin), &format!("x, {what}"));
+        let sol = &run.outputs[0];
+        let plan = backward_plan(&tree, &a, &b, &c, &twin, opts(&case), limits).unwrap();
+        assert_eq!(plan.grid[0], 2, "{what}");
+        let run = run_in_every_order(&plan, dtype, &[&g, &coef, sol], seed);
+        assert_same(
+            &run.outputs[0],
+            &to_vec(&twin_grads.u),
+            &format!("∂u, {what}"),
+        );
+        assert_same(&run.outputs[1], &twin_dcoef, &format!("∂coef, {what}"));
+    }
 }

@@ -250,7 +250,7 @@ impl TreeSolveOp {
                 // SAFETY: this task alone writes tree t's region of the output.
                 let x = unsafe { out.row(t * per_tree, per_tree) };
                 solve_blocked(&self.tree, &blk, u, x, dims.r, ws)
-                    .map_err(|BadPivot(v)| self.pivot_error(side, Some(t), v))
+                    .map_err(|BadPivot(v)| self.pivot_error(side, t, v))
             },
         )
     }

@@ -13,7 +13,7 @@
 use candle_core::{DType, Result, Tensor};
 
 use super::{check_args, Dims, TreeSolveOp, TreeSolveOptions};
-use crate::ops::plan::{int_arg, kernel_name, KernelArg, LaunchPlan, SharedMemory};
+use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
 use crate::tree::Tree;
 
 /// Threads per block (TREE_THREADS in the kernel).
@@ -47,7 +47,7 @@ impl TreeSolveOp {
         &self,
         stem: &str,
         dtype: DType,
-        shared: SharedMemory,
+        limits: DeviceLimits,
         inputs: usize,
         outputs: Vec<usize>,
     ) -> Result<LaunchPlan> {
@@ -62,7 +62,13 @@ impl TreeSolveOp {
         let op = "tree_solve";
         let trees = int_arg(op, "batch × heads", batch * heads)?;
         let bytes = self.workspace_per_tree(dtype);
-        let in_shared = shared.fits(bytes);
+        let in_shared = limits.fits_shared(bytes);
+        // In global memory, as many blocks as the budget holds slices (at least one), each
+        // taking trees in turn.
+        let blocks = match in_shared {
+            true => trees as usize,
+            false => (limits.workspace_bytes / bytes).clamp(1, trees as usize),
+        };
         let tree = &self.tree;
         let table = |v: &[usize]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
         let mut args: Vec<KernelArg> = (0..inputs)
@@ -77,6 +83,7 @@ impl TreeSolveOp {
         }
         args.push(KernelArg::I32(int_arg(op, "r", r)?));
         args.push(KernelArg::I32(int_arg(op, "heads", heads)?));
+        args.push(KernelArg::I32(trees));
         args.push(KernelArg::I32(shared_coef as i32));
         if d > 1 {
             args.push(KernelArg::I32(lu_slots(tree) as i32));
@@ -95,7 +102,7 @@ impl TreeSolveOp {
         };
         Ok(LaunchPlan {
             kernel: kernel_name(&stem, dtype, self.opts.complex)?,
-            grid: [trees as u32, 1, 1],
+            grid: [blocks as u32, 1, 1],
             block: [THREADS, 1, 1],
             shared_bytes: if in_shared { bytes } else { 0 },
             args,
@@ -105,7 +112,7 @@ impl TreeSolveOp {
                 table(tree.child_starts()),
                 table(tree.parents()),
             ],
-            workspace_bytes: if in_shared { 0 } else { trees as usize * bytes },
+            workspace_bytes: if in_shared { 0 } else { blocks * bytes },
         })
     }
 
@@ -122,13 +129,13 @@ impl TreeSolveOp {
     }
 
     /// `tree_fwd`: inputs (u, coef = [A; B; C]), output x.
-    fn forward_plan(&self, dtype: DType, shared: SharedMemory) -> Result<LaunchPlan> {
-        self.plan("tree_fwd", dtype, shared, 2, vec![self.rhs_len()])
+    fn forward_plan(&self, dtype: DType, limits: DeviceLimits) -> Result<LaunchPlan> {
+        self.plan("tree_fwd", dtype, limits, 2, vec![self.rhs_len()])
     }
 
     /// `tree_bwd`: inputs (∂x, coef, x), outputs ∂u and the per-tree coefficient gradients
     /// (3, batch, heads, nodes, d, d[, 2]).
-    fn backward_plan(&self, dtype: DType, shared: SharedMemory) -> Result<LaunchPlan> {
+    fn backward_plan(&self, dtype: DType, limits: DeviceLimits) -> Result<LaunchPlan> {
         let Dims {
             batch,
             heads,
@@ -138,11 +145,11 @@ impl TreeSolveOp {
         } = self.dims;
         let w = if self.opts.complex { 2 } else { 1 };
         let dcoef = 3 * batch * heads * nodes * d * d * w;
-        self.plan("tree_bwd", dtype, shared, 3, vec![self.rhs_len(), dcoef])
+        self.plan("tree_bwd", dtype, limits, 3, vec![self.rhs_len(), dcoef])
     }
 }
 
-/// The launch that `tree_solve(tree, a, b, c, u, opts)` makes on a GPU granting `shared`. Its
+/// The launch that `tree_solve(tree, a, b, c, u, opts)` makes on a GPU with `limits`. Its
 /// inputs are (u, coef) with coef = [a; b; c] stacked on a new first axis; its output is x. The
 /// status word is 1 + the first node with a bad pivot, or 0.
 pub fn forward_plan(
@@ -152,13 +159,13 @@ pub fn forward_plan(
     c: &Tensor,
     u: &Tensor,
     opts: TreeSolveOptions,
-    shared: SharedMemory,
+    limits: DeviceLimits,
 ) -> Result<LaunchPlan> {
     let dims = check_args(tree, a, b, c, u, opts)?;
-    TreeSolveOp::new(tree, dims, opts).forward_plan(u.dtype(), shared)
+    TreeSolveOp::new(tree, dims, opts).forward_plan(u.dtype(), limits)
 }
 
-/// The launch of the backward of `tree_solve` on a GPU granting `shared`. Its inputs are
+/// The launch of the backward of `tree_solve` on a GPU with `limits`. Its inputs are
 /// (∂x, coef, x); its outputs ∂u and the coefficient gradients per tree, (3, batch, heads,
 /// nodes, d, d[, 2]) (the op sums them over the batch for shared coefficients).
 pub fn backward_plan(
@@ -168,10 +175,10 @@ pub fn backward_plan(
     c: &Tensor,
     x: &Tensor,
     opts: TreeSolveOptions,
-    shared: SharedMemory,
+    limits: DeviceLimits,
 ) -> Result<LaunchPlan> {
     let dims = check_args(tree, a, b, c, x, opts)?;
-    TreeSolveOp::new(tree, dims, opts).backward_plan(x.dtype(), shared)
+    TreeSolveOp::new(tree, dims, opts).backward_plan(x.dtype(), limits)
 }
 
 #[cfg(feature = "cuda")]
@@ -183,17 +190,8 @@ mod launch {
     use candle_core::op::BackpropOp;
     use candle_core::{bail, CudaStorage, Layout, Result, Storage, Tensor};
 
-    use super::super::{Side, TreeSolveOp};
+    use super::super::TreeSolveOp;
     use crate::cuda::{self, TREE_SOLVE};
-
-    /// The error for a status word the kernel set (1 + the first bad node).
-    fn check_status(op: &TreeSolveOp, status: i32, side: Side) -> Result<()> {
-        match status {
-            0 => Ok(()),
-            // The kernel reports the first bad node, not its tree.
-            s => Err(op.pivot_error(side, None, (s - 1) as usize)),
-        }
-    }
 
     pub(in crate::ops::tree_solve) fn forward(
         op: &TreeSolveOp,
@@ -201,10 +199,9 @@ mod launch {
         coef: (&CudaStorage, &Layout),
     ) -> Result<CudaStorage> {
         let dev = u.0.device();
-        let plan = op.forward_plan(u.0.dtype(), cuda::shared_memory(dev)?)?;
+        let plan = op.forward_plan(u.0.dtype(), cuda::limits(dev)?)?;
         let mut out = cuda::launch(dev, TREE_SOLVE, &plan, &[u, coef])?;
-        check_status(op, out.status, Side::Forward)?;
-        Ok(out.outputs.remove(0))
+        Ok(out.remove(0))
     }
 
     pub(in crate::ops::tree_solve) fn backward(
@@ -223,9 +220,8 @@ mod launch {
             inputs.push((s, *l));
         }
         let dev = inputs[0].0.device().clone();
-        let plan = op.backward_plan(g.dtype(), cuda::shared_memory(&dev)?)?;
+        let plan = op.backward_plan(g.dtype(), cuda::limits(&dev)?)?;
         let out = cuda::launch(&dev, TREE_SOLVE, &plan, &inputs)?;
-        check_status(op, out.status, Side::Adjoint)?;
         let dims = op.dims;
         let tail: &[usize] = if op.opts.complex { &[2] } else { &[] };
         let shapes = [
@@ -236,7 +232,7 @@ mod launch {
             ]
             .concat(),
         ];
-        let mut wrapped = out.outputs.into_iter().zip(shapes).map(|(s, shape)| {
+        let mut wrapped = out.into_iter().zip(shapes).map(|(s, shape)| {
             Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false)
         });
         let du = wrapped.next().expect("two outputs");

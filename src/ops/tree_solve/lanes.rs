@@ -379,7 +379,7 @@ impl TreeSolveOp {
                         )
                     }
                 };
-                solved.map_err(|(l, v)| self.pivot_error(side, Some(t[l]), v))?;
+                solved.map_err(|(l, v)| self.pivot_error(side, t[l], v))?;
                 finish(&group, ws)
             },
         )

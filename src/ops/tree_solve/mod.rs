@@ -196,6 +196,32 @@ fn check_device(u: &Tensor) -> Result<()> {
     }
 }
 
+/// The error for a singular or non-finite pivot block at `node`, found `where`.
+fn pivot_error(node: usize, at: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "tree_solve: the pivot block of node {node} ({at}) is singular or not finite; T_G must \
+         stay invertible (the Myo layer keeps it diagonally dominant)"
+    ))
+}
+
+/// Reports a singular or non-finite pivot that a tree solve on `device` met since the last
+/// check. On the CPU each solve returns its own error; on CUDA the kernels leave the first bad
+/// node in a status word on the device instead, so that no solve waits for the device: call
+/// this where the host reads a result back anyway (the trainer does at every loss it reads).
+pub fn check_pivots(device: &Device) -> Result<()> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => match crate::cuda::take_status(dev)? {
+            0 => Ok(()),
+            s => Err(pivot_error(
+                (s - 1) as usize,
+                "a CUDA solve since the last check, forward or backward",
+            )),
+        },
+        _ => Ok(()),
+    }
+}
+
 struct TreeSolveOp {
     tree: Arc<Tree>,
     dims: Dims,
@@ -219,25 +245,15 @@ impl TreeSolveOp {
     }
 
     /// The error for a singular or non-finite pivot at node `v` of tree `t` (batch × heads +
-    /// head), when known.
-    fn pivot_error(&self, side: Side, t: Option<usize>, v: usize) -> candle_core::Error {
-        let which = match t {
-            Some(t) => format!(
-                "batch {}, head {}",
-                t / self.dims.heads,
-                t % self.dims.heads
-            ),
-            None => "a batch element and head".to_string(),
-        };
+    /// head).
+    fn pivot_error(&self, side: Side, t: usize, v: usize) -> candle_core::Error {
+        let (batch, head) = (t / self.dims.heads, t % self.dims.heads);
         let backward = if side == Side::Adjoint {
             ", backward"
         } else {
             ""
         };
-        candle_core::Error::Msg(format!(
-            "tree_solve: the pivot block of node {v} ({which}{backward}) is singular or not \
-             finite; T_G must stay invertible (the Myo layer keeps it diagonally dominant)"
-        ))
+        pivot_error(v, &format!("batch {batch}, head {head}{backward}"))
     }
 
     /// ∂u and the stacked coefficient gradient, on whichever device the tensors are.
