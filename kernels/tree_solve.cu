@@ -19,10 +19,12 @@
 #include "values.cuh"
 
 #define TREE_THREADS 256
-// Resident blocks per SM the d x d kernels are compiled for (at most 80 registers, no spills on
-// sm_70 or sm_90): left to itself, ptxas gave the real backward 48 registers and 84 bytes of
-// spills on sm_90; at 4 blocks (64 registers) the complex kernels spill on sm_70.
-#define TREE_BLOCK_MIN_BLOCKS 3
+// Resident blocks per SM the kernels are compiled for: 3 for the scalar ones (at most 80
+// registers), 2 for the d x d ones (at most 128). With no minimum, or a higher one, ptxas
+// spilled in some of them on sm_70 or sm_90 (the loop over a block's trees added to what stays
+// live).
+#define TREE_MIN_BLOCKS 3
+#define TREE_BLOCK_MIN_BLOCKS 2
 
 struct TreeGeometry {
     const int *level_start; // levels + 1
@@ -206,8 +208,8 @@ __device__ __forceinline__ BlockCoefs<T, O, ADJ> block_coefs(const T *coef, int 
 // (d x k1) and R2 (d x k2, k2 may be 0), by LU with partial pivoting. False, with the solve
 // abandoned, for a pivot that is zero or not finite.
 template <typename O>
-__device__ __forceinline__ bool lu_solve(typename O::V *m, typename O::V *r1, int k1, typename O::V *r2, int k2,
-                         int d) {
+__device__ __forceinline__ bool lu_solve(typename O::V *m, typename O::V *r1, int k1,
+                                         typename O::V *r2, int k2, int d) {
     typedef typename O::V V;
     for (int col = 0; col < d; ++col) {
         int piv = col;
@@ -300,7 +302,8 @@ __device__ void tree_block_solve(const TreeGeometry &g, int d, const BlockCoefs<
                 for (int i = 0; i < d; ++i) {
                     for (int j = 0; j < r; ++j) {
                         V s = xc[i * r + j];
-                        for (int l = 0; l < d; ++l) s = O::add(O::mul(bc[i * d + l], xp[l * r + j]), s);
+                        for (int l = 0; l < d; ++l)
+                            s = O::add(O::mul(bc[i * d + l], xp[l * r + j]), s);
                         xc[i * r + j] = s;
                     }
                 }
@@ -369,20 +372,22 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
 // in turn, reusing its workspace: the host sizes the grid so that the global workspace stays
 // within its budget (Path-X's trees take 0.26-0.52 MB each).
 #define TREE_KERNELS(SUFFIX, T, OPS)                                                            \
-    extern "C" __global__ void __launch_bounds__(TREE_THREADS) tree_fwd_##SUFFIX(                \
-        const T *u, const T *coef, T *x, const int *level_start, const int *child_start,        \
-        const int *parent, int levels, int nodes, int r, int heads, int trees,                  \
-        int shared_coef, OPS::V *global_ws, int *status) {                                      \
+    extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_MIN_BLOCKS)                 \
+        tree_fwd_##SUFFIX(const T *u, const T *coef, T *x, const int *level_start,              \
+                          const int *child_start, const int *parent, int levels, int nodes,     \
+                          int r, int heads, int trees, int shared_coef, OPS::V *global_ws,      \
+                          int *status) {                                                        \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
         for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
             tree_fwd<T, OPS>(u, coef, x, g, t, trees, heads, shared_coef, global_ws, status);   \
             __syncthreads();                                                                    \
         }                                                                                       \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(TREE_THREADS) tree_bwd_##SUFFIX(                \
-        const T *gx, const T *coef, const T *x, T *du, T *dcoef, const int *level_start,        \
-        const int *child_start, const int *parent, int levels, int nodes, int r, int heads,     \
-        int trees, int shared_coef, OPS::V *global_ws, int *status) {                           \
+    extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_MIN_BLOCKS)                 \
+        tree_bwd_##SUFFIX(const T *gx, const T *coef, const T *x, T *du, T *dcoef,              \
+                          const int *level_start, const int *child_start, const int *parent,    \
+                          int levels, int nodes, int r, int heads, int trees, int shared_coef,  \
+                          OPS::V *global_ws, int *status) {                                     \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
         for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
             tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, t, trees, heads, shared_coef,           \

@@ -73,7 +73,7 @@ pub struct MyoConfig {
     #[serde(default = "yes")]
     pub symmetric: bool,
     /// Block size d: 1 (scalar complex heads, the default and the paper's setting) or d > 1
-    /// (real d × d blocks; CPU only, as the tree solve's CUDA kernel is scalar).
+    /// (real d × d blocks).
     #[serde(default = "one")]
     pub block: usize,
     #[serde(default = "dt_min")]
