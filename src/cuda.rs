@@ -37,6 +37,12 @@ pub const TREE_SOLVE: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/tree_solve.ptx")),
 };
 
+/// `kernels/dropout.cu`.
+pub const DROPOUT: Module = Module {
+    name: "myosotis_dropout",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/dropout.ptx")),
+};
+
 /// Element types our kernels are instantiated for.
 pub trait CudaElem: CudaDType + DeviceRepr + WithDType {}
 impl CudaElem for f32 {}
@@ -111,20 +117,25 @@ pub fn take_status(dev: &CudaDevice) -> Result<i32> {
     })
 }
 
-/// Executes `plan` on `dev` with `inputs` (contiguous, all of one dtype, in the plan's input
-/// order): allocates the outputs, uploads the tables the device does not have yet, sizes the
+/// Executes `plan` on `dev` in `dtype` with `inputs` (contiguous, all of that dtype, in the
+/// plan's input order): allocates the outputs, uploads the tables the device does not have yet, sizes the
 /// shared workspace, opts in to large dynamic shared memory and launches on candle's stream.
 /// Nothing is read back: a status the kernel sets waits for [`take_status`].
 pub fn launch(
     dev: &CudaDevice,
     module: Module,
     plan: &LaunchPlan,
+    dtype: DType,
     inputs: &[(&CudaStorage, &Layout)],
 ) -> Result<Vec<CudaStorage>> {
-    let Some(&(first, _)) = inputs.first() else {
-        bail!("internal error: {} launched without inputs", plan.kernel)
-    };
-    match first.dtype() {
+    if let Some((s, _)) = inputs.iter().find(|(s, _)| s.dtype() != dtype) {
+        bail!(
+            "internal error: {} launched in {dtype:?} with a {:?} input",
+            plan.kernel,
+            s.dtype()
+        )
+    }
+    match dtype {
         DType::F32 => run::<f32>(dev, module, plan, inputs),
         DType::F64 => run::<f64>(dev, module, plan, inputs),
         DType::F16 => run::<half::f16>(dev, module, plan, inputs),
@@ -189,6 +200,7 @@ fn run<T: CudaElem>(
                 KernelArg::Null => b.arg(&null),
                 KernelArg::Status => b.arg(&*status),
                 KernelArg::I32(v) => b.arg(v),
+                KernelArg::U64(v) => b.arg(v),
             };
         }
         let cfg = LaunchConfig {

@@ -283,3 +283,25 @@ fn batch_norm_running_averages_decay_by_bn_momentum() {
     let back: ClassifierConfig = serde_json::from_value(json).unwrap();
     assert_eq!(back.bn_momentum, 0.95);
 }
+
+/// Dropout keep-masks: a function of (site, row, feature) only — a shard's rows equal the
+/// same rows of the whole batch —, about 1 − p of the entries kept, p = 0 keeping all, and a
+/// rate outside [0, 1) refused.
+#[test]
+fn dropout_masks_depend_on_coordinates_only() {
+    use myosotis::ops::dropout_keep;
+    let cpu = Device::Cpu;
+    let whole = dropout_keep(77, 0, 64, 128, 0.25, DType::F32, &cpu).unwrap();
+    let shard = dropout_keep(77, 40, 24, 128, 0.25, DType::F32, &cpu).unwrap();
+    let rows = whole.narrow(0, 40, 24).unwrap();
+    assert_eq!(
+        rows.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        shard.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    );
+    let kept = whole.mean_all().unwrap().to_scalar::<f32>().unwrap();
+    assert!((kept - 0.75).abs() < 0.02, "kept {kept}");
+    let all = dropout_keep(3, 0, 8, 8, 0.0, DType::F32, &cpu).unwrap();
+    assert_eq!(all.sum_all().unwrap().to_scalar::<f32>().unwrap(), 64.0);
+    let err = dropout_keep(3, 0, 8, 8, 1.0, DType::F32, &cpu).unwrap_err();
+    assert!(err.to_string().contains("[0, 1)"), "{err}");
+}

@@ -137,3 +137,17 @@ fn cuda_training_step_matches_the_cpu_for_every_model() {
         }
     }
 }
+
+/// Dropout masks made on the GPU equal the CPU's (they are a hash of the coordinates).
+#[test]
+fn cuda_dropout_masks_equal_the_cpu() {
+    let Some(gpu) = gpu("cuda_dropout_masks_equal_the_cpu") else {
+        return;
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let m = |dev: &Device| {
+            to_vec(&myosotis::ops::dropout_keep(5, 17, 33, 300, 0.2, dtype, dev).unwrap())
+        };
+        assert_eq!(m(&gpu), m(&Device::Cpu), "{dtype:?}");
+    }
+}

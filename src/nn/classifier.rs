@@ -16,7 +16,8 @@ use candle_core::{DType, Module, ModuleT, Result, Tensor, D};
 use candle_nn::{batch_norm, BatchNorm, BatchNormConfig, Embedding, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
-use crate::ops::gelu;
+use crate::ops::dropout::{absorb, mix};
+use crate::ops::{dropout_keep, gelu};
 
 use super::{
     dense, embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig,
@@ -187,34 +188,16 @@ pub struct DropoutKey {
     pub first_row: u64,
 }
 
-/// SplitMix64's finaliser: a bijective mix whose outputs pass as independent uniform words.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// One step of the key chain: the hash so far combined with the next coordinate.
-fn absorb(h: u64, v: u64) -> u64 {
-    mix(h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-}
-
 impl DropoutKey {
     /// The hash of (seed, step, site): what every entry of one dropout call starts from.
     fn site_hash(&self, site: u64) -> u64 {
         let h = mix(self.seed ^ 0x9e37_79b9_7f4a_7c15);
         absorb(absorb(h, self.step), site)
     }
-
-    /// A uniform number in [0, 1) for (row, feature) under a site's hash.
-    fn uniform(&self, site_hash: u64, row: u64, feature: u64) -> f64 {
-        let h = absorb(absorb(site_hash, self.first_row + row), feature);
-        (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
 }
 
 /// Dropout with one mask per (sample, feature), shared across the length; `site` numbers the
-/// dropout calls of one forward pass.
+/// dropout calls of one forward pass. The mask is made on x's device.
 fn dropout(x: &Tensor, p: f64, mode: Mode, site: u64) -> Result<Tensor> {
     let Mode::Train(key) = mode else {
         return Ok(x.clone());
@@ -223,20 +206,10 @@ fn dropout(x: &Tensor, p: f64, mode: Mode, site: u64) -> Result<Tensor> {
         return Ok(x.clone());
     }
     let (b, _, h) = x.dims3()?;
-    let scale = (1.0 / (1.0 - p)) as f32;
     let site_hash = key.site_hash(site);
-    let mask: Vec<f32> = (0..b as u64)
-        .flat_map(|r| (0..h as u64).map(move |f| (r, f)))
-        .map(|(r, f)| {
-            if key.uniform(site_hash, r, f) >= p {
-                scale
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    let mask = Tensor::from_vec(mask, (b, 1, h), x.device())?.to_dtype(x.dtype())?;
-    x.broadcast_mul(&mask)
+    let keep = dropout_keep(site_hash, key.first_row, b, h, p, x.dtype(), x.device())?;
+    let scale = (1.0 / (1.0 - p)) as f32;
+    x.broadcast_mul(&(keep * scale as f64)?.reshape((b, 1, h))?)
 }
 
 struct Block {

@@ -3,6 +3,7 @@
 //! reference, the launch plans); the small fused CPU ops are one file each.
 
 pub mod channel;
+pub mod dropout;
 pub mod gelu;
 pub mod layer_norm;
 pub mod plan;
@@ -12,6 +13,7 @@ pub mod tree_solve;
 mod value;
 
 pub use channel::{channel_add, channel_mul};
+pub use dropout::dropout_keep;
 pub use gelu::gelu;
 pub use layer_norm::{layer_norm, layer_norm_composed};
 pub use scan::{

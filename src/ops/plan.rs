@@ -26,6 +26,8 @@ pub enum KernelArg {
     Status,
     /// An `int` by value.
     I32(i32),
+    /// An `unsigned long long` by value.
+    U64(u64),
 }
 
 /// One kernel launch. See the module docs.

@@ -156,6 +156,7 @@ pub fn run(
             KernelArg::Null => Arg::Ptr(std::ptr::null_mut()),
             KernelArg::Status => Arg::Ptr(status.ptr()),
             KernelArg::I32(v) => Arg::I32(*v),
+            KernelArg::U64(v) => Arg::U64(*v),
         });
     }
     let l = Launch {

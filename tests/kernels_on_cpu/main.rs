@@ -4,11 +4,12 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|dropout]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 #[path = "../common/mod.rs"]
 mod common;
+mod dropout;
 mod exec;
 mod scan;
 mod tree_solve;
@@ -38,24 +39,29 @@ pub fn assert_same(got: &[f64], want: &[f64], what: &str) {
 }
 
 /// The harness compiled exactly the kernels that the launch plans name, and the tests below
-/// run every one of them (every stem, dtype, real and complex).
+/// run every one of them (every stem and dtype, real and complex where the kernel has both).
 #[test]
 fn every_kernel_entry_point_is_tested() {
-    let mut planned: Vec<String> = [
-        "scan_fwd",
-        "scan_bwd",
-        "tree_fwd",
-        "tree_bwd",
-        "tree_block_fwd",
-        "tree_block_bwd",
-    ]
-    .iter()
-    .flat_map(|stem| {
-        DTYPES.iter().flat_map(move |(dt, _)| {
-            [false, true].map(|complex| kernel_name(stem, *dt, complex).unwrap())
+    let stems = [
+        ("scan_fwd", true),
+        ("scan_bwd", true),
+        ("tree_fwd", true),
+        ("tree_bwd", true),
+        ("tree_block_fwd", true),
+        ("tree_block_bwd", true),
+        ("dropout_keep", false),
+    ];
+    let mut planned: Vec<String> = stems
+        .iter()
+        .flat_map(|&(stem, complex)| {
+            DTYPES.iter().flat_map(move |(dt, _)| {
+                let variants: &[bool] = if complex { &[false, true] } else { &[false] };
+                variants
+                    .iter()
+                    .map(move |&c| kernel_name(stem, *dt, c).unwrap())
+            })
         })
-    })
-    .collect();
+        .collect();
     let mut compiled = kernels_on_cpu::kernels();
     planned.sort();
     compiled.sort();
@@ -79,6 +85,11 @@ fn kernel_constants_match_the_plans() {
             &tree,
             "TREE_THREADS",
             myosotis::ops::tree_solve::cuda::THREADS as usize,
+        ),
+        (
+            &read("dropout.cu"),
+            "DROPOUT_THREADS",
+            myosotis::ops::dropout::cuda::THREADS as usize,
         ),
     ] {
         let line = format!("#define {name} {value}");

@@ -121,7 +121,7 @@ mod launch {
         h0: (&CudaStorage, &Layout),
     ) -> Result<CudaStorage> {
         let plan = op.forward_plan(b.0.dtype())?;
-        let mut out = cuda::launch(b.0.device(), SCAN, &plan, &[a, b, h0])?;
+        let mut out = cuda::launch(b.0.device(), SCAN, &plan, b.0.dtype(), &[a, b, h0])?;
         Ok(out.remove(0))
     }
 
@@ -142,7 +142,7 @@ mod launch {
         }
         let dev = inputs[3].0.device().clone();
         let plan = op.backward_plan(g.dtype())?;
-        let outs = cuda::launch(&dev, SCAN, &plan, &inputs)?;
+        let outs = cuda::launch(&dev, SCAN, &plan, g.dtype(), &inputs)?;
         let shapes = [g.dims().to_vec(), op.da_partial_shape(), h0.dims().to_vec()];
         let mut wrapped = outs.into_iter().zip(shapes).map(|(s, shape)| {
             Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false)

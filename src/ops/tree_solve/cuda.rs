@@ -200,7 +200,7 @@ mod launch {
     ) -> Result<CudaStorage> {
         let dev = u.0.device();
         let plan = op.forward_plan(u.0.dtype(), cuda::limits(dev)?)?;
-        let mut out = cuda::launch(dev, TREE_SOLVE, &plan, &[u, coef])?;
+        let mut out = cuda::launch(dev, TREE_SOLVE, &plan, u.0.dtype(), &[u, coef])?;
         Ok(out.remove(0))
     }
 
@@ -221,7 +221,7 @@ mod launch {
         }
         let dev = inputs[0].0.device().clone();
         let plan = op.backward_plan(g.dtype(), cuda::limits(&dev)?)?;
-        let out = cuda::launch(&dev, TREE_SOLVE, &plan, &inputs)?;
+        let out = cuda::launch(&dev, TREE_SOLVE, &plan, g.dtype(), &inputs)?;
         let dims = op.dims;
         let tail: &[usize] = if op.opts.complex { &[2] } else { &[] };
         let shapes = [

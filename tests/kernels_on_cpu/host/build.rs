@@ -11,7 +11,12 @@ fn main() {
         .std("c++17")
         .include("include")
         .include("src")
-        .files(["src/launcher.cpp", "src/scan.cpp", "src/tree_solve.cpp"])
+        .files([
+            "src/launcher.cpp",
+            "src/scan.cpp",
+            "src/tree_solve.cpp",
+            "src/dropout.cpp",
+        ])
         .opt_level(2)
         // The arithmetic of the CPU twins: no fused multiply-adds.
         .flag("-ffp-contract=off")

@@ -43,10 +43,11 @@ static constexpr unsigned char POISON = 0xff; // NaN in every float format
 
 const KernelEntry *scan_kernels(size_t *n);
 const KernelEntry *tree_solve_kernels(size_t *n);
+const KernelEntry *dropout_kernels(size_t *n);
 
 static std::vector<const KernelEntry *> registry() {
     std::vector<const KernelEntry *> all;
-    for (auto list : {scan_kernels, tree_solve_kernels}) {
+    for (auto list : {scan_kernels, tree_solve_kernels, dropout_kernels}) {
         size_t n = 0;
         const KernelEntry *e = list(&n);
         for (size_t i = 0; i < n; ++i) all.push_back(e + i);
@@ -326,7 +327,12 @@ struct HostArg {
     int kind; // ArgKind
     void *ptr;
     int value;
+    unsigned long long wide;
 };
+
+static const char *kind_name(int kind) {
+    return kind == ARG_POINTER ? "a pointer" : kind == ARG_I32 ? "an int" : "an unsigned long long";
+}
 
 size_t kernels_on_cpu_count() { return registry().size(); }
 
@@ -351,11 +357,11 @@ int kernels_on_cpu_launch(const char *name, const unsigned grid[3], const unsign
         for (size_t i = 0; i < nargs; ++i) {
             if (args[i].kind != entry->kinds[i])
                 fail("argument %zu of %s is %s, the launch passes %s", i, name,
-                     entry->kinds[i] == ARG_POINTER ? "a pointer" : "an int",
-                     args[i].kind == ARG_POINTER ? "a pointer" : "an int");
+                     kind_name(entry->kinds[i]), kind_name(args[i].kind));
             slots[i] = args[i].ptr;
             argv[i] = args[i].kind == ARG_POINTER ? (void *)&slots[i]
-                                                  : (void *)&args[i].value;
+                      : args[i].kind == ARG_I32   ? (void *)&args[i].value
+                                                  : (void *)&args[i].wide;
         }
         const uint3 g{grid[0], grid[1], grid[2]}, bd{block[0], block[1], block[2]};
         const size_t threads = (size_t)bd.x * bd.y * bd.z;

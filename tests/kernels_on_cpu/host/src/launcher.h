@@ -7,7 +7,7 @@
 #include <utility>
 
 // Kinds of kernel arguments, as the Rust side passes them.
-enum ArgKind { ARG_POINTER = 0, ARG_I32 = 1 };
+enum ArgKind { ARG_POINTER = 0, ARG_I32 = 1, ARG_U64 = 2 };
 
 struct KernelEntry {
     const char *name;
@@ -17,9 +17,12 @@ struct KernelEntry {
 };
 
 template <typename A> constexpr int arg_kind() {
-    static_assert(std::is_pointer<A>::value || std::is_same<A, int>::value,
-                  "kernel arguments are pointers or int");
-    return std::is_pointer<A>::value ? ARG_POINTER : ARG_I32;
+    static_assert(std::is_pointer<A>::value || std::is_same<A, int>::value ||
+                      std::is_same<A, unsigned long long>::value,
+                  "kernel arguments are pointers, int or unsigned long long");
+    return std::is_pointer<A>::value ? ARG_POINTER
+           : std::is_same<A, int>::value ? ARG_I32
+                                         : ARG_U64;
 }
 
 // Calls `f` with its arguments read from an array of pointers to them (as cuLaunchKernel).

@@ -9,11 +9,13 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
-/// One kernel argument: a pointer to memory the kernel reads or writes, or an `int`.
+/// One kernel argument: a pointer to memory the kernel reads or writes, an `int` or an
+/// `unsigned long long`.
 #[derive(Clone, Copy, Debug)]
 pub enum Arg {
     Ptr(*mut c_void),
     I32(i32),
+    U64(u64),
 }
 
 /// The order in which the threads of a block (and the blocks of the grid) run between barriers.
@@ -40,6 +42,7 @@ struct HostArg {
     kind: c_int,
     ptr: *mut c_void,
     value: c_int,
+    wide: u64,
 }
 
 extern "C" {
@@ -87,11 +90,19 @@ pub unsafe fn launch(l: &Launch, args: &[Arg], order: Order) -> Result<(), Strin
                 kind: 0,
                 ptr,
                 value: 0,
+                wide: 0,
             },
             Arg::I32(value) => HostArg {
                 kind: 1,
                 ptr: std::ptr::null_mut(),
                 value,
+                wide: 0,
+            },
+            Arg::U64(wide) => HostArg {
+                kind: 2,
+                ptr: std::ptr::null_mut(),
+                value: 0,
+                wide,
             },
         })
         .collect();
