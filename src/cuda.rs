@@ -118,9 +118,10 @@ pub fn take_status(dev: &CudaDevice) -> Result<i32> {
 }
 
 /// Executes `plan` on `dev` in `dtype` with `inputs` (contiguous, all of that dtype, in the
-/// plan's input order): allocates the outputs, uploads the tables the device does not have yet, sizes the
-/// shared workspace, opts in to large dynamic shared memory and launches on candle's stream.
-/// Nothing is read back: a status the kernel sets waits for [`take_status`].
+/// plan's input order): allocates the outputs, uploads the tables the device does not have
+/// yet, grows the device's workspace if the plan needs more, opts in to large dynamic shared
+/// memory and launches on candle's stream. Nothing is read back: a status the kernel sets
+/// waits for [`take_status`].
 pub fn launch(
     dev: &CudaDevice,
     module: Module,

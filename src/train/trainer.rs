@@ -180,6 +180,12 @@ fn count_correct(logp: &Tensor, y: &Tensor) -> Result<Tensor> {
 struct Pending(Vec<(usize, Tensor, Tensor)>);
 
 impl Pending {
+    /// Adds a batch's results, detached from the graph that made them (which would otherwise
+    /// keep the batch's activations alive until the read).
+    fn push(&mut self, n: usize, loss: &Tensor, correct: &Tensor) {
+        self.0.push((n, loss.detach(), correct.detach()));
+    }
+
     /// Reads every pending result back in one transfer, after checking the tree solves' pivot
     /// status on `device` (which the same synchronisation makes free), and empties the list.
     fn read(&mut self, device: &Device) -> Result<Vec<(usize, f64, usize)>> {
@@ -226,7 +232,9 @@ pub fn evaluate(
                 (candle_nn::loss::nll(&logp, &y)?.to_dtype(DType::F64)? * part.len() as f64)?;
             Ok((part.len(), loss, count_correct(&logp, &y)?))
         })?;
-        pending.0.extend(parts);
+        for (n, loss, correct) in &parts {
+            pending.push(*n, loss, correct);
+        }
     }
     let (mut loss, mut correct) = (0.0, 0usize);
     for (_, l, c) in pending.read(device)? {
@@ -318,7 +326,7 @@ pub fn train_epoch(
             grads.extend(g)?;
         }
         opt.step(&grads)?;
-        pending.0.push((idx.len(), value, right));
+        pending.push(idx.len(), &value, &right);
         if (b + 1) % report_every.max(1) == 0 || b + 1 == count {
             report(&mut pending, opt.step_count())?;
         }
