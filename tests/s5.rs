@@ -233,3 +233,40 @@ fn existing_parameters_are_kept_not_reinitialised() {
     )
     .is_err());
 }
+
+/// The initial spread of C̃ per (re, im) part: 1/P for trunc_standard_normal (LeCun rows of
+/// (1, P, 2)) and 1/(H·P) for lecun_normal (one LeCun draw over (H, P, 2), fan-in H·P), with P
+/// the state size before conjugate symmetry; C̃ = C V keeps it (V unitary, columns kept in
+/// conjugate pairs).
+#[test]
+fn c_initial_variance_follows_the_reference_fan_in() {
+    let (h, p) = (64, 256);
+    let variance = |c_init| {
+        let cfg = S5Config {
+            d_model: h,
+            state: p,
+            blocks: 4,
+            c_init,
+            seed: 5,
+            ..S5Config::default()
+        };
+        let varmap = VarMap::new();
+        S5::new(
+            cfg,
+            VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+        )
+        .unwrap();
+        let c = to_vec(varmap.data().lock().unwrap()["c"].as_tensor());
+        c.iter().map(|x| x * x).sum::<f64>() / c.len() as f64
+    };
+    for (c_init, want) in [
+        (CInit::TruncStandardNormal, 1.0 / p as f64),
+        (CInit::LecunNormal, 1.0 / (h * p) as f64),
+    ] {
+        let v = variance(c_init);
+        assert!(
+            (v / want - 1.0).abs() < 0.1,
+            "{c_init:?}: {v:e}, want {want:e}"
+        );
+    }
+}

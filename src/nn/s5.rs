@@ -39,7 +39,9 @@ pub enum Discretization {
 pub enum CInit {
     /// Truncated normal (±2σ) with σ² = 1/P per entry, then C̃ = C V.
     TruncStandardNormal,
-    /// LeCun normal over (H, P) (the same scale), then C̃ = C V.
+    /// LeCun normal over the whole (H, P, 2) array, as the reference applies it: fan-in H·P,
+    /// so a truncated normal with σ² = 1/(H·P) per part (√H smaller than the default), then
+    /// C̃ = C V.
     LecunNormal,
     /// C̃ complex normal with variance ½ per part, without V.
     ComplexNormal,
@@ -151,10 +153,14 @@ impl S5 {
                     })
                 }
                 CInit::TruncStandardNormal | CInit::LecunNormal => {
+                    let fan_in = match cfg.c_init {
+                        CInit::LecunNormal => h * p_full,
+                        _ => p_full,
+                    };
                     let c = nalgebra::DMatrix::from_fn(h, p_full, |_, _| {
                         nalgebra::Complex::new(
-                            trunc_normal(&mut rng, p_full),
-                            trunc_normal(&mut rng, p_full),
+                            trunc_normal(&mut rng, fan_in),
+                            trunc_normal(&mut rng, fan_in),
                         )
                     });
                     c * &v
