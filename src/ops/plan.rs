@@ -69,8 +69,8 @@ pub struct DeviceLimits {
 impl DeviceLimits {
     /// The shared memory every kernel gets without opting in.
     pub const DEFAULT_SHARED: usize = 48 * 1024;
-    /// The largest workspace budget [`crate::cuda`] gives a launch: 1 GiB, or an eighth of the
-    /// device memory free when the budget is first needed, whichever is less.
+    /// The largest workspace budget the CUDA launch (`crate::cuda`) gives: 1 GiB, or an eighth
+    /// of the device memory free when the budget is first needed, whichever is less.
     pub const MAX_WORKSPACE: usize = 1 << 30;
     pub const V100: DeviceLimits = DeviceLimits {
         shared_per_block: 96 * 1024,
