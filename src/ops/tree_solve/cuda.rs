@@ -42,10 +42,11 @@ impl TreeSolveOp {
         values * acc * w
     }
 
-    /// The launch of `stem` with `inputs` tensor arguments and the outputs that follow them.
+    /// The launch of `pass` ("fwd" or "bwd": `tree_fwd`, or `tree_block_fwd` for d > 1) with
+    /// `inputs` tensor arguments and the outputs that follow them.
     fn plan(
         &self,
-        stem: &str,
+        pass: &str,
         dtype: DType,
         limits: DeviceLimits,
         inputs: usize,
@@ -94,11 +95,9 @@ impl TreeSolveOp {
             KernelArg::Workspace
         });
         args.push(KernelArg::Status);
-        // Scalar blocks have their own kernels: `tree_fwd` or `tree_block_fwd`.
-        let stem = if d == 1 {
-            stem.to_string()
-        } else {
-            stem.replacen("tree_", "tree_block_", 1)
+        let stem = match d {
+            1 => format!("tree_{pass}"),
+            _ => format!("tree_block_{pass}"),
         };
         Ok(LaunchPlan {
             kernel: kernel_name(&stem, dtype, self.opts.complex)?,
@@ -130,7 +129,7 @@ impl TreeSolveOp {
 
     /// `tree_fwd`: inputs (u, coef = [A; B; C]), output x.
     fn forward_plan(&self, dtype: DType, limits: DeviceLimits) -> Result<LaunchPlan> {
-        self.plan("tree_fwd", dtype, limits, 2, vec![self.rhs_len()])
+        self.plan("fwd", dtype, limits, 2, vec![self.rhs_len()])
     }
 
     /// `tree_bwd`: inputs (∂x, coef, x), outputs ∂u and the per-tree coefficient gradients
@@ -145,7 +144,7 @@ impl TreeSolveOp {
         } = self.dims;
         let w = if self.opts.complex { 2 } else { 1 };
         let dcoef = 3 * batch * heads * nodes * d * d * w;
-        self.plan("tree_bwd", dtype, limits, 3, vec![self.rhs_len(), dcoef])
+        self.plan("bwd", dtype, limits, 3, vec![self.rhs_len(), dcoef])
     }
 }
 

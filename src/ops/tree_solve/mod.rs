@@ -23,9 +23,11 @@
 //!
 //! # Singular pivots
 //! A pivot block Â_v that is singular (zero pivot in partial-pivoting LU) or not finite is an
-//! error naming the batch, head and node: the layer's parameterisation keeps T_G diagonally
-//! dominant, so a failure means diverged parameters, and it stops training instead of feeding
-//! NaN forward.
+//! error naming the node: the layer's parameterisation keeps T_G diagonally dominant, so a
+//! failure means diverged parameters, and it stops training instead of feeding NaN forward. On
+//! the CPU the solve returns it (with the batch element and head); on CUDA the kernels record
+//! the first bad node on the device and [`check_pivots`] returns it, so that no solve waits for
+//! the GPU.
 
 use std::sync::Arc;
 
