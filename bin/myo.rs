@@ -6,7 +6,9 @@ use candle_core::DType;
 use candle_core::Device;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use myosotis::bench::{copy_bandwidth, describe, parse_device, BenchReport, ScanBench, TreeBench};
+use myosotis::bench::{
+    copy_bandwidth, describe, parse_device, BenchReport, ScanBench, StepBench, TreeBench,
+};
 use myosotis::train::run::{Event, Exec};
 
 #[derive(Parser)]
@@ -102,6 +104,21 @@ struct TrainArgs {
     /// Myo block size d (1: scalar complex heads). [default: 1]
     #[arg(long)]
     block_size: Option<usize>,
+    /// Myo: how the couplings enter T_G: skew (the paper's solve: I + skew-Hermitian, B
+    /// unbounded), hermitian (C = B†, diagonally dominant: |B| < 1/(1 + children)) or free (C
+    /// its own parameter, dominant). [default: skew]
+    #[arg(long)]
+    coupling: Option<String>,
+    /// Myo, skew coupling: the range LOW:HIGH of the heads' initial |B|. [default: 0.1:10]
+    #[arg(long)]
+    coupling_init: Option<String>,
+    /// Myo: couplings per BFS level instead of per node.
+    #[arg(long)]
+    per_level: bool,
+    /// Myo: run the blocks over the leaves only, with learned constant inputs on the virtual
+    /// nodes, instead of over all tree nodes (paper §3.2).
+    #[arg(long)]
+    leaves_only: bool,
     /// S5 HiPPO-N blocks J. [default: state size / 8]
     #[arg(long)]
     blocks: Option<usize>,
@@ -206,6 +223,9 @@ enum BenchCmd {
     Scan(ScanArgs),
     /// The Myo tree solve x = T_G⁻¹ u over (batch, heads) trees.
     Tree(TreeArgs),
+    /// A training step (forward, loss, backward) of the model `myo train` would build from the
+    /// same flags, on random inputs of the task's shape; also the time in its sequence layers.
+    Step(Box<StepArgs>),
     /// The device's copy bandwidth (bytes read + written per second).
     Copy {
         #[arg(long, default_value = "cpu")]
@@ -214,6 +234,19 @@ enum BenchCmd {
         #[arg(long, default_value_t = 64)]
         mega_elems: usize,
     },
+}
+
+#[derive(Args)]
+struct StepArgs {
+    #[command(flatten)]
+    model: TrainArgs,
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    #[arg(long, default_value_t = 7)]
+    repeats: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Flags every kernel benchmark takes.
@@ -428,6 +461,37 @@ fn run() -> Result<()> {
                     &bench.run(&device).context("tree benchmark failed")?,
                     a.flags.json,
                 )?;
+            }
+            BenchCmd::Step(a) => {
+                let device = parse_device(&a.model.device)?;
+                executor(&device, Some(a.model.threads.unwrap_or(1)))?;
+                // Only the task's shape is used: no data is read.
+                let mut args = a.model;
+                args.hub = args.data_dir.is_none() && args.task != "listops";
+                let cfg = run_config(&args)?;
+                let bench = StepBench {
+                    len: cfg.task.max_tokens(),
+                    model: cfg.model,
+                    batch: cfg.batch_size,
+                    warmup: a.warmup,
+                    repeats: a.repeats,
+                };
+                let r = bench.run(&device).context("step benchmark failed")?;
+                if a.json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    println!("step  device={}  {}", r.device, r.shape);
+                    for (what, t) in [
+                        ("forward + backward", r.step),
+                        ("  in the layers   ", r.layers),
+                        ("forward           ", r.forward),
+                    ] {
+                        println!(
+                            "  {what}  median {:>9.2} ms  (min {:.2}, {} samples)",
+                            t.median_ms, t.min_ms, t.repeats
+                        );
+                    }
+                }
             }
             BenchCmd::Copy { device, mega_elems } => {
                 let dev = parse_device(&device)?;
@@ -703,8 +767,24 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
             d_model,
             heads: a.heads.unwrap_or(state),
             tree,
-            per_level: false,
-            symmetric: true,
+            per_level: a.per_level,
+            coupling: match a.coupling.as_deref() {
+                None | Some("skew") => Coupling::Skew,
+                Some("hermitian") => Coupling::Hermitian,
+                Some("free") => Coupling::Free,
+                Some(o) => anyhow::bail!("--coupling {o}: expected skew, hermitian or free"),
+            },
+            coupling_init: match a.coupling_init.as_deref() {
+                None => [0.1, 10.0],
+                Some(r) => r
+                    .split_once(':')
+                    .and_then(|(lo, hi)| Some([lo.parse().ok()?, hi.parse().ok()?]))
+                    .filter(|[lo, hi]: &[f64; 2]| *lo > 0.0 && lo <= hi && hi.is_finite())
+                    .with_context(|| {
+                        format!("--coupling-init {r}: expected LOW:HIGH with 0 < LOW ≤ HIGH")
+                    })?,
+            },
+            all_nodes: !a.leaves_only,
             block: a.block_size.unwrap_or(1),
             dt_min: 0.001,
             dt_max: 0.1,

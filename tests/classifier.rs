@@ -25,11 +25,30 @@ fn layer_kinds(len: usize) -> Vec<SeqLayerConfig> {
                 arity: 4,
             },
             per_level: false,
-            symmetric: true,
+            coupling: Coupling::Hermitian,
+            coupling_init: [0.1, 10.0],
+            all_nodes: false,
             block: 1,
             dt_min: 0.001,
             dt_max: 0.1,
             seed: 1,
+        }),
+        // The paper's coupling over all tree nodes (the default of `myo train`).
+        SeqLayerConfig::Myo(MyoConfig {
+            d_model: 0,
+            heads: 3,
+            tree: TreeSpec::Ragged {
+                leaves: len,
+                arity: 4,
+            },
+            per_level: true,
+            coupling: Coupling::Skew,
+            coupling_init: [0.1, 10.0],
+            all_nodes: true,
+            block: 1,
+            dt_min: 0.001,
+            dt_max: 0.1,
+            seed: 2,
         }),
         SeqLayerConfig::Ssm2d(Ssm2dConfig {
             d_model: 0,
@@ -181,25 +200,27 @@ fn masked_pooling_ignores_padding() {
 
 #[test]
 fn token_encoder_and_myo_root_pooling() {
-    let cfg = ClassifierConfig {
-        encoder: EncoderConfig::Embedding { vocab: 20 },
-        pooling: Pooling::Root,
-        ..config(
-            layer_kinds(8)[1].clone(),
-            Activation::HalfGlu2,
-            NormKind::Layer,
-            Pooling::Root,
+    // Myo over the leaves and over all nodes.
+    for layer in &layer_kinds(8)[1..3] {
+        let cfg = ClassifierConfig {
+            encoder: EncoderConfig::Embedding { vocab: 20 },
+            ..config(
+                layer.clone(),
+                Activation::HalfGlu2,
+                NormKind::Layer,
+                Pooling::Root,
+            )
+        };
+        let (_, model) = build(&cfg);
+        let tokens = Tensor::new(
+            &[[1u32, 5, 7, 19, 0, 0, 3, 2], [4, 4, 4, 4, 4, 4, 4, 4]],
+            &Device::Cpu,
         )
-    };
-    let (_, model) = build(&cfg);
-    let tokens = Tensor::new(
-        &[[1u32, 5, 7, 19, 0, 0, 3, 2], [4, 4, 4, 4, 4, 4, 4, 4]],
-        &Device::Cpu,
-    )
-    .unwrap();
-    let logp = model.forward(&tokens, None, Mode::Eval).unwrap();
-    let p = to_vec(&logp.exp().unwrap().sum(D::Minus1).unwrap());
-    assert!(p.iter().all(|s| (s - 1.0).abs() < 1e-5));
+        .unwrap();
+        let logp = model.forward(&tokens, None, Mode::Eval).unwrap();
+        let p = to_vec(&logp.exp().unwrap().sum(D::Minus1).unwrap());
+        assert!(p.iter().all(|s| (s - 1.0).abs() < 1e-5), "{cfg:?}");
+    }
     // Root pooling needs Myo layers.
     let bad = config(
         layer_kinds(8)[0].clone(),

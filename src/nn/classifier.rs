@@ -331,6 +331,23 @@ impl SequenceClassifier {
         &self.cfg
     }
 
+    /// The positions the blocks run over for inputs of `len` steps: all tree nodes for Myo
+    /// layers over all nodes, else `len`.
+    pub fn positions(&self, len: usize) -> usize {
+        match self.blocks.first().map(|b| &b.layer) {
+            Some(Layer::Myo(m)) if m.config().all_nodes => m.tree().len(),
+            _ => len,
+        }
+    }
+
+    /// Block `i`'s sequence layer alone on (batch, positions, H).
+    pub fn layer_forward(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+        match self.blocks.get(i) {
+            Some(block) => block.layer.forward(x),
+            None => candle_core::bail!("no block {i} in a {}-block model", self.blocks.len()),
+        }
+    }
+
     /// The activation of block `i` with its dropouts (sites 3i, 3i + 1).
     fn activate(&self, i: usize, block: &Block, y: &Tensor, mode: Mode) -> Result<Tensor> {
         let p = self.cfg.dropout;
@@ -358,15 +375,29 @@ impl SequenceClassifier {
             Encoder::Embedding(e) => e.forward(x)?,
         };
         let node_pooling = matches!(self.cfg.pooling, Pooling::Root | Pooling::TopLevels { .. });
+        // Myo layers over all tree nodes: the virtual nodes start from zero features (their
+        // first layer's learned inputs) and are carried from block to block like the leaves.
+        let tree = match &self.blocks.first().map(|b| &b.layer) {
+            Some(Layer::Myo(m)) if m.config().all_nodes => Some(m.tree().clone()),
+            _ => None,
+        };
+        if let Some(tree) = &tree {
+            let (b, len, hdim) = h.dims3()?;
+            let virt = Tensor::zeros((b, tree.len() - len, hdim), h.dtype(), h.device())?;
+            h = Tensor::cat(&[h, virt], 1)?;
+        }
         for (i, block) in self.blocks.iter().enumerate() {
             let z = if self.cfg.prenorm {
                 block.norm.forward(&h, mode)?
             } else {
                 h.clone()
             };
-            if let (true, true, Layer::Myo(m)) =
-                (node_pooling, i + 1 == self.blocks.len(), &block.layer)
-            {
+            if let (true, true, Layer::Myo(m), None) = (
+                node_pooling,
+                i + 1 == self.blocks.len(),
+                &block.layer,
+                &tree,
+            ) {
                 // The last block's output is its tree nodes, pooled.
                 let pooled = self.pool_nodes(i, m, &z, block, mode)?;
                 return candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1);
@@ -377,7 +408,11 @@ impl SequenceClassifier {
                 h = block.norm.forward(&h, mode)?;
             }
         }
-        let pooled = self.pool_steps(&h, lengths)?;
+        let pooled = match &tree {
+            Some(tree) if node_pooling => top_levels(&h, tree, self.cfg.pooling)?,
+            Some(tree) => self.pool_steps(&h.narrow(1, 0, tree.leaves())?, lengths)?,
+            None => self.pool_steps(&h, lengths)?,
+        };
         candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1)
     }
 
@@ -438,12 +473,17 @@ impl SequenceClassifier {
         if !self.cfg.prenorm {
             nodes = block.norm.forward(&nodes, mode)?;
         }
-        let tree = m.tree();
-        let k = match self.cfg.pooling {
-            Pooling::TopLevels { k } => k.clamp(1, tree.levels()),
-            _ => 1,
-        };
-        let first = tree.level(tree.levels() - k).start;
-        nodes.narrow(1, first, tree.len() - first)?.mean(1)
+        top_levels(&nodes, m.tree(), self.cfg.pooling)
     }
+}
+
+/// The mean of (batch, nodes, H) over the top k BFS levels of `tree` (k = 1 for the root):
+/// (batch, H).
+fn top_levels(nodes: &Tensor, tree: &crate::tree::Tree, pooling: Pooling) -> Result<Tensor> {
+    let k = match pooling {
+        Pooling::TopLevels { k } => k.clamp(1, tree.levels()),
+        _ => 1,
+    };
+    let first = tree.level(tree.levels() - k).start;
+    nodes.narrow(1, first, tree.len() - first)?.mean(1)
 }

@@ -14,7 +14,7 @@ pub use classifier::{
     SeqLayerConfig, SequenceClassifier, BN_MOMENTUM,
 };
 pub use mingru::{MinGru, MinGruConfig};
-pub use myo::{Myo, MyoConfig, TreeSpec};
+pub use myo::{Coupling, Myo, MyoConfig, TreeSpec};
 pub use s5::{CInit, Discretization, S5Config, S5};
 pub use ssm2d::{Ssm2d, Ssm2dConfig};
 

@@ -2,26 +2,31 @@
 //! solve x = T_G⁻¹ u over a tree whose leaves are the sequence.
 //!
 //! Per head h (scalar blocks, d = 1, complex):
-//! * u: the leaves get the input projection u_leaf = B_in x (B_in complex, heads × H); every
-//!   internal ("virtual") node v gets a learned input u_v (a parameter per head and node);
-//! * T_G (§3.5): gauge A_v = 1; couplings B_v = β φ(b_v) with φ(z) = z tanh|z| / |z| (onto the
-//!   open unit disk) and β = (1 − 10⁻³)/(1 + k_max), k_max the largest child count; C_v =
-//!   conj(B_v) (`symmetric`, the default) or β φ(c_v). Every row of T_G then has off-diagonal
-//!   moduli summing to less than |A_v| = 1: T_G is strictly diagonally dominant by construction,
-//!   so every pivot of the solve stays away from zero;
-//! * couplings per level (shared by the nodes of a level) or per node (`per_level`);
-//! * initialisation (§3.5, from S5): head h's couplings start at −Λ̄_h (scaled by β), with
-//!   Λ̄_h = exp(λ_h Δ_h), λ_h the HiPPO-N eigenvalues (one of each conjugate pair) and Δ_h
-//!   log-uniform in [dt_min, dt_max];
-//! * output y_v = Re(C_out x_v) for every node, plus D ⊙ input on the leaves.
+//! * u: every node with an input (the leaves, or all nodes with `all_nodes`, §3.2) gets the
+//!   input projection B_in x (B_in complex, heads × H); the internal ("virtual") nodes also get
+//!   a learned input (a parameter per head and node);
+//! * T_G (§3.5): gauge A_v = 1 and a coupling B_v per node (or per level, `per_level`), placed
+//!   by [`Coupling`]. The default, `Skew`, is the matrix the paper's algorithm solves:
+//!   −B_v at (v, parent), B_v† at (parent, v), so T_G = I + skew-Hermitian, invertible for
+//!   every B (B is the parameter, unbounded). The bounded forms keep T_G strictly diagonally
+//!   dominant instead: B_v = β φ(b_v), φ(z) = z tanh|z| / |z| onto the open unit disk,
+//!   β = (1 − 10⁻³)/(1 + k_max), k_max the largest child count;
+//! * initialisation (§3.5, from S5): head h's coupling has the phase of Λ̄_h = exp(λ_h Δ_h),
+//!   λ_h the HiPPO-N eigenvalues (one of each conjugate pair) and Δ_h log-uniform in
+//!   [dt_min, dt_max]. Skew: modulus spread log-uniformly over the heads across
+//!   `coupling_init` (0.1 to 10), from heads that barely look past a node to heads that carry
+//!   the whole tree (with |B| ≈ |Λ̄| ≈ 1 for every head, as a chain SSM would start, the heads
+//!   all see the same scale and zMNIST learns far slower; docs/experiments.md). Bounded forms:
+//!   −β Λ̄_h;
+//! * output y_v = Re(C_out x_v) for every node, plus D ⊙ input where the node has one.
 //!
 //! Pooling only the top levels of a last layer (not its leaves) leaves that layer's D unused.
 //!
-//! `forward` returns the leaves (batch, L, H) for the next layer; `forward_nodes` returns all
-//! nodes (batch, nodes, H) for the Myo poolings (root, top levels).
+//! `forward` returns the nodes that have inputs (the leaves, or all nodes) for the next layer;
+//! `forward_nodes` returns all nodes (batch, nodes, H) for the Myo poolings (root, top levels).
 //!
 //! Parameters: `b_in` (heads, H, 2), `virtual_u` (heads, internal nodes, 2), `coupling_b`
-//! (heads, levels or nodes, 2), `coupling_c` (same, only when not symmetric), `c_out`
+//! (heads, levels or nodes, 2), `coupling_c` (same, only for [`Coupling::Free`]), `c_out`
 //! (H, heads, 2), `d` (H).
 
 use candle_core::{Device, Module, Result, Tensor, D};
@@ -69,9 +74,19 @@ pub struct MyoConfig {
     /// Couplings shared by the nodes of a level instead of one per node.
     #[serde(default)]
     pub per_level: bool,
-    /// C_v = conj(B_v) (paper §3.5; Bᵀ for real blocks); otherwise C is a separate parameter.
-    #[serde(default = "yes")]
-    pub symmetric: bool,
+    /// How B_v and C_v enter T_G. A config written before this field existed meant
+    /// [`Coupling::Hermitian`].
+    #[serde(default = "hermitian")]
+    pub coupling: Coupling,
+    /// [`Coupling::Skew`] with scalar heads: the initial |B_v| of the heads, spread
+    /// log-uniformly over this range (the phases come from HiPPO-N).
+    #[serde(default = "coupling_init")]
+    pub coupling_init: [f64; 2],
+    /// The layer's input and output are all nodes of the tree in BFS order (leaves first, the
+    /// root last), as in the paper's §3.2, so the virtual nodes carry features from layer to
+    /// layer; otherwise only the leaves, and the virtual nodes' inputs are learned constants.
+    #[serde(default)]
+    pub all_nodes: bool,
     /// Block size d: 1 (scalar complex heads, the default and the paper's setting) or d > 1
     /// (real d × d blocks).
     #[serde(default = "one")]
@@ -84,8 +99,31 @@ pub struct MyoConfig {
     pub seed: u64,
 }
 
-fn yes() -> bool {
-    true
+/// How the couplings B_v, C_v of node v and its parent enter T_G (scalar heads: C_v = B_v† is
+/// the complex conjugate; d × d blocks: the transpose).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Coupling {
+    /// The paper's solve (Appendix A, Algorithm 1 and eq. 18: Â_p = I + Σ_c C_c B_c): it
+    /// eliminates with a plus sign, i.e. solves the matrix with −B_v at (v, parent) and
+    /// C_v = B_v† at (parent, v). Its off-diagonal part is skew-Hermitian, so T_G = I + K with
+    /// K† = −K: eigenvalues 1 + iμ, invertible for every B, pivots Â_v ≥ 1 and
+    /// ‖T_G⁻¹‖ ≤ 1. So B needs no bound: it is the parameter itself.
+    Skew,
+    /// B_v at (v, parent) and C_v = B_v† at (parent, v): Hermitian, kept positive definite by
+    /// strict diagonal dominance, |B_v| < β = (1 − 10⁻³)/(1 + k_max), k_max the largest child
+    /// count (0.2 in a quad tree).
+    Hermitian,
+    /// B_v at (v, parent) and C_v at (parent, v), each its own parameter bounded as in
+    /// `Hermitian`.
+    Free,
+}
+
+fn hermitian() -> Coupling {
+    Coupling::Hermitian
+}
+fn coupling_init() -> [f64; 2] {
+    [0.1, 10.0]
 }
 fn one() -> usize {
     1
@@ -130,8 +168,13 @@ impl Myo {
         if h == 0 || heads == 0 || d == 0 {
             candle_core::bail!("Myo: d_model, heads and block must be positive");
         }
+        let [lo, hi] = cfg.coupling_init;
+        if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
+            candle_core::bail!("Myo: coupling_init [{lo}, {hi}] must satisfy 0 < low ≤ high < ∞");
+        }
         let levels = tree.levels();
         let k_max = (0..n).map(|v| tree.children(v).len()).max().unwrap_or(0);
+        // The dominance bound of the bounded forms (unused by Skew).
         let beta = (1.0 - 1e-3) / (1 + k_max) as f64;
         let per = if cfg.per_level { levels } else { n };
         let internal = n - tree.leaves();
@@ -149,8 +192,8 @@ impl Myo {
         };
         // Initial values: scalar complex heads ((…, 2) = re, im) or real d × d blocks.
         let (w, coupling, coupling_shape) = if d == 1 {
-            // HiPPO-N eigenvalues, one of each conjugate pair per head, discretised with ZOH;
-            // the couplings start at −β Λ̄_h.
+            // HiPPO-N eigenvalues, one of each conjugate pair per head, discretised with ZOH:
+            // the entry of T_G at (v, parent) starts at −β Λ̄_h in the bounded forms.
             let init = block_init(2 * heads, 1, true)
                 .map_err(|e| candle_core::Error::Msg(format!("Myo: {e}")))?;
             let (lo, hi) = (cfg.dt_min.ln(), cfg.dt_max.ln());
@@ -159,9 +202,22 @@ impl Myo {
                 (0..heads).map(|_| r.random_range(lo..hi).exp()).collect()
             };
             let mut c = Vec::with_capacity(heads * per * 2);
-            for (lam, step) in init.lambda.iter().zip(&steps) {
+            for (hd, (lam, step)) in init.lambda.iter().zip(&steps).enumerate() {
                 let lbar = (lam * step).exp();
-                let (re, im) = unsquash(-lbar.re * (1.0 - 1e-3), -lbar.im * (1.0 - 1e-3));
+                let (re, im) = match cfg.coupling {
+                    // Unbounded: B_h itself, with Λ̄_h's phase and a modulus spread
+                    // log-uniformly over the heads (stratified) from local to global.
+                    Coupling::Skew => {
+                        let [lo, hi] = cfg.coupling_init;
+                        let t = (hd as f64 + 0.5) / heads as f64;
+                        let m = (lo.ln() + t * (hi.ln() - lo.ln())).exp();
+                        let phase = lbar.im.atan2(lbar.re);
+                        (m * phase.cos(), m * phase.sin())
+                    }
+                    Coupling::Hermitian | Coupling::Free => {
+                        unsquash(-(1.0 - 1e-3) * lbar.re, -(1.0 - 1e-3) * lbar.im)
+                    }
+                };
                 for _ in 0..per {
                     c.extend([re, im]);
                 }
@@ -185,7 +241,7 @@ impl Myo {
             (vec![heads, d, h], vec![h, heads, d])
         };
         let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu);
-        let coupling_c = if cfg.symmetric {
+        let coupling_c = if cfg.coupling != Coupling::Free {
             None
         } else {
             let init = if d == 1 {
@@ -229,6 +285,9 @@ impl Myo {
         } else {
             raw.clone()
         };
+        if self.cfg.coupling == Coupling::Skew {
+            return Ok(raw);
+        }
         if self.cfg.block > 1 {
             let abs = raw.abs()?;
             let rows = abs.sum(D::Minus1)?.max_keepdim(D::Minus1)?;
@@ -246,18 +305,26 @@ impl Myo {
     /// A = I, B, C (heads, nodes, d, d).
     pub fn blocks(&self) -> Result<(Tensor, Tensor, Tensor)> {
         let b = self.coupling(&self.coupling_b)?;
+        // B† of the couplings: the transpose of real blocks, the conjugate of complex scalars.
+        let adjoint = |b: &Tensor| -> Result<Tensor> {
+            if self.cfg.block > 1 {
+                b.transpose(2, 3)?.contiguous()
+            } else {
+                Tensor::cat(&[b.narrow(2, 0, 1)?, b.narrow(2, 1, 1)?.neg()?], 2)
+            }
+        };
+        let (b, c) = match (&self.coupling_c, self.cfg.coupling) {
+            (Some(raw), _) => (b, self.coupling(raw)?),
+            (None, Coupling::Skew) => (b.neg()?, adjoint(&b)?),
+            (None, _) => {
+                let c = adjoint(&b)?;
+                (b, c)
+            }
+        };
         if self.cfg.block > 1 {
-            let c = match &self.coupling_c {
-                Some(raw) => self.coupling(raw)?,
-                None => b.transpose(2, 3)?.contiguous()?,
-            };
             let eye = Tensor::eye(self.cfg.block, b.dtype(), b.device())?;
             return Ok((eye.broadcast_as(b.shape())?.contiguous()?, b, c));
         }
-        let c = match &self.coupling_c {
-            Some(raw) => self.coupling(raw)?,
-            None => Tensor::cat(&[b.narrow(2, 0, 1)?, b.narrow(2, 1, 1)?.neg()?], 2)?,
-        };
         let (heads, n) = (self.cfg.heads, self.tree.len());
         let a = Tensor::cat(
             &[
@@ -270,26 +337,31 @@ impl Myo {
         Ok((a.reshape(shape)?, b.reshape(shape)?, c.reshape(shape)?))
     }
 
-    /// Outputs of every node: (batch, nodes, H); the leaves include the D skip (internal nodes
-    /// have no input to skip).
+    /// Outputs of every node: (batch, nodes, H), with the D skip on every node that has an
+    /// input (the leaves, or all nodes with `all_nodes`).
     pub fn forward_nodes(&self, x: &Tensor) -> Result<Tensor> {
         let len = self.check_input(x)?;
         let n = self.tree.len();
         let y = self.outputs(x, n)?;
-        let leaves = (y.narrow(1, 0, len)? + channel_mul(x, &self.d)?)?;
+        let skipped = (y.narrow(1, 0, len)? + channel_mul(x, &self.d)?)?;
         if n == len {
-            return Ok(leaves);
+            return Ok(skipped);
         }
-        Tensor::cat(&[leaves, y.narrow(1, len, n - len)?], 1)
+        Tensor::cat(&[skipped, y.narrow(1, len, n - len)?], 1)
     }
 
-    /// The input's length, checked against the tree and d_model.
+    /// The input's length (the leaves, or all nodes with `all_nodes`), checked against the
+    /// tree and d_model.
     fn check_input(&self, x: &Tensor) -> Result<usize> {
         let (_, len, h) = x.dims3()?;
-        if len != self.tree.leaves() || h != self.cfg.d_model {
+        let (want, what) = if self.cfg.all_nodes {
+            (self.tree.len(), "nodes")
+        } else {
+            (self.tree.leaves(), "leaves")
+        };
+        if len != want || h != self.cfg.d_model {
             candle_core::bail!(
-                "Myo: input (batch, {len}, {h}) does not match the tree's {} leaves and d_model {}",
-                self.tree.leaves(),
+                "Myo: input (batch, {len}, {h}) does not match the tree's {want} {what} and d_model {}",
                 self.cfg.d_model
             );
         }
@@ -299,43 +371,23 @@ impl Myo {
     /// Re(C_out x_v) (scalar heads) or C_out x_v (blocks) for the first `count` nodes (the
     /// leaves come first in the numbering): (batch, count, H).
     fn outputs(&self, x: &Tensor, count: usize) -> Result<Tensor> {
+        let u = self.inputs(x)?;
+        let (a, b, c) = self.blocks()?;
+        let (batch, h) = (x.dim(0)?, self.cfg.d_model);
+        let (heads, n, w) = (self.cfg.heads, self.tree.len(), u.dim(3)?);
         if self.cfg.block > 1 {
-            self.block_outputs(x)?.narrow(1, 0, count)
-        } else {
-            self.scalar_outputs(x, count)
-        }
-    }
-
-    /// Re(C_out x_v) for the first `count` nodes with scalar complex heads: (batch, count, H).
-    fn scalar_outputs(&self, x: &Tensor, count: usize) -> Result<Tensor> {
-        let (batch, len, h) = x.dims3()?;
-        let (heads, n) = (self.cfg.heads, self.tree.len());
-        // Leaves: B_in x in one matmul against B_in viewed as (H, heads·2), so the result is
-        // (batch, L, heads, 2), then per head; internal nodes: the learned inputs.
-        let b_mat = self.b_in.transpose(0, 1)?.reshape((h, 2 * heads))?;
-        let leaf = x
-            .reshape((batch * len, h))?
-            .matmul(&b_mat)?
-            .reshape((batch, len, heads, 2))?;
-        let mut u = swap_dims12(&leaf)?;
-        if n > len {
-            let virt = self
-                .virtual_u
-                .unsqueeze(0)?
-                .broadcast_as((batch, heads, n - len, 2))?;
-            u = Tensor::cat(&[u, virt.contiguous()?], 2)?;
+            let u = u.unsqueeze(4)?;
+            let xs = tree_solve(&self.tree, &a, &b, &c, &u, TreeSolveOptions::default())?;
+            let xs = xs
+                .squeeze(4)?
+                .narrow(2, 0, count)?
+                .permute((0, 2, 1, 3))?
+                .reshape((batch, count, heads * w))?;
+            return xs.broadcast_matmul(&self.c_out.reshape((h, heads * w))?.t()?);
         }
         let u = u.reshape((batch, heads, n, 1, 1, 2))?;
-        let (a, b, c) = self.blocks()?;
-        let xs = tree_solve(
-            &self.tree,
-            &a,
-            &b,
-            &c,
-            &u,
-            TreeSolveOptions { complex: true },
-        )?
-        .reshape((batch, heads, n, 2))?;
+        let opts = TreeSolveOptions { complex: true };
+        let xs = tree_solve(&self.tree, &a, &b, &c, &u, opts)?.reshape((batch, heads, n, 2))?;
         // Re(C_out x) = Σ_h C_re x_re − C_im x_im: one matmul against C_out viewed as
         // (H, heads·2) with its imaginary columns negated.
         let signs = Tensor::new(&[1.0, -1.0], x.device())?.to_dtype(x.dtype())?;
@@ -346,32 +398,43 @@ impl Myo {
             .reshape((batch, count, h))
     }
 
-    /// C_out x_v for every node with real d × d blocks: (batch, nodes, H).
-    fn block_outputs(&self, x: &Tensor) -> Result<Tensor> {
+    /// The right-hand side u of every node, (batch, heads, nodes, w) with w = 2 (re, im) for
+    /// scalar heads or d: B_in x where the layer has an input, plus the learned virtual inputs
+    /// on the internal nodes.
+    fn inputs(&self, x: &Tensor) -> Result<Tensor> {
         let (batch, len, h) = x.dims3()?;
         let (heads, n, d) = (self.cfg.heads, self.tree.len(), self.cfg.block);
-        // Leaves: B_in x per head, (batch, heads, L, d); internal nodes: the learned inputs.
-        let leaf = x
-            .broadcast_matmul(&self.b_in.reshape((heads * d, h))?.t()?)?
-            .reshape((batch, len, heads, d))?
-            .permute((0, 2, 1, 3))?;
-        let virt = self
-            .virtual_u
-            .unsqueeze(0)?
-            .broadcast_as((batch, heads, n - len, d))?;
-        let u = Tensor::cat(&[leaf.contiguous()?, virt.contiguous()?], 2)?.unsqueeze(4)?;
-        let (a, b, c) = self.blocks()?;
-        let xs = tree_solve(&self.tree, &a, &b, &c, &u, TreeSolveOptions::default())?;
-        let xs = xs
-            .squeeze(4)?
-            .permute((0, 2, 1, 3))?
-            .reshape((batch, n, heads * d))?;
-        xs.broadcast_matmul(&self.c_out.reshape((h, heads * d))?.t()?)
+        let w = if d > 1 { d } else { 2 };
+        // B_in viewed as (H, heads·w), one matmul for every head.
+        let b_mat = if d > 1 {
+            self.b_in.reshape((heads * d, h))?.t()?
+        } else {
+            self.b_in.transpose(0, 1)?.reshape((h, 2 * heads))?
+        };
+        let projected = x
+            .reshape((batch * len, h))?
+            .matmul(&b_mat)?
+            .reshape((batch, len, heads, w))?;
+        let projected = swap_dims12(&projected)?;
+        let internal = n - self.tree.leaves();
+        if internal == 0 {
+            return Ok(projected);
+        }
+        let virt = self.virtual_u.unsqueeze(0)?;
+        if len == n {
+            let zeros = Tensor::zeros((1, heads, len - internal, w), x.dtype(), x.device())?;
+            return projected.broadcast_add(&Tensor::cat(&[zeros, virt], 2)?);
+        }
+        let virt = virt
+            .broadcast_as((batch, heads, internal, w))?
+            .contiguous()?;
+        Tensor::cat(&[projected, virt], 2)
     }
 }
 
 impl Module for Myo {
-    /// The leaves' outputs (batch, L, H), with the D skip.
+    /// The outputs (batch, L, H) of the nodes that have inputs (the leaves, or all nodes with
+    /// `all_nodes`), with the D skip.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let len = self.check_input(x)?;
         self.outputs(x, len)? + channel_mul(x, &self.d)?
