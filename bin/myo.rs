@@ -104,21 +104,27 @@ struct TrainArgs {
     /// Myo block size d (1: scalar complex heads). [default: 1]
     #[arg(long)]
     block_size: Option<usize>,
-    /// Myo: how the couplings enter T_G: skew (the paper's solve: I + skew-Hermitian, B
-    /// unbounded), hermitian (C = B†, diagonally dominant: |B| < 1/(1 + children)) or free (C
-    /// its own parameter, dominant). [default: skew]
+    /// Myo: how the couplings enter T_G: skew (the paper's solve: I + skew-Hermitian, |B| < 1),
+    /// hermitian (C = B†, diagonally dominant: |B| < 1/(1 + children)) or free (C its own
+    /// parameter, dominant). [default: skew]
     #[arg(long)]
     coupling: Option<String>,
-    /// Myo, skew coupling: the range LOW:HIGH of the heads' initial |B|. [default: 0.1:10]
+    /// Myo, skew coupling: the range LOW:HIGH in (0, 1) of the heads' initial |B|.
+    /// [default: 0.05:0.95]
     #[arg(long)]
     coupling_init: Option<String>,
+    /// Myo, skew coupling: start every coupling of a head with the same phase instead of one
+    /// that grows with the node's offset in its parent (siblings then start interchangeable).
+    #[arg(long)]
+    uniform_phase: bool,
     /// Myo: couplings per BFS level instead of per node.
     #[arg(long)]
     per_level: bool,
-    /// Myo: run the blocks over the leaves only, with learned constant inputs on the virtual
-    /// nodes, instead of over all tree nodes (paper §3.2).
+    /// Myo: run the blocks over all tree nodes in BFS order (paper §3.2), so the virtual nodes
+    /// carry features from layer to layer, instead of over the leaves with learned constant
+    /// inputs on the virtual nodes (a third more positions; slower to learn on zMNIST).
     #[arg(long)]
-    leaves_only: bool,
+    all_nodes: bool,
     /// S5 HiPPO-N blocks J. [default: state size / 8]
     #[arg(long)]
     blocks: Option<usize>,
@@ -775,16 +781,17 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
                 Some(o) => anyhow::bail!("--coupling {o}: expected skew, hermitian or free"),
             },
             coupling_init: match a.coupling_init.as_deref() {
-                None => [0.1, 10.0],
+                None => [0.05, 0.95],
                 Some(r) => r
                     .split_once(':')
                     .and_then(|(lo, hi)| Some([lo.parse().ok()?, hi.parse().ok()?]))
-                    .filter(|[lo, hi]: &[f64; 2]| *lo > 0.0 && lo <= hi && hi.is_finite())
+                    .filter(|[lo, hi]: &[f64; 2]| *lo > 0.0 && lo <= hi && *hi < 1.0)
                     .with_context(|| {
-                        format!("--coupling-init {r}: expected LOW:HIGH with 0 < LOW ≤ HIGH")
+                        format!("--coupling-init {r}: expected LOW:HIGH with 0 < LOW ≤ HIGH < 1")
                     })?,
             },
-            all_nodes: !a.leaves_only,
+            position_phase: !a.uniform_phase,
+            all_nodes: a.all_nodes,
             block: a.block_size.unwrap_or(1),
             dt_min: 0.001,
             dt_max: 0.1,

@@ -8,16 +8,16 @@
 //! * T_G (§3.5): gauge A_v = 1 and a coupling B_v per node (or per level, `per_level`), placed
 //!   by [`Coupling`]. The default, `Skew`, is the matrix the paper's algorithm solves:
 //!   −B_v at (v, parent), B_v† at (parent, v), so T_G = I + skew-Hermitian, invertible for
-//!   every B (B is the parameter, unbounded). The bounded forms keep T_G strictly diagonally
-//!   dominant instead: B_v = β φ(b_v), φ(z) = z tanh|z| / |z| onto the open unit disk,
-//!   β = (1 − 10⁻³)/(1 + k_max), k_max the largest child count;
+//!   every B; B_v = φ(b_v) with φ(z) = z tanh|z| / |z| onto the open unit disk. The other forms
+//!   keep T_G strictly diagonally dominant: B_v = β φ(b_v) with β = (1 − 10⁻³)/(1 + k_max),
+//!   k_max the largest child count;
 //! * initialisation (§3.5, from S5): head h's coupling has the phase of Λ̄_h = exp(λ_h Δ_h),
 //!   λ_h the HiPPO-N eigenvalues (one of each conjugate pair) and Δ_h log-uniform in
-//!   [dt_min, dt_max]. Skew: modulus spread log-uniformly over the heads across
-//!   `coupling_init` (0.1 to 10), from heads that barely look past a node to heads that carry
-//!   the whole tree (with |B| ≈ |Λ̄| ≈ 1 for every head, as a chain SSM would start, the heads
-//!   all see the same scale and zMNIST learns far slower; docs/experiments.md). Bounded forms:
-//!   −β Λ̄_h;
+//!   [dt_min, dt_max]. Skew: its modulus is spread log-uniformly over the heads across
+//!   `coupling_init` (0.05 to 0.95), from heads that keep a node almost to itself to heads
+//!   that reach across the tree (with |B| ≈ |Λ̄| ≈ 1 in every head, as a chain SSM starts,
+//!   all heads see the same scale and zMNIST learns far slower; docs/experiments.md). The
+//!   dominant forms start at −β Λ̄_h;
 //! * output y_v = Re(C_out x_v) for every node, plus D ⊙ input where the node has one.
 //!
 //! Pooling only the top levels of a last layer (not its leaves) leaves that layer's D unused.
@@ -79,9 +79,16 @@ pub struct MyoConfig {
     #[serde(default = "hermitian")]
     pub coupling: Coupling,
     /// [`Coupling::Skew`] with scalar heads: the initial |B_v| of the heads, spread
-    /// log-uniformly over this range (the phases come from HiPPO-N).
+    /// log-uniformly over this range in (0, 1) (the phases come from HiPPO-N).
     #[serde(default = "coupling_init")]
     pub coupling_init: [f64; 2],
+    /// [`Coupling::Skew`] with scalar heads and per-node couplings: B_v starts with the phase
+    /// θ_h · (first leaf of v − first leaf of its parent), θ_h the angle of Λ̄_h, so that what
+    /// reaches a leaf through the tree arrives rotated by θ_h × its position, as S5's Λ̄ᵗ.
+    /// Otherwise every coupling starts with the phase θ_h, and T_G is unchanged by permuting
+    /// the children of any node: siblings start interchangeable.
+    #[serde(default)]
+    pub position_phase: bool,
     /// The layer's input and output are all nodes of the tree in BFS order (leaves first, the
     /// root last), as in the paper's §3.2, so the virtual nodes carry features from layer to
     /// layer; otherwise only the leaves, and the virtual nodes' inputs are learned constants.
@@ -108,7 +115,8 @@ pub enum Coupling {
     /// eliminates with a plus sign, i.e. solves the matrix with −B_v at (v, parent) and
     /// C_v = B_v† at (parent, v). Its off-diagonal part is skew-Hermitian, so T_G = I + K with
     /// K† = −K: eigenvalues 1 + iμ, invertible for every B, pivots Â_v ≥ 1 and
-    /// ‖T_G⁻¹‖ ≤ 1. So B needs no bound: it is the parameter itself.
+    /// ‖T_G⁻¹‖ ≤ 1. B_v = φ(b_v) stays in the open unit disk all the same (β = 1): not for
+    /// invertibility but because it learns faster there (docs/experiments.md).
     Skew,
     /// B_v at (v, parent) and C_v = B_v† at (parent, v): Hermitian, kept positive definite by
     /// strict diagonal dominance, |B_v| < β = (1 − 10⁻³)/(1 + k_max), k_max the largest child
@@ -123,7 +131,7 @@ fn hermitian() -> Coupling {
     Coupling::Hermitian
 }
 fn coupling_init() -> [f64; 2] {
-    [0.1, 10.0]
+    [0.05, 0.95]
 }
 fn one() -> usize {
     1
@@ -169,13 +177,15 @@ impl Myo {
             candle_core::bail!("Myo: d_model, heads and block must be positive");
         }
         let [lo, hi] = cfg.coupling_init;
-        if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
-            candle_core::bail!("Myo: coupling_init [{lo}, {hi}] must satisfy 0 < low ≤ high < ∞");
+        if !(lo > 0.0 && lo <= hi && hi < 1.0) {
+            candle_core::bail!("Myo: coupling_init [{lo}, {hi}] must satisfy 0 < low ≤ high < 1");
         }
         let levels = tree.levels();
         let k_max = (0..n).map(|v| tree.children(v).len()).max().unwrap_or(0);
-        // The dominance bound of the bounded forms (unused by Skew).
-        let beta = (1.0 - 1e-3) / (1 + k_max) as f64;
+        let beta = match cfg.coupling {
+            Coupling::Skew => 1.0,
+            Coupling::Hermitian | Coupling::Free => (1.0 - 1e-3) / (1 + k_max) as f64,
+        };
         let per = if cfg.per_level { levels } else { n };
         let internal = n - tree.leaves();
         let level_of: Vec<u32> = (0..levels)
@@ -201,18 +211,36 @@ impl Myo {
                 let mut r = StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
                 (0..heads).map(|_| r.random_range(lo..hi).exp()).collect()
             };
+            // The first leaf of every node's subtree (leaves first in the numbering, children
+            // before their parents).
+            let mut first = (0..n).collect::<Vec<usize>>();
+            for p in tree.leaves()..n {
+                first[p] = tree.children(p).map(|ch| first[ch]).min().unwrap_or(p);
+            }
             let mut c = Vec::with_capacity(heads * per * 2);
             for (hd, (lam, step)) in init.lambda.iter().zip(&steps).enumerate() {
                 let lbar = (lam * step).exp();
                 let (re, im) = match cfg.coupling {
-                    // Unbounded: B_h itself, with Λ̄_h's phase and a modulus spread
-                    // log-uniformly over the heads (stratified) from local to global.
+                    // Λ̄_h's phase, and a modulus spread log-uniformly over the heads
+                    // (stratified) from local to global.
                     Coupling::Skew => {
                         let [lo, hi] = cfg.coupling_init;
                         let t = (hd as f64 + 0.5) / heads as f64;
                         let m = (lo.ln() + t * (hi.ln() - lo.ln())).exp();
-                        let phase = lbar.im.atan2(lbar.re);
-                        (m * phase.cos(), m * phase.sin())
+                        let angle = lbar.im.atan2(lbar.re);
+                        for v in 0..per {
+                            // Per node with `position_phase`: Λ̄_h's angle per leaf of offset
+                            // between the node's first leaf and its parent's.
+                            let phase = match tree.parent(v) {
+                                Some(p) if cfg.position_phase && !cfg.per_level => {
+                                    angle * (first[v] as f64 - first[p] as f64)
+                                }
+                                _ => angle,
+                            };
+                            let (re, im) = unsquash(m * phase.cos(), m * phase.sin());
+                            c.extend([re, im]);
+                        }
+                        continue;
                     }
                     Coupling::Hermitian | Coupling::Free => {
                         unsquash(-(1.0 - 1e-3) * lbar.re, -(1.0 - 1e-3) * lbar.im)
@@ -285,9 +313,6 @@ impl Myo {
         } else {
             raw.clone()
         };
-        if self.cfg.coupling == Coupling::Skew {
-            return Ok(raw);
-        }
         if self.cfg.block > 1 {
             let abs = raw.abs()?;
             let rows = abs.sum(D::Minus1)?.max_keepdim(D::Minus1)?;
