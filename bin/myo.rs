@@ -104,13 +104,12 @@ struct TrainArgs {
     /// Myo block size d (1: scalar complex heads). [default: 1]
     #[arg(long)]
     block_size: Option<usize>,
-    /// Myo: how the couplings enter T_G: skew (the paper's solve: I + skew-Hermitian, |B| < 1),
-    /// hermitian (C = B†, diagonally dominant: |B| < 1/(1 + children)) or free (C its own
-    /// parameter, dominant). [default: skew]
+    /// Myo: how the couplings enter T_G: skew (the paper's solve: I + skew-Hermitian, B
+    /// unbounded), hermitian (C = B†, diagonally dominant: |B| < 1/(1 + children)) or free (C
+    /// its own parameter, dominant). [default: skew]
     #[arg(long)]
     coupling: Option<String>,
-    /// Myo, skew coupling: the range LOW:HIGH in (0, 1) of the heads' initial |B|.
-    /// [default: 0.05:0.95]
+    /// Myo, skew coupling: the range LOW:HIGH of the heads' initial |B|. [default: 0.1:10]
     #[arg(long)]
     coupling_init: Option<String>,
     /// Myo, skew coupling: start every coupling of a head with the same phase instead of one
@@ -781,13 +780,13 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
                 Some(o) => anyhow::bail!("--coupling {o}: expected skew, hermitian or free"),
             },
             coupling_init: match a.coupling_init.as_deref() {
-                None => [0.05, 0.95],
+                None => [0.1, 10.0],
                 Some(r) => r
                     .split_once(':')
                     .and_then(|(lo, hi)| Some([lo.parse().ok()?, hi.parse().ok()?]))
-                    .filter(|[lo, hi]: &[f64; 2]| *lo > 0.0 && lo <= hi && *hi < 1.0)
+                    .filter(|[lo, hi]: &[f64; 2]| *lo > 0.0 && lo <= hi && hi.is_finite())
                     .with_context(|| {
-                        format!("--coupling-init {r}: expected LOW:HIGH with 0 < LOW ≤ HIGH < 1")
+                        format!("--coupling-init {r}: expected LOW:HIGH with 0 < LOW ≤ HIGH")
                     })?,
             },
             position_phase: !a.uniform_phase,

@@ -29,7 +29,7 @@ fn layers() -> Vec<(&'static str, SeqLayerConfig)> {
         },
         per_level: false,
         coupling: Coupling::Hermitian,
-        coupling_init: [0.05, 0.95],
+        coupling_init: [0.1, 10.0],
         position_phase: true,
         all_nodes: false,
         block,

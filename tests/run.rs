@@ -218,7 +218,7 @@ fn image_tasks_train_from_idx_files() {
                 },
                 per_level: true,
                 coupling: Coupling::Hermitian,
-                coupling_init: [0.05, 0.95],
+                coupling_init: [0.1, 10.0],
                 position_phase: true,
                 all_nodes: false,
                 block: 1,

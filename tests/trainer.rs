@@ -106,7 +106,7 @@ fn training_on_listops_lowers_the_loss() {
                 },
                 per_level: false,
                 coupling: Coupling::Hermitian,
-                coupling_init: [0.05, 0.95],
+                coupling_init: [0.1, 10.0],
                 position_phase: true,
                 all_nodes: false,
                 block: 1,

@@ -8,13 +8,13 @@
 //! * T_G (§3.5): gauge A_v = 1 and a coupling B_v per node (or per level, `per_level`), placed
 //!   by [`Coupling`]. The default, `Skew`, is the matrix the paper's algorithm solves:
 //!   −B_v at (v, parent), B_v† at (parent, v), so T_G = I + skew-Hermitian, invertible for
-//!   every B; B_v = φ(b_v) with φ(z) = z tanh|z| / |z| onto the open unit disk. The other forms
-//!   keep T_G strictly diagonally dominant: B_v = β φ(b_v) with β = (1 − 10⁻³)/(1 + k_max),
-//!   k_max the largest child count;
+//!   every B: B_v is the parameter, unbounded. The other forms keep T_G strictly diagonally
+//!   dominant: B_v = β φ(b_v) with φ(z) = z tanh|z| / |z| onto the open unit disk and
+//!   β = (1 − 10⁻³)/(1 + k_max), k_max the largest child count;
 //! * initialisation (§3.5, from S5): head h's coupling has the phase of Λ̄_h = exp(λ_h Δ_h),
 //!   λ_h the HiPPO-N eigenvalues (one of each conjugate pair) and Δ_h log-uniform in
 //!   [dt_min, dt_max]. Skew: its modulus is spread log-uniformly over the heads across
-//!   `coupling_init` (0.05 to 0.95), from heads that keep a node almost to itself to heads
+//!   `coupling_init` (0.1 to 10), from heads that keep a node almost to itself to heads
 //!   that reach across the tree (with |B| ≈ |Λ̄| ≈ 1 in every head, as a chain SSM starts,
 //!   all heads see the same scale and zMNIST learns far slower; docs/experiments.md). The
 //!   dominant forms start at −β Λ̄_h;
@@ -79,7 +79,7 @@ pub struct MyoConfig {
     #[serde(default = "hermitian")]
     pub coupling: Coupling,
     /// [`Coupling::Skew`] with scalar heads: the initial |B_v| of the heads, spread
-    /// log-uniformly over this range in (0, 1) (the phases come from HiPPO-N).
+    /// log-uniformly over this range (the phases come from HiPPO-N).
     #[serde(default = "coupling_init")]
     pub coupling_init: [f64; 2],
     /// [`Coupling::Skew`] with scalar heads and per-node couplings: B_v starts with the phase
@@ -115,8 +115,7 @@ pub enum Coupling {
     /// eliminates with a plus sign, i.e. solves the matrix with −B_v at (v, parent) and
     /// C_v = B_v† at (parent, v). Its off-diagonal part is skew-Hermitian, so T_G = I + K with
     /// K† = −K: eigenvalues 1 + iμ, invertible for every B, pivots Â_v ≥ 1 and
-    /// ‖T_G⁻¹‖ ≤ 1. B_v = φ(b_v) stays in the open unit disk all the same (β = 1): not for
-    /// invertibility but because it learns faster there (docs/experiments.md).
+    /// ‖T_G⁻¹‖ ≤ 1. So B needs no bound: it is the parameter itself.
     Skew,
     /// B_v at (v, parent) and C_v = B_v† at (parent, v): Hermitian, kept positive definite by
     /// strict diagonal dominance, |B_v| < β = (1 − 10⁻³)/(1 + k_max), k_max the largest child
@@ -131,7 +130,7 @@ fn hermitian() -> Coupling {
     Coupling::Hermitian
 }
 fn coupling_init() -> [f64; 2] {
-    [0.05, 0.95]
+    [0.1, 10.0]
 }
 fn one() -> usize {
     1
@@ -177,8 +176,8 @@ impl Myo {
             candle_core::bail!("Myo: d_model, heads and block must be positive");
         }
         let [lo, hi] = cfg.coupling_init;
-        if !(lo > 0.0 && lo <= hi && hi < 1.0) {
-            candle_core::bail!("Myo: coupling_init [{lo}, {hi}] must satisfy 0 < low ≤ high < 1");
+        if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
+            candle_core::bail!("Myo: coupling_init [{lo}, {hi}] must satisfy 0 < low ≤ high < ∞");
         }
         let levels = tree.levels();
         let k_max = (0..n).map(|v| tree.children(v).len()).max().unwrap_or(0);
@@ -237,8 +236,7 @@ impl Myo {
                                 }
                                 _ => angle,
                             };
-                            let (re, im) = unsquash(m * phase.cos(), m * phase.sin());
-                            c.extend([re, im]);
+                            c.extend([m * phase.cos(), m * phase.sin()]);
                         }
                         continue;
                     }
@@ -313,6 +311,9 @@ impl Myo {
         } else {
             raw.clone()
         };
+        if self.cfg.coupling == Coupling::Skew {
+            return Ok(raw);
+        }
         if self.cfg.block > 1 {
             let abs = raw.abs()?;
             let rows = abs.sum(D::Minus1)?.max_keepdim(D::Minus1)?;
