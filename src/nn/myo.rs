@@ -181,10 +181,8 @@ impl Myo {
         }
         let levels = tree.levels();
         let k_max = (0..n).map(|v| tree.children(v).len()).max().unwrap_or(0);
-        let beta = match cfg.coupling {
-            Coupling::Skew => 1.0,
-            Coupling::Hermitian | Coupling::Free => (1.0 - 1e-3) / (1 + k_max) as f64,
-        };
+        // The dominance bound of the Hermitian and Free forms (Skew is unbounded).
+        let beta = (1.0 - 1e-3) / (1 + k_max) as f64;
         let per = if cfg.per_level { levels } else { n };
         let internal = n - tree.leaves();
         let level_of: Vec<u32> = (0..levels)
