@@ -768,33 +768,32 @@ fn run_config(a: &TrainArgs) -> Result<myosotis::train::run::RunConfig> {
             seed: a.seed,
             ..S5Config::default()
         }),
-        "myo" => SeqLayerConfig::Myo(MyoConfig {
-            d_model,
-            heads: a.heads.unwrap_or(state),
-            tree,
-            per_level: a.per_level,
-            coupling: match a.coupling.as_deref() {
-                None | Some("skew") => Coupling::Skew,
-                Some("hermitian") => Coupling::Hermitian,
-                Some("free") => Coupling::Free,
-                Some(o) => anyhow::bail!("--coupling {o}: expected skew, hermitian or free"),
-            },
-            coupling_init: match a.coupling_init.as_deref() {
-                None => [0.1, 10.0],
-                Some(r) => r
-                    .split_once(':')
-                    .and_then(|(lo, hi)| Some([lo.parse().ok()?, hi.parse().ok()?]))
-                    .filter(|[lo, hi]: &[f64; 2]| *lo > 0.0 && lo <= hi && hi.is_finite())
-                    .with_context(|| {
-                        format!("--coupling-init {r}: expected LOW:HIGH with 0 < LOW ≤ HIGH")
-                    })?,
-            },
-            position_phase: !a.uniform_phase,
-            all_nodes: a.all_nodes,
-            block: a.block_size.unwrap_or(1),
-            dt_min: 0.001,
-            dt_max: 0.1,
-            seed: a.seed,
+        "myo" => SeqLayerConfig::Myo({
+            let defaults = MyoConfig::new(d_model, a.heads.unwrap_or(state), tree);
+            MyoConfig {
+                per_level: a.per_level,
+                coupling: match a.coupling.as_deref() {
+                    None | Some("skew") => Coupling::Skew,
+                    Some("hermitian") => Coupling::Hermitian,
+                    Some("free") => Coupling::Free,
+                    Some(o) => anyhow::bail!("--coupling {o}: expected skew, hermitian or free"),
+                },
+                coupling_init: match a.coupling_init.as_deref() {
+                    None => defaults.coupling_init,
+                    Some(r) => r
+                        .split_once(':')
+                        .and_then(|(lo, hi)| Some([lo.parse().ok()?, hi.parse().ok()?]))
+                        .filter(|[lo, hi]: &[f64; 2]| *lo > 0.0 && lo <= hi && hi.is_finite())
+                        .with_context(|| {
+                            format!("--coupling-init {r}: expected LOW:HIGH with 0 < LOW ≤ HIGH")
+                        })?,
+                },
+                position_phase: !a.uniform_phase,
+                all_nodes: a.all_nodes,
+                block: a.block_size.unwrap_or(1),
+                seed: a.seed,
+                ..defaults
+            }
         }),
         "mingru" => SeqLayerConfig::MinGru(MinGruConfig {
             d_model,

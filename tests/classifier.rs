@@ -18,39 +18,30 @@ fn layer_kinds(len: usize) -> Vec<SeqLayerConfig> {
             ..S5Config::default()
         }),
         SeqLayerConfig::Myo(MyoConfig {
-            d_model: 0,
-            heads: 3,
-            tree: TreeSpec::Ragged {
-                leaves: len,
-                arity: 4,
-            },
-            per_level: false,
             coupling: Coupling::Hermitian,
-            coupling_init: [0.1, 10.0],
-            position_phase: true,
-            all_nodes: false,
-            block: 1,
-            dt_min: 0.001,
-            dt_max: 0.1,
             seed: 1,
+            ..MyoConfig::new(
+                0,
+                3,
+                TreeSpec::Ragged {
+                    leaves: len,
+                    arity: 4,
+                },
+            )
         }),
         // The paper's coupling over all tree nodes (the default of `myo train`).
         SeqLayerConfig::Myo(MyoConfig {
-            d_model: 0,
-            heads: 3,
-            tree: TreeSpec::Ragged {
-                leaves: len,
-                arity: 4,
-            },
             per_level: true,
-            coupling: Coupling::Skew,
-            coupling_init: [0.1, 10.0],
-            position_phase: true,
             all_nodes: true,
-            block: 1,
-            dt_min: 0.001,
-            dt_max: 0.1,
             seed: 2,
+            ..MyoConfig::new(
+                0,
+                3,
+                TreeSpec::Ragged {
+                    leaves: len,
+                    arity: 4,
+                },
+            )
         }),
         SeqLayerConfig::Ssm2d(Ssm2dConfig {
             d_model: 0,

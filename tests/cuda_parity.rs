@@ -21,21 +21,16 @@ const LEN: usize = 40;
 
 fn layers() -> Vec<(&'static str, SeqLayerConfig)> {
     let myo = |block| MyoConfig {
-        d_model: 0,
-        heads: 8,
-        tree: TreeSpec::Ragged {
-            leaves: LEN,
-            arity: 4,
-        },
-        per_level: false,
         coupling: Coupling::Hermitian,
-        coupling_init: [0.1, 10.0],
-        position_phase: true,
-        all_nodes: false,
         block,
-        dt_min: 0.001,
-        dt_max: 0.1,
-        seed: 0,
+        ..MyoConfig::new(
+            0,
+            8,
+            TreeSpec::Ragged {
+                leaves: LEN,
+                arity: 4,
+            },
+        )
     };
     vec![
         (

@@ -50,18 +50,11 @@ fn layer_equals_dense_solve_of_its_assembled_matrix() {
             (false, Coupling::Free, false),
         ] {
             let cfg = MyoConfig {
-                d_model: 3,
-                heads: 4,
-                tree: spec.clone(),
                 per_level,
                 coupling,
-                coupling_init: [0.1, 10.0],
-                position_phase: true,
                 all_nodes,
-                block: 1,
-                dt_min: 0.001,
-                dt_max: 0.1,
                 seed: rng.random(),
+                ..MyoConfig::new(3, 4, spec.clone())
             };
             let (mut varmap, layer) = build(&cfg);
             // Non-trivial internal inputs.
@@ -200,18 +193,11 @@ fn block_layer_equals_dense_solve_and_stays_dominant() {
         (quad, 2, Coupling::Skew, true),
     ] {
         let cfg = MyoConfig {
-            d_model: 3,
-            heads: 2,
-            tree: spec,
             per_level,
             coupling,
-            coupling_init: [0.1, 10.0],
-            position_phase: true,
-            all_nodes: false,
             block: d,
-            dt_min: 0.001,
-            dt_max: 0.1,
             seed: rng.random(),
+            ..MyoConfig::new(3, 2, spec)
         };
         let (mut varmap, layer) = build(&cfg);
         let (tree, heads, h) = (layer.tree().clone(), 2, 3);
@@ -331,18 +317,9 @@ fn chain_with_ssm_correspondence_is_a_linear_recurrence() {
     let (mut rng, seed) = fresh_rng("myo chain");
     let len = 12;
     let cfg = MyoConfig {
-        d_model: 2,
-        heads: 1,
-        tree: TreeSpec::Chain { len },
-        per_level: false,
         coupling: Coupling::Free,
-        coupling_init: [0.1, 10.0],
-        position_phase: true,
-        all_nodes: false,
-        block: 1,
-        dt_min: 0.001,
-        dt_max: 0.1,
         seed: 3,
+        ..MyoConfig::new(2, 1, TreeSpec::Chain { len })
     };
     let (mut varmap, layer) = build(&cfg);
     let beta: f64 = 0.999 / 2.0; // one child per node
@@ -397,21 +374,19 @@ fn every_parameter_gets_a_finite_nonzero_gradient() {
         (Coupling::Hermitian, 2, false),
     ] {
         let cfg = MyoConfig {
-            d_model: 3,
-            heads: 2,
-            tree: TreeSpec::Ragged {
-                leaves: 9,
-                arity: 3,
-            },
             per_level: coupling == Coupling::Free,
             coupling,
-            coupling_init: [0.1, 10.0],
-            position_phase: true,
             all_nodes,
             block,
-            dt_min: 0.001,
-            dt_max: 0.1,
             seed: 5,
+            ..MyoConfig::new(
+                3,
+                2,
+                TreeSpec::Ragged {
+                    leaves: 9,
+                    arity: 3,
+                },
+            )
         };
         let (varmap, layer) = build(&cfg);
         let len = if all_nodes { layer.tree().len() } else { 9 };
@@ -445,21 +420,14 @@ fn skew_heads_start_from_local_to_global() {
     // either way zMNIST learns far slower (docs/experiments.md).
     let heads = 8;
     let cfg = MyoConfig {
-        d_model: 2,
-        heads,
-        tree: TreeSpec::Quad {
-            height: 16,
-            width: 16,
-        },
-        per_level: false,
-        coupling: Coupling::Skew,
-        coupling_init: [0.1, 10.0],
-        position_phase: true,
-        all_nodes: false,
-        block: 1,
-        dt_min: 0.001,
-        dt_max: 0.1,
-        seed: 0,
+        ..MyoConfig::new(
+            2,
+            heads,
+            TreeSpec::Quad {
+                height: 16,
+                width: 16,
+            },
+        )
     };
     let (_, layer) = build(&cfg);
     let tree = layer.tree().clone();

@@ -210,21 +210,16 @@ fn image_tasks_train_from_idx_files() {
         (
             ImageTask::Zmnist,
             SeqLayerConfig::Myo(MyoConfig {
-                d_model: 0,
-                heads: 4,
-                tree: TreeSpec::Quad {
-                    height: 28,
-                    width: 28,
-                },
                 per_level: true,
                 coupling: Coupling::Hermitian,
-                coupling_init: [0.1, 10.0],
-                position_phase: true,
-                all_nodes: false,
-                block: 1,
-                dt_min: 0.001,
-                dt_max: 0.1,
-                seed: 0,
+                ..MyoConfig::new(
+                    0,
+                    4,
+                    TreeSpec::Quad {
+                        height: 28,
+                        width: 28,
+                    },
+                )
             }),
         ),
         (

@@ -98,21 +98,15 @@ fn training_on_listops_lowers_the_loss() {
         ),
         (
             SeqLayerConfig::Myo(MyoConfig {
-                d_model: 0,
-                heads: 4,
-                tree: TreeSpec::Ragged {
-                    leaves: 40,
-                    arity: 2,
-                },
-                per_level: false,
                 coupling: Coupling::Hermitian,
-                coupling_init: [0.1, 10.0],
-                position_phase: true,
-                all_nodes: false,
-                block: 1,
-                dt_min: 0.001,
-                dt_max: 0.1,
-                seed: 0,
+                ..MyoConfig::new(
+                    0,
+                    4,
+                    TreeSpec::Ragged {
+                        leaves: 40,
+                        arity: 2,
+                    },
+                )
             }),
             Some(40),
             Pooling::Mean,

@@ -334,9 +334,14 @@ impl SequenceClassifier {
     /// The positions the blocks run over for inputs of `len` steps: all tree nodes for Myo
     /// layers over all nodes, else `len`.
     pub fn positions(&self, len: usize) -> usize {
+        self.node_tree().map_or(len, |t| t.len())
+    }
+
+    /// The tree whose nodes the blocks run over, when the layers are Myo over all nodes.
+    fn node_tree(&self) -> Option<&crate::tree::Tree> {
         match self.blocks.first().map(|b| &b.layer) {
-            Some(Layer::Myo(m)) if m.config().all_nodes => m.tree().len(),
-            _ => len,
+            Some(Layer::Myo(m)) if m.config().all_nodes => Some(m.tree()),
+            _ => None,
         }
     }
 
@@ -377,11 +382,8 @@ impl SequenceClassifier {
         let node_pooling = matches!(self.cfg.pooling, Pooling::Root | Pooling::TopLevels { .. });
         // Myo layers over all tree nodes: the virtual nodes start from zero features (their
         // first layer's learned inputs) and are carried from block to block like the leaves.
-        let tree = match &self.blocks.first().map(|b| &b.layer) {
-            Some(Layer::Myo(m)) if m.config().all_nodes => Some(m.tree().clone()),
-            _ => None,
-        };
-        if let Some(tree) = &tree {
+        let tree = self.node_tree();
+        if let Some(tree) = tree {
             let (b, len, hdim) = h.dims3()?;
             let virt = Tensor::zeros((b, tree.len() - len, hdim), h.dtype(), h.device())?;
             h = Tensor::cat(&[h, virt], 1)?;

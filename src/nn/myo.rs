@@ -106,6 +106,27 @@ pub struct MyoConfig {
     pub seed: u64,
 }
 
+impl MyoConfig {
+    /// The defaults of `myo train`: skew couplings per node, |B| spread over 0.1 … 10 with the
+    /// position phase, scalar heads over the leaves, Δ in [0.001, 0.1], seed 0.
+    pub fn new(d_model: usize, heads: usize, tree: TreeSpec) -> Self {
+        MyoConfig {
+            d_model,
+            heads,
+            tree,
+            per_level: false,
+            coupling: Coupling::Skew,
+            coupling_init: coupling_init(),
+            position_phase: true,
+            all_nodes: false,
+            block: 1,
+            dt_min: dt_min(),
+            dt_max: dt_max(),
+            seed: 0,
+        }
+    }
+}
+
 /// How the couplings B_v, C_v of node v and its parent enter T_G (scalar heads: C_v = B_v† is
 /// the complex conjugate; d × d blocks: the transpose).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
