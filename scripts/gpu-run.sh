@@ -93,7 +93,8 @@ want sanitizer && {
 } >>"$report/report.md"
 if want sanitizer && [ -n "$sanitizer" ]; then
   for tool in memcheck racecheck; do
-    for t in "test-cuda_scan cuda_half_precision" "test-cuda_tree_solve cuda_block_tree_solve"; do
+    for t in "test-cuda_scan cuda_half_precision" "test-cuda_tree_solve cuda_block_tree_solve" \
+      "test-cuda_head_solve cuda_head_solve_matches"; do
       # shellcheck disable=SC2086
       set -- $t
       log="$report/sanitizer-$tool-$1.log"

@@ -37,6 +37,12 @@ pub const TREE_SOLVE: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/tree_solve.ptx")),
 };
 
+/// `kernels/head_solve.cu`.
+pub const HEAD_SOLVE: Module = Module {
+    name: "myosotis_head_solve",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/head_solve.ptx")),
+};
+
 /// `kernels/dropout.cu`.
 pub const DROPOUT: Module = Module {
     name: "myosotis_dropout",

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hippo::block_init;
 use super::param_with;
-use crate::ops::{channel_mul, swap_dims12, tree_solve, TreeSolveOptions};
+use crate::ops::{channel_mul, head_solve, swap_dims12, tree_solve, TreeSolveOptions};
 use crate::tree::Tree;
 
 /// The tree of a Myo layer, as a config can name it.
@@ -416,64 +416,93 @@ impl Myo {
     /// Re(C_out x_v) (scalar heads) or C_out x_v (blocks) for the first `count` nodes (the
     /// leaves come first in the numbering): (batch, count, H).
     fn outputs(&self, x: &Tensor, count: usize) -> Result<Tensor> {
-        let u = self.inputs(x)?;
-        let (a, b, c) = self.blocks()?;
-        let (batch, h) = (x.dim(0)?, self.cfg.d_model);
-        let (heads, n, w) = (self.cfg.heads, self.tree.len(), u.dim(3)?);
         if self.cfg.block > 1 {
-            let u = u.unsqueeze(4)?;
-            let xs = tree_solve(&self.tree, &a, &b, &c, &u, TreeSolveOptions::default())?;
-            let xs = xs
-                .squeeze(4)?
-                .narrow(2, 0, count)?
-                .permute((0, 2, 1, 3))?
-                .reshape((batch, count, heads * w))?;
-            return xs.broadcast_matmul(&self.c_out.reshape((h, heads * w))?.t()?);
+            return self.block_outputs(x, count);
         }
-        let u = u.reshape((batch, heads, n, 1, 1, 2))?;
-        let opts = TreeSolveOptions { complex: true };
-        let xs = tree_solve(&self.tree, &a, &b, &c, &u, opts)?.reshape((batch, heads, n, 2))?;
+        let (batch, len, h) = x.dims3()?;
+        let (heads, n) = (self.cfg.heads, self.tree.len());
+        // B_in viewed as (H, heads·2): one matmul for every head, straight into the solve's
+        // (batch, node, head) layout.
+        let b_mat = self.b_in.transpose(0, 1)?.reshape((h, 2 * heads))?;
+        let u = x
+            .reshape((batch * len, h))?
+            .matmul(&b_mat)?
+            .reshape((batch, len, heads, 2))?;
+        let (b, c) = self.scalar_couplings()?;
+        let bias = self.virtual_u.transpose(0, 1)?;
+        let xs = head_solve(&self.tree, &u, &bias, &b, &c)?.reshape((batch, n, 2 * heads))?;
         // Re(C_out x) = Σ_h C_re x_re − C_im x_im: one matmul against C_out viewed as
         // (H, heads·2) with its imaginary columns negated.
         let signs = Tensor::new(&[1.0, -1.0], x.device())?.to_dtype(x.dtype())?;
         let c_mat = self.c_out.broadcast_mul(&signs)?.reshape((h, 2 * heads))?;
-        swap_dims12(&xs.narrow(2, 0, count)?)?
-            .reshape((batch * count, 2 * heads))?
-            .matmul(&c_mat.t()?)?
-            .reshape((batch, count, h))
+        if count == n {
+            return xs
+                .reshape((batch * n, 2 * heads))?
+                .matmul(&c_mat.t()?)?
+                .reshape((batch, n, h));
+        }
+        xs.narrow(1, 0, count)?.broadcast_matmul(&c_mat.t()?)
     }
 
-    /// The right-hand side u of every node, (batch, heads, nodes, w) with w = 2 (re, im) for
-    /// scalar heads or d: B_in x where the layer has an input, plus the learned virtual inputs
-    /// on the internal nodes.
-    fn inputs(&self, x: &Tensor) -> Result<Tensor> {
+    /// B and C of scalar heads as the solve takes them, (nodes, heads, 2) each: the entries of
+    /// T_G at (v, parent) and (parent, v).
+    fn scalar_couplings(&self) -> Result<(Tensor, Tensor)> {
+        let b = self.coupling(&self.coupling_b)?;
+        let conj = |t: &Tensor| -> Result<Tensor> {
+            let signs = Tensor::new(&[1.0, -1.0], t.device())?.to_dtype(t.dtype())?;
+            t.broadcast_mul(&signs)
+        };
+        let (b, c) = match (&self.coupling_c, self.cfg.coupling) {
+            (Some(raw), _) => (b, self.coupling(raw)?),
+            (None, Coupling::Skew) => (b.neg()?, conj(&b)?),
+            (None, _) => {
+                let c = conj(&b)?;
+                (b, c)
+            }
+        };
+        Ok((b.transpose(0, 1)?, c.transpose(0, 1)?))
+    }
+
+    /// [`Myo::outputs`] for d × d blocks, by the general tree solve: u and x in its
+    /// (batch, heads, nodes, d) layout.
+    fn block_outputs(&self, x: &Tensor, count: usize) -> Result<Tensor> {
         let (batch, len, h) = x.dims3()?;
         let (heads, n, d) = (self.cfg.heads, self.tree.len(), self.cfg.block);
-        let w = if d > 1 { d } else { 2 };
-        // B_in viewed as (H, heads·w), one matmul for every head.
-        let b_mat = if d > 1 {
-            self.b_in.reshape((heads * d, h))?.t()?
-        } else {
-            self.b_in.transpose(0, 1)?.reshape((h, 2 * heads))?
-        };
         let projected = x
             .reshape((batch * len, h))?
-            .matmul(&b_mat)?
-            .reshape((batch, len, heads, w))?;
+            .matmul(&self.b_in.reshape((heads * d, h))?.t()?)?
+            .reshape((batch, len, heads, d))?;
         let projected = swap_dims12(&projected)?;
         let internal = n - self.tree.leaves();
-        if internal == 0 {
-            return Ok(projected);
-        }
-        let virt = self.virtual_u.unsqueeze(0)?;
-        if len == n {
-            let zeros = Tensor::zeros((1, heads, len - internal, w), x.dtype(), x.device())?;
-            return projected.broadcast_add(&Tensor::cat(&[zeros, virt], 2)?);
-        }
-        let virt = virt
-            .broadcast_as((batch, heads, internal, w))?
-            .contiguous()?;
-        Tensor::cat(&[projected, virt], 2)
+        let u = if internal == 0 {
+            projected
+        } else {
+            let virt = self.virtual_u.unsqueeze(0)?;
+            if len == n {
+                let zeros = Tensor::zeros((1, heads, len - internal, d), x.dtype(), x.device())?;
+                projected.broadcast_add(&Tensor::cat(&[zeros, virt], 2)?)?
+            } else {
+                let virt = virt
+                    .broadcast_as((batch, heads, internal, d))?
+                    .contiguous()?;
+                Tensor::cat(&[projected, virt], 2)?
+            }
+        };
+        let (a, b, c) = self.blocks()?;
+        let xs = tree_solve(
+            &self.tree,
+            &a,
+            &b,
+            &c,
+            &u.unsqueeze(4)?,
+            TreeSolveOptions::default(),
+        )?;
+        let xs = xs
+            .squeeze(4)?
+            .narrow(2, 0, count)?
+            .permute((0, 2, 1, 3))?
+            .reshape((batch, count, heads * d))?;
+        xs.broadcast_matmul(&self.c_out.reshape((h, heads * d))?.t()?)
     }
 }
 

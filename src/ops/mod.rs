@@ -1,10 +1,11 @@
-//! Differentiable custom ops. The two kernel-backed ops have a folder each (`scan/`,
-//! `tree_solve/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, a plain-candle
-//! reference, the launch plans); the small fused CPU ops are one file each.
+//! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
+//! `head_solve/`, `dropout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the
+//! launch plans); the small fused CPU ops are one file each.
 
 pub mod channel;
 pub mod dropout;
 pub mod gelu;
+pub mod head_solve;
 pub mod layer_norm;
 pub mod plan;
 pub mod scan;
@@ -15,6 +16,7 @@ mod value;
 pub use channel::{channel_add, channel_mul};
 pub use dropout::dropout_keep;
 pub use gelu::gelu;
+pub use head_solve::{head_solve, head_solve_backward, HeadSolveGrads};
 pub use layer_norm::{layer_norm, layer_norm_composed};
 pub use scan::{
     linear_scan, linear_scan_backward, linear_scan_reference, GateShape, ScanGrads, ScanOptions,

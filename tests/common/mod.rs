@@ -6,6 +6,8 @@ use myosotis::ops::{GateShape, ScanOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub mod heads;
+
 /// Asserts that every variable of `varmap` (but those whose names end in one of `skip`) has a
 /// finite, non-zero gradient in `grads`.
 pub fn assert_all_gradients(
@@ -121,7 +123,8 @@ pub struct Inputs {
     pub h0: Vec<f64>,
 }
 
-fn uniform(rng: &mut StdRng, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+/// `n` values uniform in [lo, hi).
+pub fn uniform(rng: &mut StdRng, n: usize, lo: f64, hi: f64) -> Vec<f64> {
     (0..n).map(|_| rng.random_range(lo..hi)).collect()
 }
 

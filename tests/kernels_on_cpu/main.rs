@@ -4,13 +4,14 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|dropout]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 #[path = "../common/mod.rs"]
 mod common;
 mod dropout;
 mod exec;
+mod head_solve;
 mod scan;
 mod tree_solve;
 
@@ -42,20 +43,27 @@ pub fn assert_same(got: &[f64], want: &[f64], what: &str) {
 /// run every one of them (every stem and dtype, real and complex where the kernel has both).
 #[test]
 fn every_kernel_entry_point_is_tested() {
+    // (stem, real and complex or one of them, dtypes): the head kernels are complex only,
+    // in f32 and f64.
+    let all: Vec<DType> = DTYPES.iter().map(|(dt, _)| *dt).collect();
+    let wide = [DType::F32, DType::F64].to_vec();
+    let (both, real, complex): (&[bool], &[bool], &[bool]) = (&[false, true], &[false], &[true]);
     let stems = [
-        ("scan_fwd", true),
-        ("scan_bwd", true),
-        ("tree_fwd", true),
-        ("tree_bwd", true),
-        ("tree_block_fwd", true),
-        ("tree_block_bwd", true),
-        ("dropout_keep", false),
+        ("scan_fwd", both, &all),
+        ("scan_bwd", both, &all),
+        ("tree_fwd", both, &all),
+        ("tree_bwd", both, &all),
+        ("tree_block_fwd", both, &all),
+        ("tree_block_bwd", both, &all),
+        ("head_pivots", complex, &wide),
+        ("head_sweep", complex, &wide),
+        ("head_reduce", complex, &wide),
+        ("dropout_keep", real, &all),
     ];
     let mut planned: Vec<String> = stems
         .iter()
-        .flat_map(|&(stem, complex)| {
-            DTYPES.iter().flat_map(move |(dt, _)| {
-                let variants: &[bool] = if complex { &[false, true] } else { &[false] };
+        .flat_map(|&(stem, variants, dtypes)| {
+            dtypes.iter().flat_map(move |dt| {
                 variants
                     .iter()
                     .map(move |&c| kernel_name(stem, *dt, c).unwrap())
@@ -85,6 +93,16 @@ fn kernel_constants_match_the_plans() {
             &tree,
             "TREE_THREADS",
             myosotis::ops::tree_solve::cuda::THREADS as usize,
+        ),
+        (
+            &read("head_solve.cu"),
+            "HEAD_LANES",
+            myosotis::ops::head_solve::cuda::LANES as usize,
+        ),
+        (
+            &read("head_solve.cu"),
+            "HEAD_ROWS",
+            myosotis::ops::head_solve::cuda::ROWS as usize,
         ),
         (
             &read("dropout.cu"),

@@ -15,6 +15,7 @@ fn main() {
             "src/launcher.cpp",
             "src/scan.cpp",
             "src/tree_solve.cpp",
+            "src/head_solve.cpp",
             "src/dropout.cpp",
         ])
         .opt_level(2)

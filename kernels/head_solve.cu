@@ -1,0 +1,175 @@
+// The tree solve of scalar complex heads with a unit diagonal, x = T_G^-1 u, in the model's
+// (batch, node, head) layout, and its backward. The algorithm is described in
+// src/ops/head_solve/mod.rs; the CPU twin is src/ops/head_solve/cpu.rs.
+//
+// Three kernels, each a 2-D block of HEAD_LANES heads (x: consecutive heads, so a warp reads and
+// writes 32 neighbouring complex values of one node) by HEAD_ROWS rows (y: nodes of one level
+// in turn, a barrier between levels):
+// - `head_pivots`: per head, the pivots of T_G (or its adjoint), which do not depend on the
+//   batch: piv = [1/Â_v; B̂_v; C'_v] (3, nodes, heads);
+// - `head_sweep`: per (sample, head), the upward elimination and downward substitution,
+//   in place in the output (x doubles as the workspace);
+// - `head_reduce`: per (node, head), the coupling and bias gradients summed over the batch in
+//   order (no atomics: the sums are the same on every run).
+//
+// A singular or non-finite pivot sets *status to 1 + node (first one wins); the host reads it
+// when it next synchronises and turns it into an error.
+#include "values.cuh"
+
+#define HEAD_LANES 32
+#define HEAD_ROWS 8
+
+struct HeadTree {
+    const int *level_start; // levels + 1
+    const int *child_start; // nodes + 1
+    int levels, nodes, heads;
+};
+
+// piv = [1/Â; B̂; C'] of T_G (ADJ = 0) or T_G^H (ADJ = 1), from coef = [B; C], each
+// (nodes, heads): B_v at (v, parent), C_v at (parent, v). The solved matrix has B' = B, C' = C,
+// or B' = conj(C), C' = conj(B) for the adjoint. Â_v = 1 + Σ_children C'_c B̂_c,
+// B̂_v = -B'_v / Â_v (zero at the root, whose B and C are unused).
+template <typename T, typename O>
+__device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoint,
+                            int *status) {
+    typedef typename O::V V;
+    const int h = blockIdx.x * HEAD_LANES + threadIdx.x;
+    const i64 set = (i64)g.nodes * g.heads;
+    const int root = g.nodes - 1;
+    for (int k = 0; k < g.levels; ++k) {
+        if (h < g.heads) {
+            for (int v = g.level_start[k] + threadIdx.y; v < g.level_start[k + 1];
+                 v += HEAD_ROWS) {
+                V a = O::one();
+                for (int c = g.child_start[v]; c < g.child_start[v + 1]; ++c) {
+                    const i64 e = (i64)c * g.heads + h;
+                    a = O::add(a, O::mul(O::load(piv, 2 * set + e), O::load(piv, set + e)));
+                }
+                if (!pivot_ok(a)) atomicCAS(status, 0, 1 + v);
+                const V inv = O::inv(a);
+                const i64 e = (i64)v * g.heads + h;
+                V bp = O::zero(), cp = O::zero();
+                if (v != root) {
+                    bp = adjoint ? O::conj(O::load(coef, set + e)) : O::load(coef, e);
+                    cp = adjoint ? O::conj(O::load(coef, e)) : O::load(coef, set + e);
+                }
+                O::store(piv, e, inv);
+                O::store(piv, set + e, O::sub(O::zero(), O::mul(bp, inv)));
+                O::store(piv, 2 * set + e, cp);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// x = M^-1 rhs for one sample (blockIdx.y) and HEAD_LANES heads, M = T_G or T_G^H as `piv`
+// says. The right-hand side of node v: rhs[v] for v < m (rhs is (batch, m, heads)), plus
+// bias[v - leaves] on the internal nodes when bias is given ((nodes - leaves, heads)).
+template <typename T, typename O>
+__device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, const HeadTree &g,
+                           int m, int leaves) {
+    typedef typename O::V V;
+    const int h = blockIdx.x * HEAD_LANES + threadIdx.x;
+    const bool live = h < g.heads;
+    const i64 set = (i64)g.nodes * g.heads;
+    const i64 x0 = (i64)blockIdx.y * set, r0 = (i64)blockIdx.y * m * g.heads;
+    for (int v = threadIdx.y; live && v < g.nodes; v += HEAD_ROWS) {
+        V s;
+        if (v < m) {
+            s = O::load(rhs, r0 + (i64)v * g.heads + h);
+            if (bias && v >= leaves) s = O::add(s, O::load(bias, (i64)(v - leaves) * g.heads + h));
+        } else {
+            s = O::load(bias, (i64)(v - leaves) * g.heads + h);
+        }
+        O::store(x, x0 + (i64)v * g.heads + h, s);
+    }
+    __syncthreads();
+    // Upward: the parents of level k fold in their children (û_c = ũ_c / Â_c).
+    for (int k = 1; k < g.levels; ++k) {
+        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
+             p += HEAD_ROWS) {
+            V acc = O::load(x, x0 + (i64)p * g.heads + h);
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const i64 e = (i64)c * g.heads + h;
+                const V uc = O::mul(O::load(x, x0 + e), O::load(piv, e));
+                O::store(x, x0 + e, uc);
+                acc = O::sub(acc, O::mul(O::load(piv, 2 * set + e), uc));
+            }
+            O::store(x, x0 + (i64)p * g.heads + h, acc);
+        }
+        __syncthreads();
+    }
+    // The root, alone in the top level, by row 0, which also pushes it down first (no barrier).
+    const i64 root = (i64)(g.nodes - 1) * g.heads + h;
+    if (live && threadIdx.y == 0)
+        O::store(x, x0 + root, O::mul(O::load(x, x0 + root), O::load(piv, root)));
+    // Downward: x_c = û_c + B̂_c x_p, the parents of level k pushing to their children.
+    for (int k = g.levels - 1; k >= 1; --k) {
+        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
+             p += HEAD_ROWS) {
+            const V xp = O::load(x, x0 + (i64)p * g.heads + h);
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const i64 e = (i64)c * g.heads + h;
+                O::store(x, x0 + e, O::add(O::load(x, x0 + e), O::mul(O::load(piv, set + e), xp)));
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Per (node v, head): dcoef = [∂B; ∂C] with ∂B_v = -Σ_b λ_v conj(x_parent),
+// ∂C_v = -Σ_b λ_parent conj(x_v) (zero at the root), and, when dbias is given, for internal
+// nodes ∂bias = Σ_b λ_v. lam and x are (batch, nodes, heads).
+template <typename T, typename O>
+__device__ void head_reduce(const T *lam, const T *x, T *dcoef, T *dbias, const int *parent,
+                            int batch, int nodes, int leaves, int heads) {
+    typedef typename O::V V;
+    const int h = blockIdx.x * HEAD_LANES + threadIdx.x;
+    const int v = blockIdx.y * HEAD_ROWS + threadIdx.y;
+    if (h >= heads || v >= nodes) return;
+    const i64 set = (i64)nodes * heads, e = (i64)v * heads + h;
+    const int p = parent[v];
+    V db = O::zero(), dc = O::zero(), dl = O::zero();
+    for (int b = 0; b < batch; ++b) {
+        const i64 x0 = (i64)b * set;
+        const V lv = O::load(lam, x0 + e);
+        if (v != p) {
+            const i64 ep = x0 + (i64)p * heads + h;
+            db = O::add(db, O::mul(lv, O::conj(O::load(x, ep))));
+            dc = O::add(dc, O::mul(O::load(lam, ep), O::conj(O::load(x, x0 + e))));
+        }
+        dl = O::add(dl, lv);
+    }
+    O::store(dcoef, e, O::sub(O::zero(), db));
+    O::store(dcoef, set + e, O::sub(O::zero(), dc));
+    if (dbias && v >= leaves) O::store(dbias, (i64)(v - leaves) * heads + h, dl);
+}
+
+#define HEAD_KERNELS(SUFFIX, T, OPS)                                                             \
+    extern "C" __global__ void __launch_bounds__(HEAD_LANES * HEAD_ROWS)                         \
+        head_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,                     \
+                             const int *child_start, int levels, int nodes, int heads,          \
+                             int adjoint, int *status) {                                        \
+        const HeadTree g{level_start, child_start, levels, nodes, heads};                       \
+        head_pivots<T, OPS>(coef, piv, g, adjoint, status);                                     \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(HEAD_LANES * HEAD_ROWS)                         \
+        head_sweep_##SUFFIX(const T *rhs, const T *bias, const T *piv, T *x,                    \
+                            const int *level_start, const int *child_start, int levels,         \
+                            int nodes, int heads, int m, int leaves) {                          \
+        const HeadTree g{level_start, child_start, levels, nodes, heads};                       \
+        head_sweep<T, OPS>(rhs, bias, piv, x, g, m, leaves);                                    \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(HEAD_LANES * HEAD_ROWS)                         \
+        head_reduce_##SUFFIX(const T *lam, const T *x, T *dcoef, T *dbias, const int *parent,   \
+                             int batch, int nodes, int leaves, int heads) {                     \
+        head_reduce<T, OPS>(lam, x, dcoef, dbias, parent, batch, nodes, leaves, heads);         \
+    }
+
+// Complex f32 and f64 (half precision runs the solve in f32: the wrapper converts); the host
+// harness in tests/kernels_on_cpu registers the same list.
+#define HEAD_DTYPES(X) \
+    X(f32_c, float, ComplexOps<float>) \
+    X(f64_c, double, ComplexOps<double>)
+
+HEAD_DTYPES(HEAD_KERNELS)

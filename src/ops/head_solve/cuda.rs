@@ -1,0 +1,245 @@
+//! The launches of `kernels/head_solve.cu`: their plans (pure functions, executed by the CUDA
+//! launch below and by the host harness in `tests/kernels_on_cpu`) and, with the `cuda`
+//! feature, their execution on candle's stream.
+//!
+//! Blocks of [`LANES`] heads × [`ROWS`] rows. The forward is two launches, `head_pivots`
+//! (a block per [`LANES`] heads) then `head_sweep` (a block per sample and [`LANES`] heads);
+//! the backward three, `head_pivots` of the adjoint, `head_sweep` of ∂x and `head_reduce` (a
+//! block per [`ROWS`] nodes and [`LANES`] heads). No workspace and no shared memory: the sweep
+//! works in place in its output.
+//!
+//! Global traffic of a sweep per (sample, node, head) complex value: the right-hand side read
+//! once, x written once and read and written again by each pass (the working set of a block,
+//! nodes × 32 values, stays in L2); the pivots, read by every sample, stay in L2 too.
+
+use candle_core::{bail, DType, Result, Tensor};
+
+use super::{check_args, Dims};
+use crate::ops::plan::{int_arg, kernel_name, KernelArg, LaunchPlan};
+use crate::tree::Tree;
+
+/// Heads per block (HEAD_LANES in the kernel): a warp's consecutive heads.
+pub const LANES: u32 = 32;
+/// Rows of a block (HEAD_ROWS in the kernel): nodes of a level handled at once.
+pub const ROWS: u32 = 8;
+
+fn table(v: &[usize]) -> Vec<u32> {
+    v.iter().map(|&x| x as u32).collect()
+}
+
+fn lane_blocks(heads: usize) -> Result<u32> {
+    Ok(int_arg("head_solve", "heads", heads)? as u32).map(|h| h.div_ceil(LANES))
+}
+
+/// `head_pivots`: input coef = [B; C] (2, nodes, heads, 2); output piv (3, nodes, heads, 2).
+fn pivots_plan(tree: &Tree, d: &Dims, dtype: DType, adjoint: bool) -> Result<LaunchPlan> {
+    let op = "head_solve";
+    Ok(LaunchPlan {
+        kernel: kernel_name("head_pivots", dtype, true)?,
+        grid: [lane_blocks(d.heads)?, 1, 1],
+        block: [LANES, ROWS, 1],
+        shared_bytes: 0,
+        args: vec![
+            KernelArg::Input(0),
+            KernelArg::Output(0),
+            KernelArg::Table(0),
+            KernelArg::Table(1),
+            KernelArg::I32(int_arg(op, "levels", tree.levels())?),
+            KernelArg::I32(int_arg(op, "nodes", d.nodes)?),
+            KernelArg::I32(int_arg(op, "heads", d.heads)?),
+            KernelArg::I32(adjoint as i32),
+            KernelArg::Status,
+        ],
+        outputs: vec![3 * d.nodes * d.heads * 2],
+        tables: vec![table(tree.level_starts()), table(tree.child_starts())],
+        workspace_bytes: 0,
+    })
+}
+
+/// `head_sweep`: inputs (rhs (batch, m, heads, 2), bias when `with_bias`, piv); output x.
+fn sweep_plan(
+    tree: &Tree,
+    d: &Dims,
+    m: usize,
+    with_bias: bool,
+    dtype: DType,
+) -> Result<LaunchPlan> {
+    let op = "head_solve";
+    if d.batch > 65_535 {
+        bail!(
+            "head_solve: batch {} exceeds the CUDA grid's 65,535",
+            d.batch
+        );
+    }
+    let (bias, piv) = match with_bias {
+        true => (KernelArg::Input(1), KernelArg::Input(2)),
+        false => (KernelArg::Null, KernelArg::Input(1)),
+    };
+    Ok(LaunchPlan {
+        kernel: kernel_name("head_sweep", dtype, true)?,
+        grid: [lane_blocks(d.heads)?, d.batch as u32, 1],
+        block: [LANES, ROWS, 1],
+        shared_bytes: 0,
+        args: vec![
+            KernelArg::Input(0),
+            bias,
+            piv,
+            KernelArg::Output(0),
+            KernelArg::Table(0),
+            KernelArg::Table(1),
+            KernelArg::I32(int_arg(op, "levels", tree.levels())?),
+            KernelArg::I32(int_arg(op, "nodes", d.nodes)?),
+            KernelArg::I32(int_arg(op, "heads", d.heads)?),
+            KernelArg::I32(int_arg(op, "m", m)?),
+            KernelArg::I32(int_arg(op, "leaves", d.leaves)?),
+        ],
+        outputs: vec![d.batch * d.nodes * d.heads * 2],
+        tables: vec![table(tree.level_starts()), table(tree.child_starts())],
+        workspace_bytes: 0,
+    })
+}
+
+/// `head_reduce`: inputs (λ, x); outputs [∂B; ∂C] (2, nodes, heads, 2) and, for a tree with
+/// internal nodes, ∂bias (nodes − leaves, heads, 2).
+fn reduce_plan(tree: &Tree, d: &Dims, dtype: DType) -> Result<LaunchPlan> {
+    let op = "head_solve";
+    let row_blocks = (d.nodes as u64).div_ceil(ROWS as u64);
+    if row_blocks > 65_535 {
+        bail!("head_solve: {} nodes exceed the CUDA grid", d.nodes);
+    }
+    let mut outputs = vec![2 * d.nodes * d.heads * 2];
+    let dbias = match d.internal() {
+        0 => KernelArg::Null,
+        k => {
+            outputs.push(k * d.heads * 2);
+            KernelArg::Output(1)
+        }
+    };
+    Ok(LaunchPlan {
+        kernel: kernel_name("head_reduce", dtype, true)?,
+        grid: [lane_blocks(d.heads)?, row_blocks as u32, 1],
+        block: [LANES, ROWS, 1],
+        shared_bytes: 0,
+        args: vec![
+            KernelArg::Input(0),
+            KernelArg::Input(1),
+            KernelArg::Output(0),
+            dbias,
+            KernelArg::Table(0),
+            KernelArg::I32(int_arg(op, "batch", d.batch)?),
+            KernelArg::I32(int_arg(op, "nodes", d.nodes)?),
+            KernelArg::I32(int_arg(op, "leaves", d.leaves)?),
+            KernelArg::I32(int_arg(op, "heads", d.heads)?),
+        ],
+        outputs,
+        tables: vec![table(tree.parents())],
+        workspace_bytes: 0,
+    })
+}
+
+/// The launches of `head_solve(tree, u, bias, b, c)`: `head_pivots` (input coef = [b; c]
+/// stacked on a new first axis; output piv), then `head_sweep` (inputs u, bias, piv; output x).
+/// The status word is 1 + the first node with a bad pivot, or 0.
+pub fn forward_plans(
+    tree: &Tree,
+    u: &Tensor,
+    bias: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+) -> Result<[LaunchPlan; 2]> {
+    let d = check_args(tree, u, bias, b, c)?;
+    let dt = u.dtype();
+    Ok([
+        pivots_plan(tree, &d, dt, false)?,
+        sweep_plan(tree, &d, d.m, d.internal() > 0, dt)?,
+    ])
+}
+
+/// The launches of the backward: `head_pivots` of the adjoint (input coef; output piv),
+/// `head_sweep` (inputs ∂x, piv; output λ, of which ∂u is the first m nodes) and `head_reduce`
+/// (inputs λ, x; outputs [∂b; ∂c] and, if the tree has internal nodes, ∂bias).
+pub fn backward_plans(
+    tree: &Tree,
+    u: &Tensor,
+    bias: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+) -> Result<[LaunchPlan; 3]> {
+    let d = check_args(tree, u, bias, b, c)?;
+    let dt = u.dtype();
+    Ok([
+        pivots_plan(tree, &d, dt, true)?,
+        sweep_plan(tree, &d, d.nodes, false, dt)?,
+        reduce_plan(tree, &d, dt)?,
+    ])
+}
+
+#[cfg(feature = "cuda")]
+pub(super) use launch::{backward, forward};
+
+#[cfg(feature = "cuda")]
+mod launch {
+    use candle_core::backend::BackendStorage;
+    use candle_core::op::BackpropOp;
+    use candle_core::{bail, CudaStorage, Layout, Result, Storage, Tensor};
+
+    use super::super::HeadSolveOp;
+    use super::{pivots_plan, reduce_plan, sweep_plan};
+    use crate::cuda::{self, HEAD_SOLVE};
+
+    pub(in crate::ops::head_solve) fn forward(
+        op: &HeadSolveOp,
+        u: (&CudaStorage, &Layout),
+        bias: (&CudaStorage, &Layout),
+        coef: (&CudaStorage, &Layout),
+    ) -> Result<CudaStorage> {
+        let (dev, dt, d) = (u.0.device(), u.0.dtype(), &op.dims);
+        let plan = pivots_plan(&op.tree, d, dt, false)?;
+        let piv = cuda::launch(dev, HEAD_SOLVE, &plan, dt, &[coef])?.remove(0);
+        let piv_l = Layout::contiguous(plan.outputs[0]);
+        let with_bias = d.internal() > 0;
+        let plan = sweep_plan(&op.tree, d, d.m, with_bias, dt)?;
+        let inputs = match with_bias {
+            true => vec![u, bias, (&piv, &piv_l)],
+            false => vec![u, (&piv, &piv_l)],
+        };
+        Ok(cuda::launch(dev, HEAD_SOLVE, &plan, dt, &inputs)?.remove(0))
+    }
+
+    pub(in crate::ops::head_solve) fn backward(
+        op: &HeadSolveOp,
+        coef: &Tensor,
+        x: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let guards = [coef, x, g].map(|t| t.storage_and_layout());
+        let mut s = Vec::with_capacity(3);
+        for (st, l) in &guards {
+            let Storage::Cuda(st) = &**st else {
+                bail!("head_solve backward: tensors are not all on the same CUDA device")
+            };
+            s.push((st, *l));
+        }
+        let (coef, x, g) = (s[0], s[1], s[2]);
+        let (dev, dt, d) = (g.0.device().clone(), g.0.dtype(), &op.dims);
+        let plan = pivots_plan(&op.tree, d, dt, true)?;
+        let piv = cuda::launch(&dev, HEAD_SOLVE, &plan, dt, &[coef])?.remove(0);
+        let piv_l = Layout::contiguous(plan.outputs[0]);
+        let plan = sweep_plan(&op.tree, d, d.nodes, false, dt)?;
+        let lam = cuda::launch(&dev, HEAD_SOLVE, &plan, dt, &[g, (&piv, &piv_l)])?.remove(0);
+        let lam_l = Layout::contiguous(plan.outputs[0]);
+        let plan = reduce_plan(&op.tree, d, dt)?;
+        let mut out = cuda::launch(&dev, HEAD_SOLVE, &plan, dt, &[(&lam, &lam_l), x])?;
+        let wrap = |s: CudaStorage, shape: Vec<usize>| {
+            Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false)
+        };
+        let (heads, nodes) = (d.heads, d.nodes);
+        let dbias = match d.internal() {
+            0 => Tensor::zeros((1, heads, 2), dt, &candle_core::Device::Cuda(dev.clone()))?,
+            k => wrap(out.remove(1), vec![k, heads, 2]),
+        };
+        let dcoef = wrap(out.remove(0), vec![2, nodes, heads, 2]);
+        let lam = wrap(lam, vec![d.batch, nodes, heads, 2]);
+        Ok((lam, dbias, dcoef))
+    }
+}

@@ -1,0 +1,108 @@
+//! The CUDA head-solve kernels through autograd against the CPU twin and the dense f64 solve.
+//! Compiled with `--features cuda` (CI compiles them); each test prints why it is skipped when
+//! no CUDA device can be opened.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use candle_core::{DType, Device, Var};
+use common::heads::*;
+use common::*;
+use myosotis::ops::{check_pivots, head_solve};
+use myosotis::tree::Tree;
+
+/// x and the gradients of Σ w ⊙ x with respect to (u, bias, b, c), on `dev` in `dtype`.
+fn forward_backward(
+    tree: &Tree,
+    x: &HeadInputs,
+    w: &[f64],
+    dev: &Device,
+    dtype: DType,
+) -> [Vec<f64>; 5] {
+    let vars = x
+        .tensors(tree, dtype, dev)
+        .map(|t| Var::from_tensor(&t).unwrap());
+    let [u, bias, b, c] = vars.each_ref().map(|v| v.as_tensor().clone());
+    let out = head_solve(tree, &u, &bias, &b, &c).unwrap();
+    let w = tensor(w, out.dims(), dtype, dev);
+    let grads = (&out * w).unwrap().sum_all().unwrap().backward().unwrap();
+    let g = |v: &Var| {
+        grads
+            .get(v)
+            .map_or_else(|| vec![0.0; v.elem_count()], to_vec)
+    };
+    [
+        to_vec(&out),
+        g(&vars[0]),
+        g(&vars[1]),
+        g(&vars[2]),
+        g(&vars[3]),
+    ]
+}
+
+#[test]
+fn cuda_head_solve_matches_cpu_twin_and_dense_solve() {
+    let Some(gpu) = gpu("cuda_head_solve_matches_cpu_twin_and_dense_solve") else {
+        return;
+    };
+    let (mut rng, seed) = seeded_rng("cuda head solve", 43);
+    let trees = [
+        ("perfect 4-ary 64", Tree::perfect(64, 4).unwrap()),
+        ("ragged 3-ary 100", Tree::ragged(100, 3).unwrap()),
+        ("quad 28x28", Tree::quad(28, 28).unwrap()),
+        ("chain 300", Tree::chain(300).unwrap()),
+        ("single node", Tree::ragged(1, 2).unwrap()),
+    ];
+    for (name, tree) in &trees {
+        for shape in [(2, 3, false), (5, 64, false), (3, 37, true)] {
+            for coupling in [Coupling::Skew, Coupling::Dominant] {
+                let x = random_head_inputs(tree, shape, coupling, &mut rng);
+                let w = uniform(&mut rng, shape.0 * tree.len() * shape.1 * 2, -1.0, 1.0);
+                let want = dense(tree, &x);
+                for (dtype, tol) in [(DType::F32, 2e-5), (DType::F64, 1e-12)] {
+                    let what = format!("{dtype:?}, {name}, {shape:?}, {coupling:?} (seed {seed})");
+                    let cuda = forward_backward(tree, &x, &w, &gpu, dtype);
+                    check_pivots(&gpu).unwrap();
+                    let cpu = forward_backward(tree, &x, &w, &Device::Cpu, dtype);
+                    let e = rel_err(&cuda[0], &want);
+                    assert!(e < tol, "x vs dense: {e:e}, {what}");
+                    for (k, g) in ["x", "du", "dbias", "db", "dc"].iter().enumerate() {
+                        if cpu[k].is_empty() {
+                            continue;
+                        }
+                        let e = rel_err(&cuda[k], &cpu[k]);
+                        assert!(e < 20.0 * tol, "{g} CUDA vs CPU {e:e}, {what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A singular pivot on the GPU is reported by `check_pivots` with its node.
+#[test]
+fn cuda_head_solve_reports_a_singular_pivot() {
+    let Some(gpu) = gpu("cuda_head_solve_reports_a_singular_pivot") else {
+        return;
+    };
+    let tree = Tree::perfect(16, 4).unwrap();
+    let (n, heads) = (tree.len(), 2);
+    let mut x = HeadInputs {
+        batch: 1,
+        heads,
+        m: 16,
+        u: vec![1.0; 16 * heads * 2],
+        bias: vec![0.0; (n - 16) * heads * 2],
+        b: vec![0.0; n * heads * 2],
+        c: vec![0.0; n * heads * 2],
+    };
+    x.b[(4 * heads + 1) * 2] = 2.0;
+    x.c[(4 * heads + 1) * 2] = 0.5;
+    check_pivots(&gpu).unwrap();
+    let [u, bias, b, c] = x.tensors(&tree, DType::F32, &gpu);
+    let _ = head_solve(&tree, &u, &bias, &b, &c).unwrap();
+    let err = check_pivots(&gpu).unwrap_err().to_string();
+    let parent = tree.parent(4).unwrap();
+    assert!(err.contains(&format!("node {parent}")), "{err}");
+    check_pivots(&gpu).unwrap();
+}

@@ -1,0 +1,172 @@
+//! The kernels of kernels/head_solve.cu through the harness — `head_pivots`, `head_sweep`,
+//! `head_reduce` — run as the op launches them: forward (pivots, then the sweep) and backward
+//! (the adjoint's pivots, the sweep of ∂x, the reduction), against the dense f64 solve and, bit
+//! for bit, the CPU twin.
+
+use candle_core::{DType, Device, Tensor};
+use myosotis::ops::head_solve::cuda::{backward_plans, forward_plans, LANES, ROWS};
+use myosotis::ops::plan::KernelArg;
+use myosotis::ops::{head_solve, head_solve_backward};
+use myosotis::tree::Tree;
+
+use crate::assert_same;
+use crate::common::heads::*;
+use crate::common::*;
+use crate::exec::{round_to, run, run_in_every_order};
+
+/// The head kernels' dtypes (half precision is solved in f32 by the op), with tolerances.
+const HEAD_DTYPES: [(DType, f64); 2] = [(DType::F64, 1e-12), (DType::F32, 2e-5)];
+
+fn rounded(x: &HeadInputs, dtype: DType) -> HeadInputs {
+    let r = |v: &[f64]| round_to(v, dtype);
+    HeadInputs {
+        u: r(&x.u),
+        bias: r(&x.bias),
+        b: r(&x.b),
+        c: r(&x.c),
+        ..x.clone()
+    }
+}
+
+/// x of the forward's two launches; the status of the pivots.
+fn forward(
+    tree: &Tree,
+    x: &HeadInputs,
+    ts: &[Tensor; 4],
+    dtype: DType,
+    seed: u64,
+) -> (Vec<f64>, i32) {
+    let [u, bias, b, c] = ts;
+    let [pivots, sweep] = forward_plans(tree, u, bias, b, c).unwrap();
+    let coef = [x.b.clone(), x.c.clone()].concat();
+    let piv = run_in_every_order(&pivots, dtype, &[&coef], seed);
+    let inputs: Vec<&[f64]> = match tree.len() > tree.leaves() {
+        true => vec![&x.u, &x.bias, &piv.outputs[0]],
+        false => vec![&x.u, &piv.outputs[0]],
+    };
+    let run = run_in_every_order(&sweep, dtype, &inputs, seed);
+    assert_eq!(run.status, 0);
+    (run.outputs[0].clone(), piv.status)
+}
+
+#[test]
+fn head_kernels_match_the_dense_solve_and_the_cpu_twin() {
+    let (mut rng, seed) = seeded_rng("head kernels", 41);
+    let trees = [
+        ("perfect 4-ary 64", Tree::perfect(64, 4).unwrap()),
+        ("ragged 3-ary 50", Tree::ragged(50, 3).unwrap()),
+        ("quad 6x5", Tree::quad(6, 5).unwrap()),
+        ("chain 12", Tree::chain(12).unwrap()),
+        ("single node", Tree::ragged(1, 2).unwrap()),
+    ];
+    // 37 heads: a partial second block of lanes.
+    for (name, tree) in &trees {
+        for shape in [(2, 3, false), (2, 37, true), (3, 5, false)] {
+            for coupling in [Coupling::Skew, Coupling::Dominant] {
+                for (dtype, tol) in HEAD_DTYPES {
+                    let what = format!("{name}, {shape:?}, {coupling:?}, {dtype:?} (seed {seed})");
+                    let x = rounded(&random_head_inputs(tree, shape, coupling, &mut rng), dtype);
+                    let ts = x.tensors(tree, dtype, &Device::Cpu);
+                    let [u, bias, b, c] = &ts;
+                    let (sol, status) = forward(tree, &x, &ts, dtype, seed);
+                    assert_eq!(status, 0, "{what}");
+                    let e = rel_err(&sol, &dense(tree, &x));
+                    assert!(e < tol, "x vs dense solve: {e:e}, {what}");
+                    let twin = head_solve(tree, u, bias, b, c).unwrap();
+                    assert_same(&sol, &to_vec(&twin), &format!("x, {what}"));
+
+                    let n = tree.len();
+                    let g = round_to(&uniform(&mut rng, sol.len(), -1.0, 1.0), dtype);
+                    let g_t = tensor(&g, twin.dims(), dtype, &Device::Cpu);
+                    let want = dense_grads(tree, &x, &g);
+                    let twin = head_solve_backward(tree, u, bias, b, c, &twin, &g_t).unwrap();
+                    let [pivots, sweep, reduce] = backward_plans(tree, u, bias, b, c).unwrap();
+                    let coef = [x.b.clone(), x.c.clone()].concat();
+                    let piv = run_in_every_order(&pivots, dtype, &[&coef], seed);
+                    assert_eq!(piv.status, 0, "{what}");
+                    let lam = run_in_every_order(&sweep, dtype, &[&g, &piv.outputs[0]], seed);
+                    let lam = &lam.outputs[0];
+                    let red = run_in_every_order(&reduce, dtype, &[lam, &sol], seed);
+                    // ∂u: λ on the first m nodes of every sample.
+                    let per = n * x.heads * 2;
+                    let du: Vec<f64> = lam
+                        .chunks(per)
+                        .flat_map(|s| s[..x.m * x.heads * 2].to_vec())
+                        .collect();
+                    let e = rel_err(&du, &want[0]);
+                    assert!(e < tol, "∂u vs dense adjoint: {e:e}, {what}");
+                    assert_same(&du, &to_vec(&twin.u), &format!("∂u, {what}"));
+                    let dcoef = &red.outputs[0];
+                    let e = rel_err(dcoef, &[want[2].clone(), want[3].clone()].concat());
+                    assert!(e < 4.0 * tol, "∂b, ∂c vs f64 reference: {e:e}, {what}");
+                    let twin_dcoef = [to_vec(&twin.b), to_vec(&twin.c)].concat();
+                    assert_same(dcoef, &twin_dcoef, &format!("∂b, ∂c, {what}"));
+                    if n > tree.leaves() {
+                        let dbias = &red.outputs[1];
+                        let e = rel_err(dbias, &want[1]);
+                        assert!(e < 4.0 * tol, "∂bias vs f64 reference: {e:e}, {what}");
+                        assert_same(dbias, &to_vec(&twin.bias), &format!("∂bias, {what}"));
+                    } else {
+                        assert_eq!(red.outputs.len(), 1, "{what}");
+                        assert_eq!(reduce.args[3], KernelArg::Null, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// zMNIST's shape: a 28 × 28 quad tree, 64 heads (two blocks of lanes), forward and backward
+/// equal to the CPU twin.
+#[test]
+fn head_kernels_on_the_zmnist_tree() {
+    let (mut rng, seed) = seeded_rng("head kernels, zMNIST tree", 42);
+    let tree = Tree::quad(28, 28).unwrap();
+    let dtype = DType::F32;
+    let x = rounded(
+        &random_head_inputs(&tree, (2, 64, false), Coupling::Skew, &mut rng),
+        dtype,
+    );
+    let ts = x.tensors(&tree, dtype, &Device::Cpu);
+    let [u, bias, b, c] = &ts;
+    let [pivots, sweep] = forward_plans(&tree, u, bias, b, c).unwrap();
+    assert_eq!((pivots.grid, pivots.block), ([2, 1, 1], [LANES, ROWS, 1]));
+    assert_eq!(sweep.grid, [2, 2, 1]);
+    let (sol, _) = forward(&tree, &x, &ts, dtype, seed);
+    let twin = head_solve(&tree, u, bias, b, c).unwrap();
+    assert_same(&sol, &to_vec(&twin), &format!("x (seed {seed})"));
+}
+
+/// A singular pivot sets the status word to 1 + node, forward and backward.
+#[test]
+fn head_kernels_report_a_singular_pivot_with_its_node() {
+    let tree = Tree::perfect(16, 4).unwrap();
+    let (n, heads) = (tree.len(), 2);
+    let mut x = HeadInputs {
+        batch: 1,
+        heads,
+        m: 16,
+        u: vec![1.0; 16 * heads * 2],
+        bias: vec![0.0; (n - 16) * heads * 2],
+        b: vec![0.0; n * heads * 2],
+        c: vec![0.0; n * heads * 2],
+    };
+    // Leaf 4, head 1: C B = 1, so its parent's pivot 1 − C B is zero.
+    x.b[(4 * heads + 1) * 2] = 2.0;
+    x.c[(4 * heads + 1) * 2] = 0.5;
+    let [u, bias, b, c] = x.tensors(&tree, DType::F32, &Device::Cpu);
+    let parent = tree.parent(4).unwrap() as i32;
+    let coef = [x.b.clone(), x.c.clone()].concat();
+    let [fwd, _] = forward_plans(&tree, &u, &bias, &b, &c).unwrap();
+    let [bwd, _, _] = backward_plans(&tree, &u, &bias, &b, &c).unwrap();
+    for (plan, what) in [(fwd, "forward"), (bwd, "backward")] {
+        let r = run(
+            &plan,
+            DType::F32,
+            &[&coef],
+            kernels_on_cpu::Order::Ascending,
+        )
+        .unwrap();
+        assert_eq!(r.status, 1 + parent, "{what}");
+    }
+}
