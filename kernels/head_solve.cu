@@ -64,7 +64,8 @@ __device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoin
 
 // x = M^-1 rhs for one sample (blockIdx.y) and HEAD_LANES heads, M = T_G or T_G^H as `piv`
 // says. The right-hand side of node v: rhs[v] for v < m (rhs is (batch, m, heads)), plus
-// bias[v - leaves] on the internal nodes when bias is given ((nodes - leaves, heads)).
+// bias[v - leaves] on the internal nodes when bias is given ((nodes - leaves, heads)); zero
+// for the nodes beyond m without a bias.
 template <typename T, typename O>
 __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, const HeadTree &g,
                            int m, int leaves) {
@@ -79,7 +80,7 @@ __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, cons
             s = O::load(rhs, r0 + (i64)v * g.heads + h);
             if (bias && v >= leaves) s = O::add(s, O::load(bias, (i64)(v - leaves) * g.heads + h));
         } else {
-            s = O::load(bias, (i64)(v - leaves) * g.heads + h);
+            s = bias ? O::load(bias, (i64)(v - leaves) * g.heads + h) : O::zero();
         }
         O::store(x, x0 + (i64)v * g.heads + h, s);
     }

@@ -352,7 +352,7 @@ fn chain_with_ssm_correspondence_is_a_linear_recurrence() {
     set("c_out", vec![1.0, 0.0, 0.0, -1.0], &[2, 1, 2]);
     set("d", vec![0.0, 0.0], &[2]);
     let x = Tensor::from_vec(vec![1.0f64, 0.0], (1, 1, 2), &Device::Cpu).unwrap();
-    let got = to_vec(&layer.forward_nodes(&x).unwrap());
+    let got = to_vec(&layer.forward_nodes(&x, 0).unwrap());
     let mut h = Complex::new(0.0, 0.0);
     let mut want = vec![];
     for bt in &b {
@@ -394,7 +394,7 @@ fn every_parameter_gets_a_finite_nonzero_gradient() {
         // The root's output too, so that every internal input matters.
         let loss = (layer.forward(&x).unwrap().sqr().unwrap().sum_all().unwrap()
             + layer
-                .forward_nodes(&x)
+                .forward_nodes(&x, 0)
                 .unwrap()
                 .sqr()
                 .unwrap()
@@ -407,6 +407,41 @@ fn every_parameter_gets_a_finite_nonzero_gradient() {
         let want = if all_nodes { "13 nodes" } else { "9 leaves" };
         let err = layer.forward(&bad).unwrap_err().to_string();
         assert!(err.contains(want), "{err}");
+    }
+}
+
+/// The outputs of the nodes from `first` on are those rows of every node's outputs, for
+/// every starting node (the poolings compute only the top levels), scalar heads and blocks,
+/// over the leaves and over all nodes.
+#[test]
+fn outputs_from_a_node_are_the_rows_of_all_outputs() {
+    for (block, all_nodes) in [(1, false), (1, true), (2, false)] {
+        let cfg = MyoConfig {
+            all_nodes,
+            block,
+            seed: 6,
+            ..MyoConfig::new(
+                3,
+                4,
+                TreeSpec::Ragged {
+                    leaves: 10,
+                    arity: 3,
+                },
+            )
+        };
+        let (_, layer) = build(&cfg);
+        let n = layer.tree().len();
+        let len = if all_nodes { n } else { 10 };
+        let x = Tensor::randn(0f64, 1., (2, len, 3), &Device::Cpu).unwrap();
+        let all = layer.forward_nodes(&x, 0).unwrap();
+        for first in [0, 5, 10, n - 1] {
+            let got = to_vec(&layer.forward_nodes(&x, first).unwrap());
+            let want = to_vec(&all.narrow(1, first, n - first).unwrap());
+            // The same arithmetic up to the matmul's blocking over a different number of rows.
+            let e = rel_err(&got, &want);
+            assert!(e < 1e-14, "from node {first}: {e:e}, {cfg:?}");
+        }
+        assert!(layer.forward_nodes(&x, n).is_err());
     }
 }
 

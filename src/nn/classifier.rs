@@ -471,11 +471,24 @@ impl SequenceClassifier {
         block: &Block,
         mode: Mode,
     ) -> Result<Tensor> {
-        let mut nodes = self.activate(i, block, &m.forward_nodes(z)?, mode)?;
-        if !self.cfg.prenorm {
-            nodes = block.norm.forward(&nodes, mode)?;
+        let tree = m.tree();
+        let k = match self.cfg.pooling {
+            Pooling::TopLevels { k } => k.clamp(1, tree.levels()),
+            _ => 1,
+        };
+        let first = tree.level(tree.levels() - k).start;
+        // Only the pooled nodes are computed past the solve, unless a post-norm BatchNorm
+        // takes its statistics over all of them.
+        if self.cfg.prenorm || self.cfg.norm == NormKind::Layer {
+            let mut nodes = self.activate(i, block, &m.forward_nodes(z, first)?, mode)?;
+            if !self.cfg.prenorm {
+                nodes = block.norm.forward(&nodes, mode)?;
+            }
+            return nodes.mean(1);
         }
-        top_levels(&nodes, m.tree(), self.cfg.pooling)
+        let nodes = self.activate(i, block, &m.forward_nodes(z, 0)?, mode)?;
+        let nodes = block.norm.forward(&nodes, mode)?;
+        nodes.narrow(1, first, tree.len() - first)?.mean(1)
     }
 }
 

@@ -23,7 +23,8 @@
 //! Pooling only the top levels of a last layer (not its leaves) leaves that layer's D unused.
 //!
 //! `forward` returns the nodes that have inputs (the leaves, or all nodes) for the next layer;
-//! `forward_nodes` returns all nodes (batch, nodes, H) for the Myo poolings (root, top levels).
+//! `forward_nodes` returns the nodes from a given one on (all nodes, or the top levels for the Myo
+//! poolings), (batch, nodes, H).
 //!
 //! Parameters: `b_in` (heads, H, 2), `virtual_u` (heads, internal nodes, 2), `coupling_b`
 //! (heads, levels or nodes, 2), `coupling_c` (same, only for [`Coupling::Free`]), `c_out`
@@ -382,17 +383,25 @@ impl Myo {
         Ok((a.reshape(shape)?, b.reshape(shape)?, c.reshape(shape)?))
     }
 
-    /// Outputs of every node: (batch, nodes, H), with the D skip on every node that has an
-    /// input (the leaves, or all nodes with `all_nodes`).
-    pub fn forward_nodes(&self, x: &Tensor) -> Result<Tensor> {
+    /// Outputs of the nodes `from..` (batch, nodes − from, H), with the D skip on those that
+    /// have an input (the leaves, or all nodes with `all_nodes`): every node from 0, the top
+    /// levels from the first node of the lowest of them (the Myo poolings).
+    pub fn forward_nodes(&self, x: &Tensor, from: usize) -> Result<Tensor> {
         let len = self.check_input(x)?;
         let n = self.tree.len();
-        let y = self.outputs(x, n)?;
-        let skipped = (y.narrow(1, 0, len)? + channel_mul(x, &self.d)?)?;
-        if n == len {
-            return Ok(skipped);
+        if from >= n {
+            candle_core::bail!("Myo: node {from} is beyond the tree's {n} nodes");
         }
-        Tensor::cat(&[skipped, y.narrow(1, len, n - len)?], 1)
+        let y = self.outputs(x, from, n - from)?;
+        if from >= len {
+            return Ok(y);
+        }
+        let skip = channel_mul(&x.narrow(1, from, len - from)?, &self.d)?;
+        if n == len {
+            return y + skip;
+        }
+        let skipped = (y.narrow(1, 0, len - from)? + skip)?;
+        Tensor::cat(&[skipped, y.narrow(1, len - from, n - len)?], 1)
     }
 
     /// The input's length (the leaves, or all nodes with `all_nodes`), checked against the
@@ -413,11 +422,11 @@ impl Myo {
         Ok(len)
     }
 
-    /// Re(C_out x_v) (scalar heads) or C_out x_v (blocks) for the first `count` nodes (the
-    /// leaves come first in the numbering): (batch, count, H).
-    fn outputs(&self, x: &Tensor, count: usize) -> Result<Tensor> {
+    /// Re(C_out x_v) (scalar heads) or C_out x_v (blocks) for the `count` nodes from `start`
+    /// (the leaves come first in the numbering): (batch, count, H).
+    fn outputs(&self, x: &Tensor, start: usize, count: usize) -> Result<Tensor> {
         if self.cfg.block > 1 {
-            return self.block_outputs(x, count);
+            return self.block_outputs(x, start, count);
         }
         let (batch, len, h) = x.dims3()?;
         let (heads, n) = (self.cfg.heads, self.tree.len());
@@ -441,7 +450,7 @@ impl Myo {
                 .matmul(&c_mat.t()?)?
                 .reshape((batch, n, h));
         }
-        xs.narrow(1, 0, count)?.broadcast_matmul(&c_mat.t()?)
+        xs.narrow(1, start, count)?.broadcast_matmul(&c_mat.t()?)
     }
 
     /// B and C of scalar heads as the solve takes them, (nodes, heads, 2) each: the entries of
@@ -465,7 +474,7 @@ impl Myo {
 
     /// [`Myo::outputs`] for d × d blocks, by the general tree solve: u and x in its
     /// (batch, heads, nodes, d) layout.
-    fn block_outputs(&self, x: &Tensor, count: usize) -> Result<Tensor> {
+    fn block_outputs(&self, x: &Tensor, start: usize, count: usize) -> Result<Tensor> {
         let (batch, len, h) = x.dims3()?;
         let (heads, n, d) = (self.cfg.heads, self.tree.len(), self.cfg.block);
         let projected = x
@@ -499,7 +508,7 @@ impl Myo {
         )?;
         let xs = xs
             .squeeze(4)?
-            .narrow(2, 0, count)?
+            .narrow(2, start, count)?
             .permute((0, 2, 1, 3))?
             .reshape((batch, count, heads * d))?;
         xs.broadcast_matmul(&self.c_out.reshape((h, heads * d))?.t()?)
@@ -511,6 +520,6 @@ impl Module for Myo {
     /// `all_nodes`), with the D skip.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let len = self.check_input(x)?;
-        self.outputs(x, len)? + channel_mul(x, &self.d)?
+        self.outputs(x, 0, len)? + channel_mul(x, &self.d)?
     }
 }

@@ -12,6 +12,28 @@ use crate::tree::Tree;
 
 type C<F> = Complex<F>;
 
+/// A (re, im) scalar slice as complex values.
+#[inline(always)]
+fn cx<F: WithDType>(s: &[F]) -> &[C<F>] {
+    debug_assert_eq!(s.len() % 2, 0);
+    // SAFETY: Complex<F> is repr(C) { re, im }: two F with F's alignment and no padding.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len() / 2) }
+}
+
+/// As [`cx`], mutable.
+#[inline(always)]
+fn cx_mut<F: WithDType>(s: &mut [F]) -> &mut [C<F>] {
+    debug_assert_eq!(s.len() % 2, 0);
+    // SAFETY: as in `cx`.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len() / 2) }
+}
+
+/// Row `v` of a (rows, heads) slice: one node's heads.
+#[inline(always)]
+fn row<F>(s: &[C<F>], v: usize, heads: usize) -> &[C<F>] {
+    &s[v * heads..(v + 1) * heads]
+}
+
 /// Per head, the pivots of T_G (or, with `adjoint`, of T_Gᴴ): piv = [1/Â; B̂; C'], each
 /// (nodes, heads), from coef = [B; C] (see `head_pivots` in the kernel). Err((node, head)) for
 /// a singular or non-finite pivot.
@@ -24,116 +46,122 @@ pub(super) fn pivots<F: WithDType>(
     let n = tree.len();
     let set = n * heads;
     let root = n - 1;
-    let mut piv = vec![F::zero(); 3 * set * 2];
+    let coef = cx(coef);
+    let mut piv = vec![C::<F>::zero(); 3 * set];
+    let mut a = vec![C::<F>::zero(); heads];
     for k in 0..tree.levels() {
         for v in tree.level(k) {
-            for h in 0..heads {
-                let mut a = C::<F>::one();
-                for c in tree.children(v) {
-                    let e = c * heads + h;
-                    a = a.add(C::load(&piv, 2 * set + e).mul(C::load(&piv, set + e)));
+            a.fill(C::one());
+            for c in tree.children(v) {
+                let (bh, cp) = (
+                    &piv[set + c * heads..][..heads],
+                    &piv[2 * set + c * heads..][..heads],
+                );
+                for ((a, bh), cp) in a.iter_mut().zip(bh).zip(cp) {
+                    *a = a.add(cp.mul(*bh));
                 }
-                if !a.pivot_ok() {
-                    return Err((v, h));
-                }
-                let inv = a.inv();
-                let e = v * heads + h;
-                let (mut bp, mut cp) = (C::zero(), C::zero());
+            }
+            if let Some(h) = a.iter().position(|a| !a.pivot_ok()) {
+                return Err((v, h));
+            }
+            let (b, c) = (
+                &coef[v * heads..][..heads],
+                &coef[set + v * heads..][..heads],
+            );
+            let (inv, rest) = piv[v * heads..].split_at_mut(set);
+            let (bh, rest) = rest.split_at_mut(set);
+            let rows = inv[..heads]
+                .iter_mut()
+                .zip(&mut bh[..heads])
+                .zip(&mut rest[..heads]);
+            for (h, ((inv, bh), cp)) in rows.enumerate() {
+                let (mut bp, mut c_p) = (C::zero(), C::zero());
                 if v != root {
-                    let (b, c) = (C::load(coef, e), C::load(coef, set + e));
-                    (bp, cp) = if adjoint {
-                        (c.conj(), b.conj())
+                    (bp, c_p) = if adjoint {
+                        (c[h].conj(), b[h].conj())
                     } else {
-                        (b, c)
+                        (b[h], c[h])
                     };
                 }
-                C::put(&mut piv, e, inv);
-                C::put(&mut piv, set + e, C::zero().sub(bp.mul(inv)));
-                C::put(&mut piv, 2 * set + e, cp);
+                *inv = a[h].inv();
+                *bh = C::zero().sub(bp.mul(*inv));
+                *cp = c_p;
             }
         }
     }
-    Ok(piv)
-}
-
-/// One node's heads as complex values: scalars `2 · v · heads ..` of a (nodes, heads, 2) slice.
-#[inline(always)]
-fn row<F>(s: &[F], v: usize, heads: usize) -> &[F] {
-    &s[2 * v * heads..2 * (v + 1) * heads]
+    // SAFETY: a Vec of Complex<F> is its scalars, re and im in turn.
+    let mut piv = std::mem::ManuallyDrop::new(piv);
+    Ok(unsafe { Vec::from_raw_parts(piv.as_mut_ptr().cast(), 2 * piv.len(), 2 * piv.capacity()) })
 }
 
 /// x = M⁻¹ rhs for one sample, M as `piv` says (see `head_sweep` in the kernel): `rhs` is the
 /// sample's (m, heads) right-hand sides, `bias` the internal nodes' (nodes − leaves, heads) or
-/// None, `x` the sample's (nodes, heads) output.
+/// None (zero), `x` the sample's (nodes, heads) output.
 #[inline(always)]
 fn sweep_sample<F: WithDType>(
     tree: &Tree,
     heads: usize,
-    (rhs, m): (&[F], usize),
-    bias: Option<&[F]>,
-    piv: &[F],
-    x: &mut [F],
+    (rhs, m): (&[C<F>], usize),
+    bias: Option<&[C<F>]>,
+    piv: &[C<F>],
+    x: &mut [C<F>],
 ) {
     let (n, leaves) = (tree.len(), tree.leaves());
     let set = n * heads;
-    let (inv, bhat, cp) = (&piv[..2 * set], &piv[2 * set..4 * set], &piv[4 * set..]);
-    let hw = 2 * heads;
-    for v in 0..n {
-        let out = &mut x[v * hw..(v + 1) * hw];
-        match (v < m, v >= leaves, bias) {
-            (true, true, Some(bias)) => {
-                let (r, b) = (row(rhs, v, heads), row(bias, v - leaves, heads));
-                for h in 0..heads {
-                    C::put(out, h, C::load(r, h).add(C::load(b, h)));
+    let (inv, bhat, cp) = (&piv[..set], &piv[set..2 * set], &piv[2 * set..]);
+    let row = |s, v| row(s, v, heads);
+    for (v, out) in x.chunks_exact_mut(heads).enumerate() {
+        let bias = bias.filter(|_| v >= leaves).map(|b| row(b, v - leaves));
+        match (v < m, bias) {
+            (true, Some(b)) => {
+                for ((o, r), b) in out.iter_mut().zip(row(rhs, v)).zip(b) {
+                    *o = r.add(*b);
                 }
             }
-            (true, _, _) => out.copy_from_slice(row(rhs, v, heads)),
-            (false, _, bias) => {
-                let bias = bias.expect("nodes without input have a bias");
-                out.copy_from_slice(row(bias, v - leaves, heads))
-            }
+            (true, None) => out.copy_from_slice(row(rhs, v)),
+            (false, Some(b)) => out.copy_from_slice(b),
+            (false, None) => out.fill(C::zero()),
         }
     }
     for k in 1..tree.levels() {
         for p in tree.level(k) {
-            let (below, above) = x.split_at_mut(p * hw);
-            let acc = &mut above[..hw];
+            let (below, above) = x.split_at_mut(p * heads);
+            let acc = &mut above[..heads];
             for c in tree.children(p) {
-                let xc = &mut below[c * hw..(c + 1) * hw];
-                let (ic, cc) = (row(inv, c, heads), row(cp, c, heads));
-                for h in 0..heads {
-                    let uc = C::load(xc, h).mul(C::load(ic, h));
-                    C::put(xc, h, uc);
-                    C::put(acc, h, C::load(acc, h).sub(C::load(cc, h).mul(uc)));
+                let xc = &mut below[c * heads..(c + 1) * heads];
+                let terms = xc
+                    .iter_mut()
+                    .zip(row(inv, c))
+                    .zip(row(cp, c))
+                    .zip(acc.iter_mut());
+                for (((xc, ic), cc), acc) in terms {
+                    let uc = xc.mul(*ic);
+                    *xc = uc;
+                    *acc = acc.sub(cc.mul(uc));
                 }
             }
         }
     }
     let root = n - 1;
-    let (xr, ir) = (&mut x[root * hw..], row(inv, root, heads));
-    for h in 0..heads {
-        C::put(xr, h, C::load(xr, h).mul(C::load(ir, h)));
+    for (xr, ir) in x[root * heads..].iter_mut().zip(row(inv, root)) {
+        *xr = xr.mul(*ir);
     }
     for k in (1..tree.levels()).rev() {
         for p in tree.level(k) {
-            let (below, above) = x.split_at_mut(p * hw);
-            let xp = &above[..hw];
+            let (below, above) = x.split_at_mut(p * heads);
+            let xp = &above[..heads];
             for c in tree.children(p) {
-                let xc = &mut below[c * hw..(c + 1) * hw];
-                let bc = row(bhat, c, heads);
-                for h in 0..heads {
-                    C::put(
-                        xc,
-                        h,
-                        C::load(xc, h).add(C::load(bc, h).mul(C::load(xp, h))),
-                    );
+                let xc = &mut below[c * heads..(c + 1) * heads];
+                for ((xc, bc), xp) in xc.iter_mut().zip(row(bhat, c)).zip(xp) {
+                    *xc = xc.add(bc.mul(*xp));
                 }
             }
         }
     }
 }
 
-/// Every sample's sweep, in parallel: (batch, nodes, heads, 2).
+/// Every sample's sweep, in parallel: (batch, nodes, heads, 2). The nodes from `m` on have no
+/// right-hand side in `rhs`: the bias, or zero.
 fn sweep<F: WithDType>(
     tree: &Tree,
     dims: &Dims,
@@ -146,11 +174,12 @@ fn sweep<F: WithDType>(
     let ptr = out.ptr();
     let per = 2 * m * dims.heads;
     let avx2 = has_avx2();
+    let (bias, piv) = (bias.map(cx), cx(piv));
     (0..dims.batch).into_par_iter().for_each(|b| {
         let _ = &ptr;
         // SAFETY: each sample writes its own region.
-        let x = unsafe { SharedOut::row(ptr, b * set, set) };
-        let r = &rhs[b * per..(b + 1) * per];
+        let x = cx_mut(unsafe { SharedOut::row(ptr, b * set, set) });
+        let r = cx(&rhs[b * per..(b + 1) * per]);
         best_simd!(avx2, sweep_sample(tree, dims.heads, (r, m), bias, piv, x));
     });
     // SAFETY: every sample's region was written (sweep_sample writes every node first).
@@ -167,71 +196,75 @@ fn reduce<F: WithDType>(tree: &Tree, dims: &Dims, lam: &[F], x: &[F]) -> (Vec<F>
         leaves,
         ..
     } = *dims;
-    let set = nodes * heads;
-    let mut dcoef = vec![F::zero(); 2 * 2 * set];
+    let set = 2 * nodes * heads;
+    let mut dcoef = vec![F::zero(); 2 * set];
     let mut dbias = vec![F::zero(); 2 * dims.internal().max(1) * heads];
-    let (db_all, dc_all) = dcoef.split_at_mut(2 * set);
-    let bias_rows = dbias.chunks_mut(2 * heads);
-    let avx2 = has_avx2();
-    let node_rows = db_all
-        .par_chunks_mut(2 * heads)
-        .zip(dc_all.par_chunks_mut(2 * heads))
-        .enumerate();
+    let (db_all, dc_all) = dcoef.split_at_mut(set);
     let mut bias_of: Vec<Option<&mut [F]>> = (0..nodes).map(|_| None).collect();
-    for (i, r) in bias_rows.enumerate().take(dims.internal()) {
+    for (i, r) in dbias
+        .chunks_mut(2 * heads)
+        .enumerate()
+        .take(dims.internal())
+    {
         bias_of[leaves + i] = Some(r);
     }
-    node_rows
+    let avx2 = has_avx2();
+    db_all
+        .par_chunks_mut(2 * heads)
+        .zip(dc_all.par_chunks_mut(2 * heads))
         .zip(bias_of.into_par_iter())
-        .for_each(|((v, (db, dc)), dl)| {
-            best_simd!(avx2, reduce_node(tree, v, batch, heads, lam, x, db, dc, dl));
+        .enumerate()
+        .for_each(|(v, ((db, dc), dl))| {
+            let rows = (cx_mut(db), cx_mut(dc), dl.map(cx_mut));
+            best_simd!(avx2, reduce_node(tree, v, batch, heads, (lam, x), rows));
         });
     (dcoef, dbias)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One node's ∂B, ∂C and, for an internal node, ∂bias.
+type NodeGrads<'a, F> = (&'a mut [C<F>], &'a mut [C<F>], Option<&'a mut [C<F>]>);
+
+/// One node's gradients, summed over the batch in order.
 #[inline(always)]
 fn reduce_node<F: WithDType>(
     tree: &Tree,
     v: usize,
     batch: usize,
     heads: usize,
-    lam: &[F],
-    x: &[F],
-    db: &mut [F],
-    dc: &mut [F],
-    dl: Option<&mut [F]>,
+    (lam, x): (&[F], &[F]),
+    (db, dc, dl): NodeGrads<'_, F>,
 ) {
-    let set = tree.len() * heads;
-    let parent = tree.parent(v);
-    let mut acc_b = vec![C::<F>::zero(); heads];
-    let mut acc_c = vec![C::<F>::zero(); heads];
+    let (lam, x) = (cx(lam), cx(x));
+    let row = |s, b, v| row(s, b * tree.len() + v, heads);
     let mut acc_l = vec![C::<F>::zero(); heads];
+    db.fill(C::zero());
+    dc.fill(C::zero());
     for b in 0..batch {
-        let (l, xs) = (
-            &lam[2 * b * set..2 * (b + 1) * set],
-            &x[2 * b * set..2 * (b + 1) * set],
-        );
-        let lv = row(l, v, heads);
-        if let Some(p) = parent {
-            let (xp, lp, xv) = (row(xs, p, heads), row(l, p, heads), row(xs, v, heads));
-            for h in 0..heads {
-                acc_b[h] = acc_b[h].add(C::load(lv, h).mul(C::load(xp, h).conj()));
-                acc_c[h] = acc_c[h].add(C::load(lp, h).mul(C::load(xv, h).conj()));
+        let lv = row(lam, b, v);
+        if let Some(p) = tree.parent(v) {
+            let (xp, lp, xv) = (row(x, b, p), row(lam, b, p), row(x, b, v));
+            let terms = db
+                .iter_mut()
+                .zip(dc.iter_mut())
+                .zip(lv)
+                .zip(xp)
+                .zip(lp)
+                .zip(xv);
+            for (((((db, dc), lv), xp), lp), xv) in terms {
+                *db = db.add(lv.mul(xp.conj()));
+                *dc = dc.add(lp.mul(xv.conj()));
             }
         }
-        for (h, a) in acc_l.iter_mut().enumerate() {
-            *a = a.add(C::load(lv, h));
+        for (a, l) in acc_l.iter_mut().zip(lv) {
+            *a = a.add(*l);
         }
     }
-    for h in 0..heads {
-        C::put(db, h, C::zero().sub(acc_b[h]));
-        C::put(dc, h, C::zero().sub(acc_c[h]));
+    for (db, dc) in db.iter_mut().zip(dc.iter_mut()) {
+        *db = C::zero().sub(*db);
+        *dc = C::zero().sub(*dc);
     }
     if let Some(dl) = dl {
-        for (h, a) in acc_l.iter().enumerate() {
-            C::put(dl, h, *a);
-        }
+        dl.copy_from_slice(&acc_l);
     }
 }
 
