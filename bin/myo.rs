@@ -7,7 +7,7 @@ use candle_core::Device;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use myosotis::bench::{
-    copy_bandwidth, describe, parse_device, BenchReport, ScanBench, StepBench, TreeBench,
+    copy_bandwidth, describe, parse_device, BenchReport, HeadBench, ScanBench, StepBench, TreeBench,
 };
 use myosotis::train::run::{Event, Exec};
 
@@ -228,6 +228,9 @@ enum BenchCmd {
     Scan(ScanArgs),
     /// The Myo tree solve x = T_G⁻¹ u over (batch, heads) trees.
     Tree(TreeArgs),
+    /// The Myo layer's solve (scalar complex heads, unit diagonal, skew couplings) in the
+    /// model's (batch, node, head) layout; the reference is the general tree solve.
+    Heads(HeadArgs),
     /// A training step (forward, loss, backward) of the model `myo train` would build from the
     /// same flags, on random inputs of the task's shape; also the time in its sequence layers.
     Step(Box<StepArgs>),
@@ -297,6 +300,21 @@ struct ScanArgs {
 }
 
 #[derive(Args)]
+struct HeadArgs {
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    #[arg(long, default_value_t = 64)]
+    heads: usize,
+    /// Leaves of the tree (perfect when a power of --arity, else ragged).
+    #[arg(long, default_value_t = 784)]
+    leaves: usize,
+    #[arg(long, default_value_t = 4)]
+    arity: usize,
+    #[command(flatten)]
+    flags: BenchFlags,
+}
+
+#[derive(Args)]
 struct TreeArgs {
     #[arg(long, default_value_t = 16)]
     batch: usize,
@@ -347,7 +365,10 @@ fn print_report(r: &BenchReport) {
         r.median_ms, r.min_ms, r.repeats, r.gbps, r.pct_of_copy, r.copy_gbps
     );
     if let (Some(ref_ms), Some(s)) = (r.reference_median_ms, r.speedup) {
-        println!("  reference  median {ref_ms:>10.3} ms  (plain candle ops)  speed-up {s:.1}x");
+        println!(
+            "  reference  median {ref_ms:>10.3} ms  ({})  speed-up {s:.1}x",
+            r.reference
+        );
     }
     if let Some(note) = &r.reference_note {
         println!("  reference  not timed: {note}");
@@ -464,6 +485,24 @@ fn run() -> Result<()> {
                 };
                 emit(
                     &bench.run(&device).context("tree benchmark failed")?,
+                    a.flags.json,
+                )?;
+            }
+            BenchCmd::Heads(a) => {
+                let device = parse_device(&a.flags.device)?;
+                let bench = HeadBench {
+                    batch: a.batch,
+                    heads: a.heads,
+                    leaves: a.leaves,
+                    arity: a.arity,
+                    backward: a.flags.backward,
+                    dtype: parse_dtype(&a.flags.dtype)?,
+                    warmup: a.flags.warmup,
+                    repeats: a.flags.repeats,
+                    reference: !a.flags.no_reference,
+                };
+                emit(
+                    &bench.run(&device).context("head-solve benchmark failed")?,
                     a.flags.json,
                 )?;
             }

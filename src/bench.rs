@@ -16,8 +16,8 @@ use crate::nn::{
 };
 
 use crate::ops::{
-    linear_scan, linear_scan_backward, linear_scan_reference, tree_solve, tree_solve_backward,
-    tree_solve_reference, ScanOptions, TreeSolveOptions,
+    head_solve, head_solve_backward, linear_scan, linear_scan_backward, linear_scan_reference,
+    tree_solve, tree_solve_backward, tree_solve_reference, ScanOptions, TreeSolveOptions,
 };
 use crate::tree::Tree;
 
@@ -128,6 +128,8 @@ pub struct BenchReport {
     /// gbps / copy_gbps × 100.
     pub pct_of_copy: f64,
     pub reference_median_ms: Option<f64>,
+    /// What the reference is.
+    pub reference: &'static str,
     pub speedup: Option<f64>,
     /// Why no reference was timed, when none was.
     pub reference_note: Option<String>,
@@ -138,6 +140,8 @@ struct Measured {
     ours: Timing,
     bytes: u64,
     reference_ms: Option<f64>,
+    /// What the reference is.
+    reference: &'static str,
     reference_note: Option<String>,
     /// Elements (f32) of the copy used to measure the copy bandwidth.
     copy_elems: usize,
@@ -171,6 +175,7 @@ impl BenchReport {
             pct_of_copy: 100.0 * gbps / copy_gbps,
             reference_median_ms: m.reference_ms,
             speedup: m.reference_ms.map(|r| r / m.ours.median_ms),
+            reference: m.reference,
             reference_note: m.reference_note,
         })
     }
@@ -286,6 +291,7 @@ impl ScanBench {
             ours,
             bytes: self.bytes(),
             reference_ms,
+            reference: "plain candle ops",
             reference_note: None,
             copy_elems: b.elem_count(),
         };
@@ -435,10 +441,122 @@ impl TreeBench {
             ours,
             bytes: self.bytes(tree.len()),
             reference_ms,
+            reference: "plain candle ops",
             reference_note,
             copy_elems: u.elem_count().max(1 << 20),
         };
         BenchReport::new("tree", device, shape, self.backward, self, self.repeats, m)
+    }
+}
+
+/// Shape of a benchmark of the Myo layer's solve ([`head_solve`]): skew couplings (the layer's
+/// default) over a ragged tree, inputs on the leaves.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeadBench {
+    pub batch: usize,
+    pub heads: usize,
+    pub leaves: usize,
+    pub arity: usize,
+    pub backward: bool,
+    #[serde(serialize_with = "ser_dtype")]
+    pub dtype: DType,
+    pub warmup: usize,
+    pub repeats: usize,
+    pub reference: bool,
+}
+
+impl HeadBench {
+    /// Bytes the timed unit must move at the least. Forward: read u, the bias, B and C; write
+    /// x. Backward: read ∂x, x, B and C; write ∂u, ∂bias, ∂B and ∂C.
+    pub fn bytes(&self, tree: &Tree) -> u64 {
+        let cx = 2 * self.dtype.size_in_bytes() * self.heads;
+        let (n, internal) = (tree.len(), tree.len() - tree.leaves());
+        let (u, x) = (self.batch * tree.leaves() * cx, self.batch * n * cx);
+        let (bias, coef) = (internal * cx, 2 * n * cx);
+        let fwd = u + bias + coef + x;
+        let bwd = 2 * x + coef + u + bias + coef;
+        (if self.backward { fwd + bwd } else { fwd }) as u64
+    }
+
+    /// Runs the benchmark on `device`. The reference is the general [`tree_solve`] as the layer
+    /// would call it in that op's layout: u transposed to (batch, heads, nodes) with the bias
+    /// concatenated, A = 1 stacked, x transposed back (autograd for the backward).
+    pub fn run(&self, device: &Device) -> Result<BenchReport> {
+        let tree = Tree::ragged(self.leaves, self.arity)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let (b, h, n, l) = (self.batch, self.heads, tree.len(), tree.leaves());
+        let rand = |shape: &[usize]| {
+            Tensor::rand(-1f32, 1f32, shape, device).and_then(|t| t.to_dtype(self.dtype))
+        };
+        let (u, bias, z) = (
+            rand(&[b, l, h, 2])?,
+            rand(&[n - l, h, 2])?,
+            rand(&[n, h, 2])?,
+        );
+        let signs = Tensor::new(&[1f32, -1.], device)?.to_dtype(self.dtype)?;
+        let (cb, cc) = (z.neg()?, z.broadcast_mul(&signs)?);
+        let g = rand(&[b, n, h, 2])?;
+        let ours = time_median(device, self.warmup, self.repeats, || {
+            let x = head_solve(&tree, &u, &bias, &cb, &cc)?;
+            if self.backward {
+                head_solve_backward(&tree, &u, &bias, &cb, &cc, &x, &g)?;
+            }
+            Ok(())
+        })?;
+        let reference_ms = if self.reference {
+            let (vu, vbias, vb, vc) = (
+                Var::from_tensor(&u)?,
+                Var::from_tensor(&bias)?,
+                Var::from_tensor(&cb)?,
+                Var::from_tensor(&cc)?,
+            );
+            let by_head = |t: &Tensor| t.transpose(0, 1)?.reshape((h, n, 1, 1, 2));
+            let ones = Tensor::ones((h, n, 1), self.dtype, device)?;
+            let a = Tensor::cat(&[&ones, &ones.zeros_like()?], 2)?.reshape((h, n, 1, 1, 2))?;
+            Some(time_reference(device, || {
+                let virt = vbias.as_tensor().transpose(0, 1)?.unsqueeze(0)?;
+                let full = Tensor::cat(
+                    &[
+                        vu.as_tensor().transpose(1, 2)?,
+                        virt.broadcast_as((b, h, n - l, 2))?,
+                    ],
+                    2,
+                )?
+                .reshape((b, h, n, 1, 1, 2))?;
+                let opts = TreeSolveOptions { complex: true };
+                let x = tree_solve(
+                    &tree,
+                    &a,
+                    &by_head(vb.as_tensor())?,
+                    &by_head(vc.as_tensor())?,
+                    &full,
+                    opts,
+                )?
+                .reshape((b, h, n, 2))?
+                .transpose(1, 2)?
+                .contiguous()?;
+                if self.backward {
+                    (x * &g)?.sum_all()?.backward()?;
+                }
+                Ok(())
+            })?)
+        } else {
+            None
+        };
+        let shape = format!(
+            "(batch {b}, heads {h}, {l} leaves, {}-ary, {n} nodes) {} complex, skew couplings",
+            self.arity,
+            self.dtype.as_str()
+        );
+        let m = Measured {
+            ours,
+            bytes: self.bytes(&tree),
+            reference_ms,
+            reference: "the general tree_solve in its layout",
+            reference_note: None,
+            copy_elems: g.elem_count().max(1 << 20),
+        };
+        BenchReport::new("heads", device, shape, self.backward, self, self.repeats, m)
     }
 }
 
