@@ -449,7 +449,7 @@ impl TreeBench {
     }
 }
 
-/// Shape of a benchmark of the Myo layer's solve ([`head_solve`]): skew couplings (the layer's
+/// Shape of a benchmark of the Myo layer's solve ([`head_solve()`]): skew couplings (the layer's
 /// default) over a ragged tree, inputs on the leaves.
 #[derive(Debug, Clone, Serialize)]
 pub struct HeadBench {
@@ -478,7 +478,7 @@ impl HeadBench {
         (if self.backward { fwd + bwd } else { fwd }) as u64
     }
 
-    /// Runs the benchmark on `device`. The reference is the general [`tree_solve`] as the layer
+    /// Runs the benchmark on `device`. The reference is the general [`tree_solve()`] as the layer
     /// would call it in that op's layout: u transposed to (batch, heads, nodes) with the bias
     /// concatenated, A = 1 stacked, x transposed back (autograd for the backward).
     pub fn run(&self, device: &Device) -> Result<BenchReport> {

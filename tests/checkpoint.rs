@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use common::to_vec;
+use common::{randn, to_vec};
 use myosotis::nn::{S5Config, S5};
 use myosotis::train::checkpoint::{load_into, read, save, save_tensors};
 
@@ -40,6 +40,7 @@ fn model(cfg: &S5Config) -> (VarMap, S5) {
 
 #[test]
 fn round_trip_reproduces_outputs_exactly() {
+    let (mut rng, _) = common::seeded_rng("round_trip_reproduces_outputs_exactly", 131);
     let d = dir("roundtrip");
     let path = d.join("model.safetensors");
     let (varmap, layer) = model(&cfg());
@@ -52,7 +53,7 @@ fn round_trip_reproduces_outputs_exactly() {
         ..ck.config.clone()
     });
     load_into(&varmap2, &ck.tensors, &path).unwrap();
-    let u = Tensor::randn(0f32, 1., (2, 11, 3), &Device::Cpu).unwrap();
+    let u = randn(&mut rng, &[2, 11, 3], DType::F32, &Device::Cpu);
     assert_eq!(
         to_vec(&layer.forward(&u).unwrap()),
         to_vec(&layer2.forward(&u).unwrap())
@@ -70,6 +71,26 @@ fn round_trip_reproduces_outputs_exactly() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(left.len(), 1, "{left:?}");
+}
+
+/// The same model and config always give the same bytes (the metadata of the safetensors
+/// header would otherwise follow a hash map's order, which changes from map to map).
+#[test]
+fn checkpoints_of_the_same_model_are_the_same_bytes() {
+    let d = dir("bytes");
+    let (varmap, _) = model(&cfg());
+    let files: Vec<Vec<u8>> = (0..8)
+        .map(|i| {
+            let path = d.join(format!("model{i}.safetensors"));
+            save(&varmap, &cfg(), &path).unwrap();
+            std::fs::read(&path).unwrap()
+        })
+        .collect();
+    for (i, f) in files.iter().enumerate() {
+        assert!(f == &files[0], "save {i} differs from save 0");
+    }
+    // And they still read back.
+    read::<S5Config>(&d.join("model7.safetensors")).unwrap();
 }
 
 fn expect_err(path: &Path, varmap: &VarMap, needles: &[&str]) {

@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
-use common::{assert_all_gradients, to_vec};
+use common::{assert_all_gradients, randn, to_vec};
 use myosotis::nn::*;
 use myosotis::train::checkpoint;
 
@@ -95,8 +95,9 @@ fn build(cfg: &ClassifierConfig) -> (VarMap, SequenceClassifier) {
 
 #[test]
 fn every_parameter_gets_a_finite_nonzero_gradient() {
+    let (mut rng, _) = common::seeded_rng("every_parameter_gets_a_finite_nonzero_gradient", 132);
     let len = 16;
-    let x = Tensor::randn(0f32, 1., (5, len, 2), &Device::Cpu).unwrap();
+    let x = randn(&mut rng, &[5, len, 2], DType::F32, &Device::Cpu);
     let target = Tensor::new(&[0u32, 1, 2, 3, 1], &Device::Cpu).unwrap();
     for layer in layer_kinds(len) {
         for (activation, norm) in [
@@ -131,10 +132,11 @@ fn every_parameter_gets_a_finite_nonzero_gradient() {
 
 #[test]
 fn checkpoint_round_trip_reproduces_outputs() {
+    let (mut rng, _) = common::seeded_rng("checkpoint_round_trip_reproduces_outputs", 133);
     let len = 16;
     let dir = std::env::temp_dir().join(format!("myosotis-classifier-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let x = Tensor::randn(0f32, 1., (3, len, 2), &Device::Cpu).unwrap();
+    let x = randn(&mut rng, &[3, len, 2], DType::F32, &Device::Cpu);
     for layer in layer_kinds(len) {
         let cfg = config(layer, Activation::HalfGlu1, NormKind::Batch, Pooling::Mean);
         let (varmap, model) = build(&cfg);
@@ -153,6 +155,7 @@ fn checkpoint_round_trip_reproduces_outputs() {
 
 #[test]
 fn masked_pooling_ignores_padding() {
+    let (mut rng, _) = common::seeded_rng("masked_pooling_ignores_padding", 134);
     // A causal model (unidirectional S5): steps after a sequence's length cannot change it.
     let layer = SeqLayerConfig::S5(S5Config {
         state: 8,
@@ -166,9 +169,9 @@ fn masked_pooling_ignores_padding() {
             ..config(layer.clone(), Activation::Gelu, NormKind::Layer, pooling)
         };
         let (_, model) = build(&cfg);
-        let x = Tensor::randn(0f32, 1., (2, 10, 2), &Device::Cpu).unwrap();
+        let x = randn(&mut rng, &[2, 10, 2], DType::F32, &Device::Cpu);
         let lengths = Tensor::new(&[6u32, 10], &Device::Cpu).unwrap();
-        let noise = Tensor::randn(0f32, 1., (2, 4, 2), &Device::Cpu).unwrap();
+        let noise = randn(&mut rng, &[2, 4, 2], DType::F32, &Device::Cpu);
         let x2 = Tensor::cat(&[x.narrow(1, 0, 6).unwrap(), noise], 1).unwrap();
         let a = to_vec(
             &model
@@ -230,8 +233,12 @@ fn token_encoder_and_myo_root_pooling() {
 
 #[test]
 fn dropout_masks_are_a_function_of_the_key_and_the_batch_row() {
+    let (mut rng, _) = common::seeded_rng(
+        "dropout_masks_are_a_function_of_the_key_and_the_batch_row",
+        135,
+    );
     let len = 16;
-    let x = Tensor::randn(0f32, 1., (5, len, 2), &Device::Cpu).unwrap();
+    let x = randn(&mut rng, &[5, len, 2], DType::F32, &Device::Cpu);
     for layer in layer_kinds(len) {
         let mut cfg = config(layer, Activation::HalfGlu2, NormKind::Layer, Pooling::Mean);
         cfg.dropout = 0.5;
@@ -260,8 +267,9 @@ fn dropout_masks_are_a_function_of_the_key_and_the_batch_row() {
 
 #[test]
 fn batch_norm_running_averages_decay_by_bn_momentum() {
+    let (mut rng, _) = common::seeded_rng("batch_norm_running_averages_decay_by_bn_momentum", 136);
     let len = 8;
-    let x = Tensor::randn(0f32, 1., (4, len, 2), &Device::Cpu).unwrap();
+    let x = randn(&mut rng, &[4, len, 2], DType::F32, &Device::Cpu);
     let running_mean = |m: f64| {
         let mut cfg = config(
             layer_kinds(len)[0].clone(),

@@ -2,9 +2,9 @@
 
 mod common;
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Module};
 use candle_nn::{VarBuilder, VarMap};
-use common::{rel_err, to_vec};
+use common::{randn, rel_err, to_vec};
 use myosotis::nn::{MinGru, MinGruConfig};
 
 fn weights(varmap: &VarMap, name: &str) -> Vec<f64> {
@@ -13,6 +13,7 @@ fn weights(varmap: &VarMap, name: &str) -> Vec<f64> {
 
 #[test]
 fn equals_the_sequential_definition() {
+    let (mut rng, _) = common::seeded_rng("equals_the_sequential_definition", 137);
     for tanh_impulse in [false, true] {
         let cfg = MinGruConfig {
             d_model: 3,
@@ -27,7 +28,7 @@ fn equals_the_sequential_definition() {
         )
         .unwrap();
         let (batch, len) = (2, 70);
-        let x = Tensor::randn(0f64, 1., (batch, len, 3), &Device::Cpu).unwrap();
+        let x = randn(&mut rng, &[batch, len, 3], DType::F64, &Device::Cpu);
         let got = to_vec(&layer.forward(&x).unwrap());
         let xs = to_vec(&x);
         let (wz, bz, wh, bh) = (

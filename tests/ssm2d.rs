@@ -2,13 +2,14 @@
 
 mod common;
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Module};
 use candle_nn::{VarBuilder, VarMap};
-use common::{rel_err, to_vec};
+use common::{randn, rel_err, to_vec};
 use myosotis::nn::{Ssm2d, Ssm2dConfig};
 
 #[test]
 fn equals_a_direct_two_dimensional_recurrence() {
+    let (mut rng, _) = common::seeded_rng("equals_a_direct_two_dimensional_recurrence", 142);
     for directions in [1, 2, 4] {
         let (h, n, rows, cols, batch) = (2, 3, 4, 5, 2);
         let cfg = Ssm2dConfig {
@@ -25,7 +26,7 @@ fn equals_a_direct_two_dimensional_recurrence() {
             VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu),
         )
         .unwrap();
-        let x = Tensor::randn(0f64, 1., (batch, rows * cols, h), &Device::Cpu).unwrap();
+        let x = randn(&mut rng, &[batch, rows * cols, h], DType::F64, &Device::Cpu);
         let got = to_vec(&layer.forward(&x).unwrap());
         let xs = to_vec(&x);
         let p = |name: &str| to_vec(varmap.data().lock().unwrap()[name].as_tensor());

@@ -50,6 +50,17 @@ pub fn save_tensors<C: Serialize>(
         (CONFIG_KEY.to_string(), config),
         (FORMAT_KEY.to_string(), FORMAT.to_string()),
     ]);
+    write_safetensors(tensors, metadata, path)
+}
+
+/// Writes named tensors and metadata to the safetensors file `path` atomically (a temporary
+/// file in the same directory, then a rename; the temporary file is removed on failure), the
+/// same tensors and metadata always as the same bytes.
+pub(crate) fn write_safetensors(
+    tensors: &[(String, Tensor)],
+    metadata: HashMap<String, String>,
+    path: &Path,
+) -> Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -62,12 +73,12 @@ pub fn save_tensors<C: Serialize>(
         name.to_string_lossy(),
         std::process::id()
     ));
-    let written = safetensors::serialize_to_file(
-        tensors.iter().map(|(k, t)| (k.as_str(), t)),
-        Some(metadata),
-        &tmp,
-    )
-    .with_context(|| format!("writing checkpoint {}", tmp.display()));
+    let named = tensors.iter().map(|(k, t)| (k.as_str(), t));
+    let written = safetensors::serialize(named, Some(metadata))
+        .map_err(anyhow::Error::from)
+        .and_then(canonical_header)
+        .and_then(|bytes| Ok(std::fs::write(&tmp, bytes)?))
+        .with_context(|| format!("writing {}", tmp.display()));
     if let Err(e) = written.and_then(|_| {
         std::fs::rename(&tmp, path)
             .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
@@ -76,6 +87,25 @@ pub fn save_tensors<C: Serialize>(
         return Err(e);
     }
     Ok(())
+}
+
+/// The safetensors file `bytes` with its JSON header's keys (tensor names, and the metadata's
+/// keys inside `__metadata__`) in sorted order, so that the same tensors and metadata always give
+/// the same bytes: the writer emits the metadata in a hash map's order, which varies from run to
+/// run. Sorting keeps the header's length, so the data offsets and the padding stand.
+fn canonical_header(mut bytes: Vec<u8>) -> Result<Vec<u8>> {
+    let bad = || anyhow::anyhow!("internal error: the safetensors writer produced no header");
+    let n = u64::from_le_bytes(bytes.get(..8).ok_or_else(bad)?.try_into()?) as usize;
+    let header = bytes.get(8..8 + n).ok_or_else(bad)?;
+    // serde_json's maps are ordered by key.
+    let value: serde_json::Value = serde_json::from_slice(header)?;
+    let sorted = serde_json::to_vec(&value)?;
+    if sorted.len() > n {
+        bail!("internal error: the sorted safetensors header grew");
+    }
+    bytes[8..8 + sorted.len()].copy_from_slice(&sorted);
+    bytes[8 + sorted.len()..8 + n].fill(b' ');
+    Ok(bytes)
 }
 
 /// A checkpoint read from disk: its config and tensors (on the CPU).

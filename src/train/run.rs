@@ -575,14 +575,7 @@ pub fn train(
         progress.seconds = seconds;
         checkpoint::save(&varmap, cfg, &last)?;
         let meta = HashMap::from([(PROGRESS_KEY.to_string(), serde_json::to_string(&progress)?)]);
-        let state = opt.state()?;
-        let tmp = out.join(".last.optim.safetensors.tmp");
-        safetensors::serialize_to_file(
-            state.iter().map(|(k, t)| (k.as_str(), t)),
-            Some(meta),
-            &tmp,
-        )?;
-        std::fs::rename(&tmp, &last_optim)?;
+        checkpoint::write_safetensors(&opt.state()?, meta, &last_optim)?;
         on_event(Event::EpochEnd {
             epoch: epoch + 1,
             train: tr,

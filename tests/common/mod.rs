@@ -47,13 +47,6 @@ pub fn gpu(test: &str) -> Option<Device> {
     }
 }
 
-/// A fresh seed per run (printed on failure), so every run checks new inputs.
-pub fn fresh_rng(test: &str) -> (StdRng, u64) {
-    let seed: u64 = rand::rng().random();
-    eprintln!("{test}: seed {seed}");
-    (StdRng::seed_from_u64(seed), seed)
-}
-
 /// A generator seeded with `MYO_TEST_SEED` when set (to explore other inputs), else with
 /// `default`, so that a run is reproducible; the seed is printed for a failing run to repeat.
 pub fn seeded_rng(test: &str, default: u64) -> (StdRng, u64) {
@@ -65,6 +58,32 @@ pub fn seeded_rng(test: &str, default: u64) -> (StdRng, u64) {
     };
     eprintln!("{test}: seed {seed}");
     (StdRng::seed_from_u64(seed), seed)
+}
+
+/// A tensor of standard normal values drawn from `rng` (Box–Muller in f64, then `dtype`), so
+/// that tests seeded by [`seeded_rng`] are reproducible (candle's own `randn` on the CPU is not
+/// seeded).
+pub fn randn(rng: &mut StdRng, shape: &[usize], dtype: DType, dev: &Device) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n)
+        .map(|_| {
+            let (u1, u2): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
+            (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        })
+        .collect();
+    tensor(&v, shape, dtype, dev)
+}
+
+/// A tensor of values uniform in [lo, hi) drawn from `rng`.
+pub fn rand_uniform(
+    rng: &mut StdRng,
+    (lo, hi): (f64, f64),
+    shape: &[usize],
+    dtype: DType,
+    dev: &Device,
+) -> Tensor {
+    let n: usize = shape.iter().product();
+    tensor(&uniform(rng, n, lo, hi), shape, dtype, dev)
 }
 
 /// One scan case: shapes and options.

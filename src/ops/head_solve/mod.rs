@@ -2,7 +2,7 @@
 //!
 //! Per head h, T_G has the sparsity of a rooted [`Tree`] with a unit diagonal, B_v at (row v,
 //! column parent(v)) and C_v at (row parent(v), column v); the root's B and C are unused. It is
-//! the case of [`tree_solve`](crate::ops::tree_solve) that the layer runs (d = 1, A = 1, one
+//! the case of [`tree_solve`](crate::ops::tree_solve()) that the layer runs (d = 1, A = 1, one
 //! right-hand side, coefficients shared by the batch), with tensors in the layout the layer's
 //! projections produce and consume, so that no transposed copy surrounds the solve:
 //! * u: (batch, m, heads, 2): the right-hand sides of the first m nodes (m = the leaves, or all
