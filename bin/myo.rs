@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use myosotis::bench::{
     copy_bandwidth, describe, parse_device, BenchReport, HeadBench, ScanBench, StepBench, TreeBench,
 };
-use myosotis::train::run::{Event, Exec};
+use myosotis::train::run::{Event, Exec, Start};
 
 #[derive(Parser)]
 #[command(
@@ -82,13 +82,19 @@ struct TrainArgs {
     batch_size: Option<usize>,
     #[arg(long, default_value = "cpu")]
     device: String,
-    #[arg(long, default_value = "runs/latest")]
-    out: std::path::PathBuf,
+    /// Output folder. A folder that holds a run needs --resume or --overwrite; the default,
+    /// runs/latest, is replaced by each run that leaves --out unset. [default: runs/latest]
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Continue the run in --out from its last checkpoint.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
+    /// Delete the run files that --out holds (checkpoints, metrics, config, curves) and start a
+    /// new run there.
+    #[arg(long)]
+    overwrite: bool,
     /// Width H. [default: 64]
     #[arg(long)]
     d_model: Option<usize>,
@@ -553,81 +559,81 @@ fn run() -> Result<()> {
             let cfg = run_config(&a)?;
             let mut bar: Option<ProgressBar> = None;
             let mut seen = (0usize, 0.0f64, 0usize);
-            let summary = myosotis::train::run::train(
-                &cfg,
-                &a.out,
-                &exec,
-                a.resume,
-                |ev| match ev {
-                    Event::EpochStart {
-                        epoch,
-                        epochs,
-                        samples,
-                        ..
-                    } => {
-                        let b = ProgressBar::new(samples as u64)
-                            .with_prefix(format!("epoch {epoch}/{epochs}"));
-                        b.set_style(
-                            ProgressStyle::with_template(
-                                "{prefix} [{bar:30}] {pos}/{len} {msg} {per_sec} ETA {eta}",
-                            )
-                            .expect("valid template")
-                            .progress_chars("=> "),
-                        );
-                        bar = Some(b);
-                        seen = (0, 0.0, 0);
+            let out = a.out.clone().unwrap_or_else(|| "runs/latest".into());
+            let start = match (a.resume, a.overwrite || a.out.is_none()) {
+                (true, _) => Start::Resume,
+                (false, true) => Start::Replace,
+                (false, false) => Start::New,
+            };
+            let summary = myosotis::train::run::train(&cfg, &out, &exec, start, |ev| match ev {
+                Event::EpochStart {
+                    epoch,
+                    epochs,
+                    samples,
+                    ..
+                } => {
+                    let b = ProgressBar::new(samples as u64)
+                        .with_prefix(format!("epoch {epoch}/{epochs}"));
+                    b.set_style(
+                        ProgressStyle::with_template(
+                            "{prefix} [{bar:30}] {pos}/{len} {msg} {per_sec} ETA {eta}",
+                        )
+                        .expect("valid template")
+                        .progress_chars("=> "),
+                    );
+                    bar = Some(b);
+                    seen = (0, 0.0, 0);
+                }
+                Event::Batch {
+                    samples,
+                    loss,
+                    correct,
+                } => {
+                    seen = (
+                        seen.0 + samples,
+                        seen.1 + loss * samples as f64,
+                        seen.2 + correct,
+                    );
+                    if let Some(b) = &bar {
+                        b.inc(samples as u64);
+                        b.set_message(format!(
+                            "loss {:.4} acc {:.3}",
+                            seen.1 / seen.0 as f64,
+                            seen.2 as f64 / seen.0 as f64
+                        ));
                     }
-                    Event::Batch {
-                        samples,
-                        loss,
-                        correct,
-                    } => {
-                        seen = (
-                            seen.0 + samples,
-                            seen.1 + loss * samples as f64,
-                            seen.2 + correct,
-                        );
-                        if let Some(b) = &bar {
-                            b.inc(samples as u64);
-                            b.set_message(format!(
-                                "loss {:.4} acc {:.3}",
-                                seen.1 / seen.0 as f64,
-                                seen.2 as f64 / seen.0 as f64
-                            ));
-                        }
+                }
+                Event::Evaluating { split } => {
+                    if let Some(b) = &bar {
+                        b.set_message(format!("evaluating {split}"));
                     }
-                    Event::Evaluating { split } => {
-                        if let Some(b) = &bar {
-                            b.set_message(format!("evaluating {split}"));
-                        }
+                }
+                Event::EpochEnd {
+                    epoch,
+                    train,
+                    val,
+                    test,
+                    seconds,
+                } => {
+                    if let Some(b) = bar.take() {
+                        b.finish_and_clear();
                     }
-                    Event::EpochEnd {
-                        epoch,
-                        train,
-                        val,
-                        test,
-                        seconds,
-                    } => {
-                        if let Some(b) = bar.take() {
-                            b.finish_and_clear();
-                        }
-                        let test = test
-                            .map(|t| format!("  test acc {:.4} (new best val)", t.accuracy))
-                            .unwrap_or_default();
-                        eprintln!(
+                    let test = test
+                        .map(|t| format!("  test acc {:.4} (new best val)", t.accuracy))
+                        .unwrap_or_default();
+                    eprintln!(
                             "epoch {epoch:>3}/{}  train loss {:.4} acc {:.4}  val loss {:.4} acc {:.4}{test}  [{seconds:.0} s]",
                             cfg.epochs, train.loss, train.accuracy, val.loss, val.accuracy
                         );
-                        tracing::info!(
-                            epoch,
-                            train_loss = train.loss,
-                            val_accuracy = val.accuracy,
-                            seconds,
-                            "epoch done"
-                        );
-                    }
-                },
-            )?;
+                    tracing::info!(
+                        epoch,
+                        train_loss = train.loss,
+                        val_accuracy = val.accuracy,
+                        seconds,
+                        "epoch done"
+                    );
+                }
+            })?;
             println!(
                 "done: {} epochs, {} steps in {:.0} s; best val accuracy {:.4} (epoch {}), test accuracy {:.4}; outputs in {}",
                 summary.epochs,
@@ -636,7 +642,7 @@ fn run() -> Result<()> {
                 summary.best_val_accuracy,
                 summary.best_epoch,
                 summary.test_accuracy,
-                a.out.display()
+                out.display()
             );
         }
         Command::Eval {

@@ -136,11 +136,11 @@ want train && for r in "${runs[@]}"; do
   out=$work/runs/$tag
   # shellcheck disable=SC2086
   timeout 100 "$bin/myo" train $flags --device cuda --epochs 2 --max-train-samples 3200 \
-    --max-eval-samples 500 --out "$out" >"$report/train-$tag.log" 2>&1
+    --max-eval-samples 500 --out "$out" --overwrite >"$report/train-$tag.log" 2>&1
   rc=$?
   # shellcheck disable=SC2086
   timeout 60 "$bin/myo" train $flags --device cpu --epochs 1 --max-train-samples 640 \
-    --max-eval-samples 32 --out "$out-cpu" >"$report/train-$tag-cpu.log" 2>&1
+    --max-eval-samples 32 --out "$out-cpu" --overwrite >"$report/train-$tag-cpu.log" 2>&1
   if [ $rc -ne 0 ] || [ ! -f "$out/metrics.jsonl" ]; then
     status=1
     echo "| $model | $task | failed (exit $rc): $(tail -1 "$report/train-$tag.log") | | | |" >>"$report/report.md"

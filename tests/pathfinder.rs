@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 use myosotis::data::pathfinder::{locate, read_pathfinder, DIFFICULTY};
 use myosotis::nn::*;
-use myosotis::train::run::{eval_checkpoint, train, Exec, ImageTask, RunConfig, TaskConfig};
+use myosotis::train::run::{eval_checkpoint, train, Exec, ImageTask, RunConfig, Start, TaskConfig};
 use rand::{Rng, SeedableRng};
 
 fn tmp(name: &str) -> PathBuf {
@@ -169,7 +169,7 @@ fn pathfinder_trains_and_evaluates() {
         warmup_epochs: None,
     };
     let out = tmp("train-out");
-    let summary = train(&cfg, &out, &Exec::on(&Device::Cpu), false, |_| {}).unwrap();
+    let summary = train(&cfg, &out, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();
     // 200 images: 160 / 20 / 20; brightness separates the classes.
     assert!(summary.test_accuracy > 0.75, "{}", summary.test_accuracy);
     let e = eval_checkpoint(&out.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();

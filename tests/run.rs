@@ -5,7 +5,7 @@
 use candle_core::Device;
 use myosotis::nn::*;
 use myosotis::train::optim::OptimConfig;
-use myosotis::train::run::{eval_checkpoint, train, Event, Exec, RunConfig, TaskConfig};
+use myosotis::train::run::{eval_checkpoint, train, Event, Exec, RunConfig, Start, TaskConfig};
 
 fn config(epochs: usize) -> RunConfig {
     RunConfig {
@@ -78,13 +78,19 @@ fn metrics(dir: &std::path::Path) -> Vec<serde_json::Value> {
 #[test]
 fn tiny_run_writes_outputs_and_eval_reproduces_its_accuracy() {
     let dir = out("tiny");
-    let summary = train(&config(6), &dir, &Exec::on(&Device::Cpu), false, |_| {}).unwrap();
+    let summary = train(
+        &config(6),
+        &dir,
+        &Exec::on(&Device::Cpu),
+        Start::New,
+        |_| {},
+    )
+    .unwrap();
     for f in [
         "config.json",
         "metrics.jsonl",
         "best.safetensors",
         "last.safetensors",
-        "last.optim.safetensors",
     ] {
         assert!(dir.join(f).exists(), "{f} missing");
     }
@@ -104,12 +110,25 @@ fn tiny_run_writes_outputs_and_eval_reproduces_its_accuracy() {
             assert!(!r[key].is_null(), "{key} missing in {r}");
         }
     }
+    // The folder now holds a run: a new one there is refused unless it replaces it.
+    let cpu = Exec::on(&Device::Cpu);
+    let err = train(&config(1), &dir, &cpu, Start::New, |_| {}).unwrap_err();
+    assert!(err.to_string().contains("already holds a run"), "{err}");
     let e = eval_checkpoint(&dir.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();
     assert!(
         (e.accuracy - summary.test_accuracy).abs() < 1e-12,
         "eval {} vs run {}",
         e.accuracy,
         summary.test_accuracy
+    );
+    let replaced = train(&config(1), &dir, &cpu, Start::Replace, |_| {}).unwrap();
+    assert_eq!(replaced.epochs, 1);
+    assert_eq!(
+        metrics(&dir)
+            .iter()
+            .filter(|r| r["split"] == "train")
+            .count(),
+        1
     );
 }
 
@@ -127,11 +146,11 @@ fn resumed_run_equals_the_uninterrupted_run() {
         c.model.dropout = 0.2;
         c
     };
-    train(&config(4), &a, &two, false, |_| {}).unwrap();
+    train(&config(4), &a, &two, Start::New, |_| {}).unwrap();
     // Interrupt after two epochs: a run asked for 4 epochs that stops early.
     let mut stop = 0;
     let interrupted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        train(&config(4), &b, &two, false, |ev| {
+        train(&config(4), &b, &two, Start::New, |ev| {
             if let Event::EpochEnd { epoch, .. } = ev {
                 stop = epoch;
                 if epoch == 2 {
@@ -141,7 +160,7 @@ fn resumed_run_equals_the_uninterrupted_run() {
         })
     }));
     assert!(interrupted.is_err() && stop == 2);
-    train(&config(4), &b, &two, true, |_| {}).unwrap();
+    train(&config(4), &b, &two, Start::Resume, |_| {}).unwrap();
     let strip = |v: Vec<serde_json::Value>| -> Vec<(String, String, String)> {
         v.into_iter()
             .map(|r| {
@@ -154,25 +173,20 @@ fn resumed_run_equals_the_uninterrupted_run() {
             .collect()
     };
     assert_eq!(strip(metrics(&a)), strip(metrics(&b)));
-    // The same parameters (file bytes differ only in the order of the metadata map).
-    let (ta, tb) = (
-        candle_core::safetensors::load(a.join("last.safetensors"), &Device::Cpu).unwrap(),
-        candle_core::safetensors::load(b.join("last.safetensors"), &Device::Cpu).unwrap(),
-    );
-    assert_eq!(ta.len(), tb.len());
-    for (name, t) in &ta {
-        let flat = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(flat(t), flat(&tb[name]), "{name}");
-    }
+    // The same checkpoint, to the byte.
+    let bytes = |d: &std::path::Path| std::fs::read(d.join("last.safetensors")).unwrap();
+    assert!(bytes(&a) == bytes(&b), "last.safetensors differs");
     // A different configuration cannot resume this run.
     let other = RunConfig {
         batch_size: 8,
         ..config(4)
     };
-    assert!(train(&other, &b, &Exec::on(&Device::Cpu), true, |_| {})
-        .unwrap_err()
-        .to_string()
-        .contains("different configuration"));
+    assert!(
+        train(&other, &b, &Exec::on(&Device::Cpu), Start::Resume, |_| {})
+            .unwrap_err()
+            .to_string()
+            .contains("different configuration")
+    );
 }
 
 /// Synthetic MNIST IDX files: class k has pixels around brightness 22k, plus noise (a task any
@@ -240,7 +254,7 @@ fn image_tasks_train_from_idx_files() {
         cfg.model.encoder = EncoderConfig::Linear { features: 1 };
         cfg.model.layer = layer;
         let dir = out(&format!("{task:?}"));
-        let summary = train(&cfg, &dir, &Exec::on(&Device::Cpu), false, |_| {}).unwrap();
+        let summary = train(&cfg, &dir, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();
         eprintln!("{task:?}: test accuracy {}", summary.test_accuracy);
         assert!(
             summary.test_accuracy > 0.3,

@@ -9,6 +9,10 @@
 //!   save never leaves a truncated checkpoint in place of a good one.
 //! * Loading checks the file against the model: a missing, extra or mis-shaped tensor, a file
 //!   that is not safetensors, or one without a config is an error naming the file and tensor.
+//! * A run's `last.safetensors` also holds what resuming needs, so that one rename commits it
+//!   all: the optimiser's state as tensors named [`OPTIMIZER_PREFIX`]`…` (set apart by
+//!   [`read`]; a model never loads them) and more metadata (the run's progress).
+//! * The same tensors and metadata always give the same bytes.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -25,8 +29,24 @@ pub const CONFIG_KEY: &str = "myosotis.config";
 pub const FORMAT_KEY: &str = "myosotis.format";
 const FORMAT: &str = "1";
 
+/// Names of the optimiser's tensors in a resumable checkpoint start with this (model variables
+/// never contain a `/`).
+pub const OPTIMIZER_PREFIX: &str = "optimizer/";
+
 /// Saves every variable of `varmap` and `config` (as JSON metadata) to `path`, atomically.
 pub fn save<C: Serialize>(varmap: &VarMap, config: &C, path: &Path) -> Result<()> {
+    save_resumable(varmap, config, &[], &[], path)
+}
+
+/// [`save`] with the optimiser's state (stored under [`OPTIMIZER_PREFIX`]) and more metadata
+/// entries, in the same file and the same atomic write.
+pub fn save_resumable<C: Serialize>(
+    varmap: &VarMap,
+    config: &C,
+    optimizer: &[(String, Tensor)],
+    metadata: &[(&str, String)],
+    path: &Path,
+) -> Result<()> {
     let tensors: Vec<(String, Tensor)> = {
         let data = varmap.data().lock().expect("varmap lock");
         let mut named: Vec<(String, Tensor)> = data
@@ -36,7 +56,20 @@ pub fn save<C: Serialize>(varmap: &VarMap, config: &C, path: &Path) -> Result<()
         named.sort_by(|a, b| a.0.cmp(&b.0));
         named
     };
-    save_tensors(&tensors, config, path)
+    let mut tensors = tensors;
+    for (name, t) in optimizer {
+        tensors.push((
+            format!("{OPTIMIZER_PREFIX}{name}"),
+            t.to_device(&Device::Cpu)?,
+        ));
+    }
+    let config = serde_json::to_string(config).context("serialising the model config")?;
+    let mut meta = HashMap::from([
+        (CONFIG_KEY.to_string(), config),
+        (FORMAT_KEY.to_string(), FORMAT.to_string()),
+    ]);
+    meta.extend(metadata.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    write_safetensors(&tensors, meta, path)
 }
 
 /// Saves named tensors and `config` to `path`, atomically (temporary file, then rename).
@@ -79,6 +112,9 @@ pub(crate) fn write_safetensors(
         .and_then(canonical_header)
         .and_then(|bytes| Ok(std::fs::write(&tmp, bytes)?))
         .with_context(|| format!("writing {}", tmp.display()));
+    if written.is_ok() {
+        super::pause::point(&format!("rename {}", name.to_string_lossy()));
+    }
     if let Err(e) = written.and_then(|_| {
         std::fs::rename(&tmp, path)
             .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
@@ -111,7 +147,13 @@ fn canonical_header(mut bytes: Vec<u8>) -> Result<Vec<u8>> {
 /// A checkpoint read from disk: its config and tensors (on the CPU).
 pub struct Checkpoint<C> {
     pub config: C,
+    /// The model's tensors.
     pub tensors: HashMap<String, Tensor>,
+    /// The optimiser's state, by name without [`OPTIMIZER_PREFIX`] (empty but in a run's
+    /// `last.safetensors`).
+    pub optimizer: HashMap<String, Tensor>,
+    /// Every metadata entry, the config's included.
+    pub metadata: HashMap<String, String>,
 }
 
 /// Reads the config of the checkpoint at `path` (to rebuild its model).
@@ -131,9 +173,22 @@ pub fn read<C: DeserializeOwned>(path: &Path) -> Result<Checkpoint<C>> {
             path.display()
         )
     })?;
-    let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
+    let metadata = meta.metadata().clone().unwrap_or_default();
+    let all = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
         .map_err(|e| anyhow::anyhow!("{}: cannot read its tensors: {e}", path.display()))?;
-    Ok(Checkpoint { config, tensors })
+    let (mut tensors, mut optimizer) = (HashMap::new(), HashMap::new());
+    for (name, t) in all {
+        match name.strip_prefix(OPTIMIZER_PREFIX) {
+            Some(rest) => optimizer.insert(rest.to_string(), t),
+            None => tensors.insert(name, t),
+        };
+    }
+    Ok(Checkpoint {
+        config,
+        tensors,
+        optimizer,
+        metadata,
+    })
 }
 
 /// Loads `tensors` (from [`read`]) into the model's variables: every variable must be present

@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod optim;
+pub(crate) mod pause;
 pub mod plot;
 pub mod preset;
 pub mod run;

@@ -5,8 +5,9 @@
 //! * `config.json` — the [`RunConfig`] (also in every checkpoint's metadata);
 //! * `metrics.jsonl` — one JSON object per evaluation: `epoch`, `split`, `loss`, `accuracy`,
 //!   `step`, `seconds`;
-//! * `last.safetensors` (+ `last.optim.safetensors`: optimiser moments and the progress) after
-//!   every epoch, `best.safetensors` at the best validation accuracy — all written atomically.
+//! * `last.safetensors` after every epoch — the model, and for `--resume` the optimiser's
+//!   moments and the run's progress, in one atomic write, so a run killed at any moment resumes
+//!   from its last complete epoch — and `best.safetensors` at the best validation accuracy.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::checkpoint;
 use super::optim::{OptimConfig, Optimizer};
+use super::pause;
 use super::trainer::{evaluate, report_interval, train_epoch, Batching, Dataset, Evaluation};
 use crate::data::listops::{self, ListOpsConfig};
 use crate::nn::{ClassifierConfig, SeqLayerConfig, SequenceClassifier};
@@ -363,6 +365,9 @@ struct Progress {
     best_epoch: usize,
     best_val: f64,
     test_at_best: f64,
+    /// Wall time so far: kept in `metrics.jsonl`, not in the checkpoint, whose bytes then
+    /// depend on the training alone.
+    #[serde(skip)]
     seconds: f64,
 }
 
@@ -400,6 +405,37 @@ fn append_metric(out: &Path, value: serde_json::Value) -> Result<()> {
         .with_context(|| format!("opening {}", path.display()))?;
     writeln!(f, "{value}").with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+/// Keeps the records of `metrics.jsonl` up to epoch `epochs` (those a resumed run has in its
+/// checkpoint), rewritten atomically; returns the wall time of the last one kept.
+fn keep_metrics_until(out: &Path, epochs: usize) -> Result<f64> {
+    let path = out.join("metrics.jsonl");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(0.0);
+    };
+    let mut seconds = 0.0f64;
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(l) else {
+                return false;
+            };
+            let keep = v["epoch"].as_u64().is_some_and(|e| e as usize <= epochs);
+            if keep {
+                seconds = seconds.max(v["seconds"].as_f64().unwrap_or(0.0));
+            }
+            keep
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if kept.len() == text.len() {
+        return Ok(seconds);
+    }
+    let tmp = out.join(".metrics.jsonl.tmp");
+    std::fs::write(&tmp, kept).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(seconds)
 }
 
 /// Where and how a run executes; not part of the run's definition (a run resumed with other
@@ -449,17 +485,57 @@ pub enum Event {
     },
 }
 
-/// Trains `cfg` into `out`; with `resume`, continues from `out/last.*`. `on_event` sees the
-/// run's progress ([`Event`]).
+/// How [`train`] treats what `out` already holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// A new run: `out` must not hold one already (its files are not mixed with another run's).
+    New,
+    /// Continue the run in `out` from its `last.safetensors`.
+    Resume,
+    /// A new run that first deletes the run files `out` holds.
+    Replace,
+}
+
+/// The files of a run in its output folder.
+const RUN_FILES: [&str; 5] = [
+    "config.json",
+    "metrics.jsonl",
+    "curves.svg",
+    "best.safetensors",
+    "last.safetensors",
+];
+
+/// Trains `cfg` into `out`, started as `start` says. `on_event` sees the run's progress
+/// ([`Event`]).
 pub fn train(
     cfg: &RunConfig,
     out: &Path,
     exec: &Exec,
-    resume: bool,
+    start: Start,
     mut on_event: impl FnMut(Event),
 ) -> Result<Summary> {
     let device = &exec.device;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let held: Vec<&str> = RUN_FILES
+        .into_iter()
+        .filter(|f| out.join(f).exists())
+        .collect();
+    match start {
+        Start::New if !held.is_empty() => bail!(
+            "{} already holds a run ({}): continue it with --resume, replace it with \
+             --overwrite, or choose another --out",
+            out.display(),
+            held.join(", ")
+        ),
+        Start::Replace => {
+            for f in held {
+                std::fs::remove_file(out.join(f))
+                    .with_context(|| format!("removing {}", out.join(f).display()))?;
+            }
+        }
+        _ => {}
+    }
+    let resume = start == Start::Resume;
     let [train_set, val_set, test_set] = cfg.task.load()?;
     let cut = |d: Dataset, n: Option<usize>| match n {
         Some(n) => d.truncated(n),
@@ -489,11 +565,7 @@ pub fn train(
     };
     let mut opt = Optimizer::new(optim_cfg, &vars(&varmap), frozen)?;
     let mut progress = Progress::default();
-    let (last, last_optim, best) = (
-        out.join("last.safetensors"),
-        out.join("last.optim.safetensors"),
-        out.join("best.safetensors"),
-    );
+    let (last, best) = (out.join("last.safetensors"), out.join("best.safetensors"));
     if resume {
         let ck = checkpoint::read::<RunConfig>(&last)
             .context("--resume needs a previous run's last.safetensors")?;
@@ -504,20 +576,21 @@ pub fn train(
             );
         }
         checkpoint::load_into(&varmap, &ck.tensors, &last)?;
-        let bytes = std::fs::read(&last_optim)
-            .with_context(|| format!("cannot read {}", last_optim.display()))?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", last_optim.display()))?;
-        let json = meta
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get(PROGRESS_KEY))
-            .with_context(|| format!("{} has no progress record", last_optim.display()))?;
-        progress = serde_json::from_str(json)?;
-        opt.load_state(&candle_core::safetensors::load_buffer(&bytes, device)?)?;
+        let json = ck.metadata.get(PROGRESS_KEY).with_context(|| {
+            format!(
+                "--resume: {} has no training progress (a `best` checkpoint, or one written \
+                 before checkpoints held it)",
+                last.display()
+            )
+        })?;
+        progress = serde_json::from_str(json)
+            .with_context(|| format!("{}: the progress record does not parse", last.display()))?;
+        opt.load_state(&ck.optimizer)
+            .with_context(|| format!("--resume: {}", last.display()))?;
+        // Records of an epoch that did not reach its checkpoint are dropped: it runs again.
+        progress.seconds = keep_metrics_until(out, progress.epoch)?;
     } else {
         std::fs::write(out.join("config.json"), serde_json::to_string_pretty(cfg)?)?;
-        let _ = std::fs::remove_file(out.join("metrics.jsonl"));
     }
     let (train_batching, eval_batching) = (
         cfg.batching(exec.shards, true),
@@ -525,6 +598,7 @@ pub fn train(
     );
     let start = Instant::now() - std::time::Duration::from_secs_f64(progress.seconds);
     for epoch in progress.epoch..cfg.epochs {
+        pause::set_epoch(epoch + 1);
         on_event(Event::EpochStart {
             epoch: epoch + 1,
             epochs: cfg.epochs,
@@ -556,6 +630,7 @@ pub fn train(
                 serde_json::json!({"epoch": epoch + 1, "split": split, "loss": e.loss, "accuracy": e.accuracy, "step": opt.step_count(), "seconds": seconds}),
             )?;
         }
+        pause::point("metrics");
         let mut test = None;
         if epoch == 0 || val.accuracy > progress.best_val {
             on_event(Event::Evaluating { split: "test" });
@@ -568,14 +643,15 @@ pub fn train(
             progress.best_val = val.accuracy;
             progress.best_epoch = epoch + 1;
             progress.test_at_best = t.accuracy;
+            pause::point("test metrics");
             checkpoint::save(&varmap, cfg, &best)?;
             test = Some(t);
         }
+        pause::point("last");
         progress.epoch = epoch + 1;
         progress.seconds = seconds;
-        checkpoint::save(&varmap, cfg, &last)?;
-        let meta = HashMap::from([(PROGRESS_KEY.to_string(), serde_json::to_string(&progress)?)]);
-        checkpoint::write_safetensors(&opt.state()?, meta, &last_optim)?;
+        let meta = [(PROGRESS_KEY, serde_json::to_string(&progress)?)];
+        checkpoint::save_resumable(&varmap, cfg, &opt.state()?, &meta, &last)?;
         on_event(Event::EpochEnd {
             epoch: epoch + 1,
             train: tr,

@@ -1,0 +1,28 @@
+//! A hook for crash tests. With `MYO_PAUSE_AT=POINT@EPOCH` in its environment, a run that
+//! reaches POINT in epoch EPOCH (counted from 1) writes `myo: paused at POINT@EPOCH` to
+//! stderr and waits to be killed, so that a test can send SIGKILL at a chosen moment: between
+//! the metrics and the checkpoints of an epoch, or between writing a checkpoint's temporary
+//! file and renaming it. Without the variable, a pause point costs one environment lookup.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The epoch the run is in, for the pause points of code that does not know it.
+static EPOCH: AtomicUsize = AtomicUsize::new(0);
+
+pub(crate) fn set_epoch(epoch: usize) {
+    EPOCH.store(epoch, Ordering::Relaxed);
+}
+
+/// Pauses here forever if `MYO_PAUSE_AT` names `point` in the current epoch.
+pub(crate) fn point(point: &str) {
+    let Ok(at) = std::env::var("MYO_PAUSE_AT") else {
+        return;
+    };
+    let here = format!("{point}@{}", EPOCH.load(Ordering::Relaxed));
+    if at == here {
+        eprintln!("myo: paused at {here}");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+}

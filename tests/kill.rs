@@ -1,0 +1,186 @@
+//! `myo train` killed with SIGKILL at many moments — at random times, and at its pause points
+//! between an epoch's metrics and its checkpoints and inside checkpoint writes — loses nothing: its last checkpoint (when one was written) loads and
+//! evaluates, `--resume` completes the run (or, before the first checkpoint, says why), and
+//! the completed run's `last.safetensors` and metrics equal an uninterrupted run's.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use candle_core::Device;
+use myosotis::train::checkpoint;
+use myosotis::train::run::{eval_checkpoint, Exec, RunConfig};
+
+/// A run of many short epochs, so that kills land in every part of the epoch loop.
+const FLAGS: &[&str] = &[
+    "train",
+    "--epochs",
+    "24",
+    "--d-model",
+    "8",
+    "--state-size",
+    "4",
+    "--layers",
+    "1",
+    "--max-train-samples",
+    "48",
+    "--max-eval-samples",
+    "24",
+    "--batch-size",
+    "16",
+    "--dropout",
+    "0.1",
+    "--threads",
+    "1",
+];
+
+/// `myo train` into `out`, new, or with `extra` (--resume, --overwrite).
+fn myo(out: &Path, extra: Option<&str>) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_myo"));
+    c.args(FLAGS).arg("--out").arg(out);
+    c.args(extra);
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    c
+}
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("myosotis-kill-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Every record of metrics.jsonl but its wall time.
+fn metrics(d: &Path) -> Vec<String> {
+    std::fs::read_to_string(d.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("seconds");
+            v.to_string()
+        })
+        .collect()
+}
+
+/// The uninterrupted run's `last.safetensors` and metrics.
+fn uninterrupted() -> &'static (Vec<u8>, Vec<String>) {
+    static WHOLE: std::sync::OnceLock<(Vec<u8>, Vec<String>)> = std::sync::OnceLock::new();
+    WHOLE.get_or_init(|| {
+        let whole = dir("whole");
+        let status = myo(&whole, None).status().unwrap();
+        assert!(status.success(), "the uninterrupted run failed");
+        let r = (
+            std::fs::read(whole.join("last.safetensors")).unwrap(),
+            metrics(&whole),
+        );
+        let _ = std::fs::remove_dir_all(&whole);
+        r
+    })
+}
+
+/// After a kill: the last checkpoint, if any, loads and evaluates and `--resume` completes the
+/// run; without one, `--resume` says why and a fresh start completes. Either way the result is
+/// the uninterrupted run's. Returns whether a checkpoint was there.
+fn finish_killed_run(d: &Path, what: &str) -> bool {
+    let last = d.join("last.safetensors");
+    let had = last.exists();
+    if had {
+        let ck = checkpoint::read::<RunConfig>(&last).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(!ck.tensors.is_empty(), "{what}");
+        eval_checkpoint(&last, None, &Exec::on(&Device::Cpu))
+            .unwrap_or_else(|e| panic!("{what}: eval: {e:#}"));
+        let out = myo(d, Some("--resume")).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{what}: --resume failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        let out = myo(d, Some("--resume")).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("last.safetensors"),
+            "{what}: {err}"
+        );
+        // The folder holds the killed run's first files: a new run there must be asked for.
+        if d.join("config.json").exists() {
+            let out = myo(d, None).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success() && err.contains("--overwrite"),
+                "{what}: {err}"
+            );
+        }
+        let out = myo(d, Some("--overwrite")).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (want_bytes, want_metrics) = uninterrupted();
+    let got = std::fs::read(&last).unwrap();
+    assert!(
+        &got == want_bytes,
+        "{what}: last.safetensors differs from the uninterrupted run's"
+    );
+    assert_eq!(&metrics(d), want_metrics, "{what}");
+    had
+}
+
+/// Kills at moments spread over the first half of the run.
+#[test]
+fn a_run_killed_at_any_moment_resumes_to_the_uninterrupted_result() {
+    let (mut with_checkpoint, mut before_first) = (0, 0);
+    for (k, ms) in (0..16).map(|i| 15 + 35 * i).enumerate() {
+        let d = dir(&format!("timed-{k}"));
+        let mut child = myo(&d, None).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(ms));
+        child.kill().unwrap(); // SIGKILL
+        let finished = child.wait().unwrap().success();
+        let what = format!("killed after {ms} ms");
+        if finish_killed_run(&d, &what) {
+            with_checkpoint += 1;
+        } else {
+            before_first += 1;
+            assert!(!finished, "{what}: the run finished without a checkpoint");
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    eprintln!("{with_checkpoint} kills after a checkpoint, {before_first} before the first");
+    assert!(
+        with_checkpoint >= 4,
+        "too few kills landed after a checkpoint: {with_checkpoint}"
+    );
+}
+
+/// Kills at the run's pause points (`MYO_PAUSE_AT`): after an epoch's metrics, before and
+/// during each checkpoint write (its temporary file written, not yet renamed).
+#[test]
+fn a_run_killed_inside_its_checkpoint_writes_resumes_to_the_uninterrupted_result() {
+    for at in [
+        "metrics@1",
+        "test metrics@1",
+        "rename best.safetensors@1",
+        "last@1",
+        "rename last.safetensors@1",
+        "metrics@4",
+        "last@4",
+        "rename last.safetensors@4",
+        "rename last.safetensors@24",
+    ] {
+        let d = dir(&at.replace([' ', '@'], "-"));
+        let mut child = myo(&d, None).env("MYO_PAUSE_AT", at).spawn().unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let paused = stderr
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l == format!("myo: paused at {at}"));
+        assert!(paused, "{at}: the run ended without reaching the point");
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        finish_killed_run(&d, &format!("killed at {at}"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
