@@ -86,18 +86,7 @@ fn cuda_head_solve_reports_a_singular_pivot() {
         return;
     };
     let tree = Tree::perfect(16, 4).unwrap();
-    let (n, heads) = (tree.len(), 2);
-    let mut x = HeadInputs {
-        batch: 1,
-        heads,
-        m: 16,
-        u: vec![1.0; 16 * heads * 2],
-        bias: vec![0.0; (n - 16) * heads * 2],
-        b: vec![0.0; n * heads * 2],
-        c: vec![0.0; n * heads * 2],
-    };
-    x.b[(4 * heads + 1) * 2] = 2.0;
-    x.c[(4 * heads + 1) * 2] = 0.5;
+    let x = singular_head_inputs(&tree);
     check_pivots(&gpu).unwrap();
     let [u, bias, b, c] = x.tensors(&tree, DType::F32, &gpu);
     let _ = head_solve(&tree, &u, &bias, &b, &c).unwrap();

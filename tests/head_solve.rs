@@ -177,17 +177,7 @@ fn head_solve_in_half_precision_rounds_the_f32_solve() {
 #[test]
 fn head_solve_reports_a_singular_pivot_with_its_node() {
     let tree = Tree::perfect(16, 4).unwrap();
-    let (n, heads) = (tree.len(), 2);
-    let mut b = vec![0.0; n * heads * 2];
-    let mut c = vec![0.0; n * heads * 2];
-    // Leaf 4 (a child of node 17), head 1: B = 2, C = 0.5.
-    b[(4 * heads + 1) * 2] = 2.0;
-    c[(4 * heads + 1) * 2] = 0.5;
-    let dev = &Device::Cpu;
-    let t = |v: &[f64], s: &[usize]| tensor(v, s, DType::F32, dev);
-    let u = Tensor::ones((1, 16, heads, 2), DType::F32, dev).unwrap();
-    let bias = Tensor::zeros((n - 16, heads, 2), DType::F32, dev).unwrap();
-    let (b, c) = (t(&b, &[n, heads, 2]), t(&c, &[n, heads, 2]));
+    let [u, bias, b, c] = singular_head_inputs(&tree).tensors(&tree, DType::F32, &Device::Cpu);
     let parent = tree.parent(4).unwrap();
     let err = head_solve(&tree, &u, &bias, &b, &c)
         .unwrap_err()

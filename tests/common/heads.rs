@@ -220,3 +220,22 @@ pub fn dense_grads(tree: &Tree, x: &HeadInputs, g: &[f64]) -> [Vec<f64>; 4] {
     }
     [du, dbias, db, dc]
 }
+
+/// One sample, two heads, whose pivot at the parent of leaf 4 is zero in head 1: with a unit
+/// diagonal a parent of leaves has Â_p = 1 − Σ_c C_c B_c, zero when one child has C B = 1 (here
+/// B = 2, C = 0.5) and the others 0. `tree` needs at least 5 leaves.
+pub fn singular_head_inputs(tree: &Tree) -> HeadInputs {
+    let (n, l, heads) = (tree.len(), tree.leaves(), 2);
+    let mut x = HeadInputs {
+        batch: 1,
+        heads,
+        m: l,
+        u: vec![1.0; l * heads * 2],
+        bias: vec![0.0; (n - l) * heads * 2],
+        b: vec![0.0; n * heads * 2],
+        c: vec![0.0; n * heads * 2],
+    };
+    x.b[(4 * heads + 1) * 2] = 2.0;
+    x.c[(4 * heads + 1) * 2] = 0.5;
+    x
+}

@@ -141,19 +141,7 @@ fn head_kernels_on_the_zmnist_tree() {
 #[test]
 fn head_kernels_report_a_singular_pivot_with_its_node() {
     let tree = Tree::perfect(16, 4).unwrap();
-    let (n, heads) = (tree.len(), 2);
-    let mut x = HeadInputs {
-        batch: 1,
-        heads,
-        m: 16,
-        u: vec![1.0; 16 * heads * 2],
-        bias: vec![0.0; (n - 16) * heads * 2],
-        b: vec![0.0; n * heads * 2],
-        c: vec![0.0; n * heads * 2],
-    };
-    // Leaf 4, head 1: C B = 1, so its parent's pivot 1 − C B is zero.
-    x.b[(4 * heads + 1) * 2] = 2.0;
-    x.c[(4 * heads + 1) * 2] = 0.5;
+    let x = singular_head_inputs(&tree);
     let [u, bias, b, c] = x.tensors(&tree, DType::F32, &Device::Cpu);
     let parent = tree.parent(4).unwrap() as i32;
     let coef = [x.b.clone(), x.c.clone()].concat();
