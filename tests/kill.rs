@@ -119,6 +119,13 @@ fn finish_killed_run(d: &Path, what: &str) -> bool {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // Nothing a killed write left behind remains.
+    let left: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{what}: temporary files left: {left:?}");
     let (want_bytes, want_metrics) = uninterrupted();
     let got = std::fs::read(&last).unwrap();
     assert!(

@@ -407,6 +407,24 @@ fn append_metric(out: &Path, value: serde_json::Value) -> Result<()> {
     Ok(())
 }
 
+/// Removes the temporary files that a run killed while writing leaves in `out` (a checkpoint's
+/// `.NAME.PID.tmp`, `.metrics.jsonl.tmp`): they never hold anything the run still needs.
+fn remove_stale_temporaries(out: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(out).with_context(|| format!("reading {}", out.display()))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = RUN_FILES
+            .iter()
+            .any(|f| name.starts_with(&format!(".{f}.")) && name.ends_with(".tmp"));
+        if ours {
+            std::fs::remove_file(entry.path())
+                .with_context(|| format!("removing {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Keeps the records of `metrics.jsonl` up to epoch `epochs` (those a resumed run has in its
 /// checkpoint), rewritten atomically; returns the wall time of the last one kept.
 fn keep_metrics_until(out: &Path, epochs: usize) -> Result<f64> {
@@ -536,6 +554,7 @@ pub fn train(
         _ => {}
     }
     let resume = start == Start::Resume;
+    remove_stale_temporaries(out)?;
     let [train_set, val_set, test_set] = cfg.task.load()?;
     let cut = |d: Dataset, n: Option<usize>| match n {
         Some(n) => d.truncated(n),
