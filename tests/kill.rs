@@ -191,3 +191,27 @@ fn a_run_killed_inside_its_checkpoint_writes_resumes_to_the_uninterrupted_result
         let _ = std::fs::remove_dir_all(&d);
     }
 }
+
+/// A checkpoint write that fails as on a full disk stops the run with an error naming the file;
+/// the previous epoch's checkpoint is still there, and resuming from it (with room again) gives
+/// the uninterrupted result.
+#[test]
+fn a_failed_checkpoint_write_stops_the_run_and_keeps_the_last_good_one() {
+    let d = dir("full-disk");
+    let out = myo(&d, None)
+        .env("MYO_FAIL_AT", "write last.safetensors@3")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the run went on after a failed write"
+    );
+    let last_line = err.lines().last().unwrap_or("");
+    assert!(
+        last_line.contains("last.safetensors") && last_line.contains("no space left"),
+        "{last_line}"
+    );
+    finish_killed_run(&d, "after a failed write");
+    let _ = std::fs::remove_dir_all(&d);
+}

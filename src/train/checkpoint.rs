@@ -110,8 +110,11 @@ pub(crate) fn write_safetensors(
     let written = safetensors::serialize(named, Some(metadata))
         .map_err(anyhow::Error::from)
         .and_then(canonical_header)
-        .and_then(|bytes| Ok(std::fs::write(&tmp, bytes)?))
-        .with_context(|| format!("writing {}", tmp.display()));
+        .and_then(|bytes| {
+            super::pause::fail_point(&format!("write {}", name.to_string_lossy()))?;
+            Ok(std::fs::write(&tmp, bytes)?)
+        })
+        .with_context(|| format!("writing {}", path.display()));
     if written.is_ok() {
         super::pause::point(&format!("rename {}", name.to_string_lossy()));
     }

@@ -1,8 +1,9 @@
-//! A hook for crash tests. With `MYO_PAUSE_AT=POINT@EPOCH` in its environment, a run that
+//! Hooks for crash tests. With `MYO_PAUSE_AT=POINT@EPOCH` in its environment, a run that
 //! reaches POINT in epoch EPOCH (counted from 1) writes `myo: paused at POINT@EPOCH` to
 //! stderr and waits to be killed, so that a test can send SIGKILL at a chosen moment: between
 //! the metrics and the checkpoints of an epoch, or between writing a checkpoint's temporary
-//! file and renaming it. Without the variable, a pause point costs one environment lookup.
+//! file and renaming it. With `MYO_FAIL_AT=POINT@EPOCH`, the write at POINT fails there as a
+//! full disk would. Without the variables, a point costs an environment lookup.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -25,4 +26,18 @@ pub(crate) fn point(point: &str) {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         }
     }
+}
+
+/// An error as from a full disk if `MYO_FAIL_AT` names `point` in the current epoch.
+pub(crate) fn fail_point(point: &str) -> std::io::Result<()> {
+    let Ok(at) = std::env::var("MYO_FAIL_AT") else {
+        return Ok(());
+    };
+    if at == format!("{point}@{}", EPOCH.load(Ordering::Relaxed)) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            "no space left on device (MYO_FAIL_AT)",
+        ));
+    }
+    Ok(())
 }
