@@ -350,23 +350,7 @@ impl Myo {
     /// The blocks of T_G: A = 1, B, C, each (heads, nodes, 1, 1, 2); for d × d blocks
     /// A = I, B, C (heads, nodes, d, d).
     pub fn blocks(&self) -> Result<(Tensor, Tensor, Tensor)> {
-        let b = self.coupling(&self.coupling_b)?;
-        // B† of the couplings: the transpose of real blocks, the conjugate of complex scalars.
-        let adjoint = |b: &Tensor| -> Result<Tensor> {
-            if self.cfg.block > 1 {
-                b.transpose(2, 3)?.contiguous()
-            } else {
-                Tensor::cat(&[b.narrow(2, 0, 1)?, b.narrow(2, 1, 1)?.neg()?], 2)
-            }
-        };
-        let (b, c) = match (&self.coupling_c, self.cfg.coupling) {
-            (Some(raw), _) => (b, self.coupling(raw)?),
-            (None, Coupling::Skew) => (b.neg()?, adjoint(&b)?),
-            (None, _) => {
-                let c = adjoint(&b)?;
-                (b, c)
-            }
-        };
+        let (b, c) = self.couplings()?;
         if self.cfg.block > 1 {
             let eye = Tensor::eye(self.cfg.block, b.dtype(), b.device())?;
             return Ok((eye.broadcast_as(b.shape())?.contiguous()?, b, c));
@@ -381,6 +365,28 @@ impl Myo {
         )?;
         let shape = (heads, n, 1, 1, 2);
         Ok((a.reshape(shape)?, b.reshape(shape)?, c.reshape(shape)?))
+    }
+
+    /// The entries of T_G at (v, parent) and (parent, v) as the coupling form places them:
+    /// (heads, nodes, 2) each for scalar heads, (heads, nodes, d, d) for blocks.
+    fn couplings(&self) -> Result<(Tensor, Tensor)> {
+        let b = self.coupling(&self.coupling_b)?;
+        // B† of the couplings: the transpose of real blocks, the conjugate of complex scalars.
+        let adjoint = |b: &Tensor| -> Result<Tensor> {
+            if self.cfg.block > 1 {
+                return b.transpose(2, 3)?.contiguous();
+            }
+            let signs = Tensor::new(&[1.0, -1.0], b.device())?.to_dtype(b.dtype())?;
+            b.broadcast_mul(&signs)
+        };
+        Ok(match (&self.coupling_c, self.cfg.coupling) {
+            (Some(raw), _) => (b, self.coupling(raw)?),
+            (None, Coupling::Skew) => (b.neg()?, adjoint(&b)?),
+            (None, _) => {
+                let c = adjoint(&b)?;
+                (b, c)
+            }
+        })
     }
 
     /// Outputs of the nodes `from..` (batch, nodes − from, H), with the D skip on those that
@@ -456,19 +462,7 @@ impl Myo {
     /// B and C of scalar heads as the solve takes them, (nodes, heads, 2) each: the entries of
     /// T_G at (v, parent) and (parent, v).
     fn scalar_couplings(&self) -> Result<(Tensor, Tensor)> {
-        let b = self.coupling(&self.coupling_b)?;
-        let conj = |t: &Tensor| -> Result<Tensor> {
-            let signs = Tensor::new(&[1.0, -1.0], t.device())?.to_dtype(t.dtype())?;
-            t.broadcast_mul(&signs)
-        };
-        let (b, c) = match (&self.coupling_c, self.cfg.coupling) {
-            (Some(raw), _) => (b, self.coupling(raw)?),
-            (None, Coupling::Skew) => (b.neg()?, conj(&b)?),
-            (None, _) => {
-                let c = conj(&b)?;
-                (b, c)
-            }
-        };
+        let (b, c) = self.couplings()?;
         Ok((b.transpose(0, 1)?, c.transpose(0, 1)?))
     }
 

@@ -47,7 +47,7 @@ pub fn save_resumable<C: Serialize>(
     metadata: &[(&str, String)],
     path: &Path,
 ) -> Result<()> {
-    let tensors: Vec<(String, Tensor)> = {
+    let mut tensors: Vec<(String, Tensor)> = {
         let data = varmap.data().lock().expect("varmap lock");
         let mut named: Vec<(String, Tensor)> = data
             .iter()
@@ -56,20 +56,13 @@ pub fn save_resumable<C: Serialize>(
         named.sort_by(|a, b| a.0.cmp(&b.0));
         named
     };
-    let mut tensors = tensors;
     for (name, t) in optimizer {
         tensors.push((
             format!("{OPTIMIZER_PREFIX}{name}"),
             t.to_device(&Device::Cpu)?,
         ));
     }
-    let config = serde_json::to_string(config).context("serialising the model config")?;
-    let mut meta = HashMap::from([
-        (CONFIG_KEY.to_string(), config),
-        (FORMAT_KEY.to_string(), FORMAT.to_string()),
-    ]);
-    meta.extend(metadata.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    write_safetensors(&tensors, meta, path)
+    write_checkpoint(&tensors, config, metadata, path)
 }
 
 /// Saves named tensors and `config` to `path`, atomically (temporary file, then rename).
@@ -78,11 +71,22 @@ pub fn save_tensors<C: Serialize>(
     config: &C,
     path: &Path,
 ) -> Result<()> {
+    write_checkpoint(tensors, config, &[], path)
+}
+
+/// Named tensors, `config` and the format (plus `extra` metadata) to `path`, atomically.
+fn write_checkpoint<C: Serialize>(
+    tensors: &[(String, Tensor)],
+    config: &C,
+    extra: &[(&str, String)],
+    path: &Path,
+) -> Result<()> {
     let config = serde_json::to_string(config).context("serialising the model config")?;
-    let metadata = HashMap::from([
+    let mut metadata = HashMap::from([
         (CONFIG_KEY.to_string(), config),
         (FORMAT_KEY.to_string(), FORMAT.to_string()),
     ]);
+    metadata.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
     write_safetensors(tensors, metadata, path)
 }
 
