@@ -5,6 +5,7 @@
 //! GB/s, measures the device's copy bandwidth on a buffer of the same size for comparison, and
 //! times a plain-candle reference of the same computation on the same device.
 
+use crate::device::describe;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
@@ -558,36 +559,6 @@ impl HeadBench {
         };
         BenchReport::new("heads", device, shape, self.backward, self, self.repeats, m)
     }
-}
-
-/// A short name for a device: `cpu` or `cuda:N`.
-pub fn describe(device: &Device) -> String {
-    match device.location() {
-        candle_core::DeviceLocation::Cpu => "cpu".into(),
-        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
-        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
-    }
-}
-
-/// Parses `cpu`, `cuda` or `cuda:N` into a device, with a clear error when this build or this
-/// machine has no CUDA.
-pub fn parse_device(s: &str) -> Result<Device> {
-    let ordinal = match s {
-        "cpu" => return Ok(Device::Cpu),
-        "cuda" => 0,
-        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => n,
-            _ => candle_core::bail!("unknown device '{s}': expected cpu, cuda or cuda:N"),
-        },
-    };
-    if !cfg!(feature = "cuda") {
-        candle_core::bail!(
-            "device '{s}' asked for, but this build has no CUDA support: rebuild with `--features cuda` (see README, \"Building with CUDA\")"
-        );
-    }
-    Device::new_cuda(ordinal).map_err(|e| {
-        candle_core::Error::Msg(format!("cannot open CUDA device {ordinal} ('{s}'): {e}"))
-    })
 }
 
 /// A training step of a whole [`SequenceClassifier`] (forward, loss, backward; no optimiser

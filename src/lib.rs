@@ -7,6 +7,7 @@ pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;
+pub mod device;
 pub mod nn;
 pub mod ops;
 pub mod train;

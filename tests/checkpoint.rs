@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use common::{randn, to_vec};
 use myosotis::nn::{S5Config, S5};
-use myosotis::train::checkpoint::{load_into, read, save, save_tensors};
+use myosotis::train::checkpoint::{load_into, read, save, save_tensors, CONFIG_KEY, FORMAT_KEY};
 
 fn dir(test: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("myosotis-ckpt-{test}-{}", std::process::id()));
@@ -160,6 +160,24 @@ fn corrupt_and_mismatched_checkpoints_are_clear_errors() {
         &varmap,
         &["plain.safetensors", "no model config"],
     );
+
+    // Another format version, and none (as the first checkpoints were written).
+    let config = serde_json::to_string(&cfg()).unwrap();
+    for (name, format, says) in [
+        ("format1.safetensors", Some("1"), "checkpoint format 1"),
+        ("unversioned.safetensors", None, "no checkpoint format"),
+    ] {
+        let mut metadata =
+            std::collections::HashMap::from([(CONFIG_KEY.to_string(), config.clone())]);
+        if let Some(f) = format {
+            metadata.insert(FORMAT_KEY.to_string(), f.to_string());
+        }
+        let bytes =
+            safetensors::serialize(tensors.iter().map(|(k, t)| (k.as_str(), t)), Some(metadata))
+                .unwrap();
+        std::fs::write(p(name), bytes).unwrap();
+        expect_err(&p(name), &varmap, &[name, says]);
+    }
 
     std::fs::write(p("garbage.safetensors"), b"not a checkpoint at all").unwrap();
     expect_err(

@@ -10,8 +10,8 @@ mod common;
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use common::*;
+use myosotis::data::dataset::Dataset;
 use myosotis::nn::*;
-use myosotis::train::trainer::Dataset;
 use rand::Rng;
 
 /// Relative tolerance of the loss and of each gradient.

@@ -237,11 +237,11 @@ fn malformed_parquet_files_are_errors_naming_file_and_row() {
     expect_err("missing.parquet", &|_| {}, &["cannot read"]);
 }
 
-/// `TaskConfig::ImageHub` end to end through the environment (`HF_HOME`, `HF_HUB_OFFLINE`):
+/// A task's `DataSource::Hub` end to end through the environment (`HF_HOME`, `HF_HUB_OFFLINE`):
 /// the only test in this binary that sets them.
 #[test]
 fn image_hub_task_loads_splits_from_the_environment_cache() {
-    use myosotis::train::run::{ImageTask, TaskConfig};
+    use myosotis::data::task::{find, DataSource};
     let home = temp_dir("home");
     let cache = home.join("hub");
     let train = random_set(HubDataset::Mnist, 20, 7);
@@ -258,20 +258,12 @@ fn image_hub_task_loads_splits_from_the_environment_cache() {
     );
     std::env::set_var("HF_HOME", &home);
     std::env::set_var("HF_HUB_OFFLINE", "1");
-    let [tr, va, te] = TaskConfig::ImageHub {
-        task: ImageTask::Smnist,
-    }
-    .load()
-    .unwrap();
+    let [tr, va, te] = find("smnist").unwrap().load(&DataSource::Hub).unwrap();
     // 10% of the training images for validation, all test images.
     assert_eq!((tr.len(), va.len(), te.len()), (18, 2, 6));
     let e = format!(
         "{:#}",
-        TaskConfig::ImageHub {
-            task: ImageTask::Scifar
-        }
-        .load()
-        .unwrap_err()
+        find("scifar").unwrap().load(&DataSource::Hub).unwrap_err()
     );
     assert!(
         e.contains("HF_HUB_OFFLINE") && e.contains("--data-dir"),

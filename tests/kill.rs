@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use candle_core::Device;
 use myosotis::train::checkpoint;
-use myosotis::train::run::{eval_checkpoint, Exec, RunConfig};
+use myosotis::train::config::RunConfig;
+use myosotis::train::run::{eval_checkpoint, Exec};
 
 /// A run of many short epochs, so that kills land in every part of the epoch loop.
 const FLAGS: &[&str] = &[

@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use myosotis::data::pathfinder::{locate, read_pathfinder, DIFFICULTY};
+use myosotis::data::task::{find, DataSource};
 use myosotis::nn::*;
-use myosotis::train::run::{eval_checkpoint, train, Exec, ImageTask, RunConfig, Start, TaskConfig};
+use myosotis::train::config::RunConfig;
+use myosotis::train::run::{eval_checkpoint, train, Exec, Start};
 use rand::{Rng, SeedableRng};
 
 fn tmp(name: &str) -> PathBuf {
@@ -127,10 +129,8 @@ fn pathfinder_trains_and_evaluates() {
     let base = tmp("train");
     synthetic(&base, 4, 50);
     let cfg = RunConfig {
-        task: TaskConfig::Image {
-            task: ImageTask::Pathfinder,
-            dir: base.clone(),
-        },
+        task: find("pathfinder").unwrap(),
+        data: DataSource::Dir { dir: base.clone() },
         model: ClassifierConfig {
             encoder: EncoderConfig::Linear { features: 1 },
             d_model: 8,
@@ -145,7 +145,7 @@ fn pathfinder_trains_and_evaluates() {
             activation: Activation::HalfGlu2,
             dropout: 0.0,
             pooling: Pooling::Mean,
-            classes: ImageTask::Pathfinder.classes(),
+            classes: 2,
             seed: 0,
             bn_momentum: BN_MOMENTUM,
         },

@@ -5,10 +5,11 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
+use myosotis::data::dataset::Dataset;
 use myosotis::data::listops::{generate, tokenize, ListOpsConfig, VOCAB};
 use myosotis::nn::*;
 use myosotis::train::optim::{OptimConfig, Optimizer};
-use myosotis::train::trainer::{evaluate, train_epoch, Batching, Dataset};
+use myosotis::train::trainer::{evaluate, train_epoch, Batching};
 
 fn listops(n: usize, seed: u64) -> Dataset {
     let cfg = ListOpsConfig {

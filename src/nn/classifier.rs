@@ -43,15 +43,17 @@ pub enum EncoderConfig {
     Embedding { vocab: usize },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum NormKind {
     Batch,
     Layer,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum Activation {
     /// GELU, then W₁z ⊙ σ(W₂z).
     FullGlu,
@@ -73,6 +75,27 @@ pub enum Pooling {
     Root,
     /// Myo: the mean over the top `k` BFS levels of the last block (k = 1 is the root; §3.2).
     TopLevels { k: usize },
+}
+
+impl std::str::FromStr for Pooling {
+    type Err = String;
+
+    /// `mean`, `last`, `root` or `top:K` (K ≥ 1).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s {
+            "mean" => Pooling::Mean,
+            "last" => Pooling::Last,
+            "root" => Pooling::Root,
+            _ => match s.strip_prefix("top:").map(str::parse) {
+                Some(Ok(k)) if k >= 1 => Pooling::TopLevels { k },
+                _ => {
+                    return Err(format!(
+                        "'{s}': expected mean, last, root or top:K with K ≥ 1"
+                    ))
+                }
+            },
+        })
+    }
 }
 
 /// Configuration of a [`SequenceClassifier`].
@@ -383,7 +406,8 @@ impl SequenceClassifier {
         // Myo layers over all tree nodes: the virtual nodes start from zero features (their
         // first layer's learned inputs) and are carried from block to block like the leaves.
         let tree = self.node_tree();
-        if let Some(tree) = tree {
+        let steps = h.dim(1)?;
+        if let Some(tree) = tree.filter(|t| t.len() > steps) {
             let (b, len, hdim) = h.dims3()?;
             let virt = Tensor::zeros((b, tree.len() - len, hdim), h.dtype(), h.device())?;
             h = Tensor::cat(&[h, virt], 1)?;
@@ -412,7 +436,7 @@ impl SequenceClassifier {
         }
         let pooled = match &tree {
             Some(tree) if node_pooling => top_levels(&h, tree, self.cfg.pooling)?,
-            Some(tree) => self.pool_steps(&h.narrow(1, 0, tree.leaves())?, lengths)?,
+            Some(_) => self.pool_steps(&h.narrow(1, 0, steps)?, lengths)?,
             None => self.pool_steps(&h, lengths)?,
         };
         candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1)

@@ -130,8 +130,9 @@ impl MyoConfig {
 
 /// How the couplings B_v, C_v of node v and its parent enter T_G (scalar heads: C_v = B_v† is
 /// the complex conjugate; d × d blocks: the transpose).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum Coupling {
     /// The paper's solve (Appendix A, Algorithm 1 and eq. 18: Â_p = I + Σ_c C_c B_c): it
     /// eliminates with a plus sign, i.e. solves the matrix with −B_v at (v, parent) and

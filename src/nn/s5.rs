@@ -26,16 +26,18 @@ use super::{complex::C, param_with};
 use crate::ops::{channel_mul, linear_scan, ScanOptions};
 
 /// How the continuous system is discretised.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum Discretization {
     Zoh,
     Bilinear,
 }
 
 /// How C is initialised.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum CInit {
     /// Truncated normal (±2σ) with σ² = 1/P per entry, then C̃ = C V.
     TruncStandardNormal,

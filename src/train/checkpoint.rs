@@ -1,4 +1,4 @@
-//! Model checkpoints as safetensors files.
+//! Model checkpoints as safetensors files, and the other files of a run's folder ([`RunDir`]).
 //!
 //! * Tensor names mirror the module tree (`layers.3.ssm.lambda_re`): they are the names of the
 //!   model's `VarMap`, as given by the `VarBuilder` prefixes. Python's `safetensors` package
@@ -15,19 +15,20 @@
 //! * The same tensors and metadata always give the same bytes.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Metadata key of the model config (JSON).
 pub const CONFIG_KEY: &str = "myosotis.config";
 /// Metadata key of the checkpoint format version.
 pub const FORMAT_KEY: &str = "myosotis.format";
-const FORMAT: &str = "1";
+/// Format 2: a run's config holds its whole task description and its data source.
+pub const FORMAT: &str = "2";
 
 /// Names of the optimiser's tensors in a resumable checkpoint start with this (model variables
 /// never contain a `/`).
@@ -90,37 +91,41 @@ fn write_checkpoint<C: Serialize>(
     write_safetensors(tensors, metadata, path)
 }
 
-/// Writes named tensors and metadata to the safetensors file `path` atomically (a temporary
-/// file in the same directory, then a rename; the temporary file is removed on failure), the
-/// same tensors and metadata always as the same bytes.
+/// Writes named tensors and metadata to the safetensors file `path` atomically (see
+/// [`write_atomic`]), the same tensors and metadata always as the same bytes.
 pub(crate) fn write_safetensors(
     tensors: &[(String, Tensor)],
     metadata: HashMap<String, String>,
     path: &Path,
 ) -> Result<()> {
+    let named = tensors.iter().map(|(k, t)| (k.as_str(), t));
+    let bytes = safetensors::serialize(named, Some(metadata))
+        .map_err(anyhow::Error::from)
+        .and_then(canonical_header)
+        .with_context(|| format!("writing {}", path.display()))?;
+    write_atomic(path, &bytes)
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file `.NAME.PID.tmp` in the same folder,
+/// then a rename, so that `path` holds either its old or its new content whenever the process
+/// dies; the temporary file is removed when the write fails. Every file of a run is written
+/// this way.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let name = path
         .file_name()
-        .with_context(|| format!("checkpoint path {} has no file name", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let named = tensors.iter().map(|(k, t)| (k.as_str(), t));
-    let written = safetensors::serialize(named, Some(metadata))
+        .with_context(|| format!("path {} has no file name", path.display()))?
+        .to_string_lossy();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let written = super::pause::fail_point(&format!("write {name}"))
         .map_err(anyhow::Error::from)
-        .and_then(canonical_header)
-        .and_then(|bytes| {
-            super::pause::fail_point(&format!("write {}", name.to_string_lossy()))?;
-            Ok(std::fs::write(&tmp, bytes)?)
-        })
+        .and_then(|_| Ok(std::fs::write(&tmp, bytes)?))
         .with_context(|| format!("writing {}", path.display()));
     if written.is_ok() {
-        super::pause::point(&format!("rename {}", name.to_string_lossy()));
+        super::pause::point(&format!("rename {name}"));
     }
     if let Err(e) = written.and_then(|_| {
         std::fs::rename(&tmp, path)
@@ -169,6 +174,26 @@ pub fn read<C: DeserializeOwned>(path: &Path) -> Result<Checkpoint<C>> {
         .with_context(|| format!("cannot read checkpoint {}", path.display()))?;
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
         .map_err(|e| anyhow::anyhow!("{} is not a valid safetensors file: {e}", path.display()))?;
+    match meta.metadata().as_ref().and_then(|m| m.get(FORMAT_KEY)) {
+        Some(f) if f == FORMAT => {}
+        Some(f) => bail!(
+            "{}: checkpoint format {f}, this version of myosotis reads format {FORMAT} (retrain, \
+             or use the version that wrote it)",
+            path.display()
+        ),
+        None if meta
+            .metadata()
+            .as_ref()
+            .is_some_and(|m| m.contains_key(CONFIG_KEY)) =>
+        {
+            bail!(
+            "{}: no checkpoint format (metadata key '{FORMAT_KEY}'); written by an early version \
+             of myosotis that this one cannot read",
+            path.display()
+        )
+        }
+        None => {}
+    }
     let json = meta
         .metadata()
         .as_ref()
@@ -243,4 +268,180 @@ pub fn load_into(varmap: &VarMap, tensors: &HashMap<String, Tensor>, path: &Path
             .with_context(|| format!("{}: setting tensor '{name}'", path.display()))?;
     }
     Ok(())
+}
+
+/// One evaluation of a run, a line of its `metrics.jsonl`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MetricRecord {
+    /// 1-based.
+    pub epoch: usize,
+    /// `train`, `val` or `test`.
+    pub split: String,
+    /// Mean loss (JSON `null` when not finite).
+    #[serde(deserialize_with = "nan_if_null")]
+    pub loss: f64,
+    pub accuracy: f64,
+    /// Optimiser steps taken so far.
+    pub step: usize,
+    /// Wall time since the run began.
+    pub seconds: f64,
+}
+
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// Reads the records of a `metrics.jsonl` file; a line that does not parse is an error naming
+/// the file and the line.
+pub fn read_metrics(path: &Path) -> Result<Vec<MetricRecord>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .with_context(|| format!("{} line {}: not a metric record", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// A run's output folder and every file in it:
+/// * `config.json` — the run's config (also in every checkpoint's metadata);
+/// * `metrics.jsonl` — one [`MetricRecord`] per evaluation;
+/// * `last.safetensors` after every epoch — the model, and for resuming the optimiser's moments
+///   and the run's progress, in one atomic write, so a run killed at any moment resumes from
+///   its last complete epoch — and `best.safetensors` at the best validation accuracy;
+/// * `curves.svg` — the curves of the metrics.
+///
+/// Each file is replaced atomically ([`write_atomic`]); `metrics.jsonl` is appended to, and a
+/// line cut short by a kill is dropped when the run resumes.
+pub struct RunDir {
+    dir: PathBuf,
+}
+
+impl RunDir {
+    /// The files of a run.
+    pub const FILES: [&'static str; 5] = [
+        "config.json",
+        "metrics.jsonl",
+        "curves.svg",
+        "best.safetensors",
+        "last.safetensors",
+    ];
+
+    /// The folder `dir`, created if missing.
+    pub fn create(dir: &Path) -> Result<RunDir> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(RunDir {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("config.json")
+    }
+
+    pub fn metrics(&self) -> PathBuf {
+        self.dir.join("metrics.jsonl")
+    }
+
+    pub fn curves(&self) -> PathBuf {
+        self.dir.join("curves.svg")
+    }
+
+    pub fn best(&self) -> PathBuf {
+        self.dir.join("best.safetensors")
+    }
+
+    pub fn last(&self) -> PathBuf {
+        self.dir.join("last.safetensors")
+    }
+
+    /// The run files the folder holds.
+    pub fn held(&self) -> Vec<&'static str> {
+        Self::FILES
+            .into_iter()
+            .filter(|f| self.dir.join(f).exists())
+            .collect()
+    }
+
+    /// Deletes the run files the folder holds.
+    pub fn remove_run(&self) -> Result<()> {
+        for f in self.held() {
+            let path = self.dir.join(f);
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the temporary files that a process killed while writing left (`.NAME.PID.tmp`
+    /// of a run file): they never hold anything the run still needs.
+    pub fn remove_stale_temporaries(&self) -> Result<()> {
+        let entries = std::fs::read_dir(&self.dir)
+            .with_context(|| format!("reading {}", self.dir.display()))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let ours = Self::FILES
+                .iter()
+                .any(|f| name.starts_with(&format!(".{f}.")) && name.ends_with(".tmp"));
+            if ours {
+                std::fs::remove_file(entry.path())
+                    .with_context(|| format!("removing {}", entry.path().display()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the run's config as `config.json`.
+    pub fn write_config<C: Serialize>(&self, config: &C) -> Result<()> {
+        write_atomic(
+            &self.config(),
+            serde_json::to_string_pretty(config)?.as_bytes(),
+        )
+    }
+
+    /// Appends `record` to `metrics.jsonl`.
+    pub fn append_metric(&self, record: &MetricRecord) -> Result<()> {
+        use std::io::Write as _;
+        let path = self.metrics();
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        writeln!(f, "{}", serde_json::to_string(record)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Keeps the records of `metrics.jsonl` up to epoch `epochs` (those a resumed run has in its
+    /// checkpoint) and drops the rest, a line cut short included; returns the wall time of the
+    /// last one kept.
+    pub fn keep_metrics_until(&self, epochs: usize) -> Result<f64> {
+        let path = self.metrics();
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(0.0);
+        };
+        let mut seconds = 0.0f64;
+        let kept: String = text
+            .lines()
+            .filter(|l| match serde_json::from_str::<MetricRecord>(l) {
+                Ok(r) if r.epoch <= epochs => {
+                    seconds = seconds.max(r.seconds);
+                    true
+                }
+                _ => false,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        if kept.len() != text.len() {
+            write_atomic(&path, kept.as_bytes())?;
+        }
+        Ok(seconds)
+    }
 }

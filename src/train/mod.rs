@@ -3,6 +3,7 @@
 //! training loop, whole runs, and their curves.
 
 pub mod checkpoint;
+pub mod config;
 pub mod optim;
 pub(crate) mod pause;
 pub mod plot;

@@ -3,37 +3,24 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use plotters::prelude::*;
+
+use super::checkpoint::read_metrics;
 
 /// One split's (epoch, value) points.
 type Series = Vec<(f64, f64)>;
 
-/// Reads `metrics` (one JSON object per line with `epoch`, `split`, `loss`, `accuracy`) and
-/// writes the curves to `svg`.
+/// Reads `metrics` (a run's `metrics.jsonl`, see [`super::checkpoint::MetricRecord`]) and writes the curves to
+/// `svg`.
 pub fn curves(metrics: &Path, svg: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(metrics)
-        .with_context(|| format!("cannot read {}", metrics.display()))?;
     let splits = ["train", "val", "test"];
     let mut loss: Vec<Series> = vec![Vec::new(); splits.len()];
     let mut acc: Vec<Series> = vec![Vec::new(); splits.len()];
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}: not JSON", metrics.display(), i + 1))?;
-        let field = |k: &str| {
-            v.get(k)
-                .and_then(|x| x.as_f64())
-                .with_context(|| format!("{} line {}: no number `{k}`", metrics.display(), i + 1))
-        };
-        let split = v.get("split").and_then(|s| s.as_str()).unwrap_or("");
-        if let Some(s) = splits.iter().position(|&n| n == split) {
-            let epoch = field("epoch")?;
-            loss[s].push((epoch, field("loss")?));
-            acc[s].push((epoch, field("accuracy")?));
+    for r in read_metrics(metrics)? {
+        if let Some(s) = splits.iter().position(|&n| n == r.split) {
+            loss[s].push((r.epoch as f64, r.loss));
+            acc[s].push((r.epoch as f64, r.accuracy));
         }
     }
     let last_epoch = loss.iter().flatten().map(|p| p.0).fold(1.0f64, f64::max);

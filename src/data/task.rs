@@ -1,0 +1,518 @@
+//! The tasks `myo train --task NAME` knows, one [`Task`] entry each in [`registry`]: where the
+//! examples come from, how they become sequences (length, features, normalisation, pixel
+//! order), the classes and splits, and what the task implies for the models (Myo's tree, S5's
+//! direction). A run's config holds its whole `Task`, so a checkpoint rebuilds its data
+//! pipeline from the file alone, and a task defined outside the registry runs the same way.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use rand::seq::SliceRandom;
+use rand::{rngs::StdRng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use super::dataset::Dataset;
+use super::images::ImageSet;
+use super::listops::{self, ListOpsConfig};
+use crate::nn::{EncoderConfig, TreeSpec};
+
+/// One task: a labelled sequence-classification problem.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// The name `--task` takes.
+    pub name: String,
+    pub input: Input,
+    pub classes: usize,
+    /// Myo's tree over the sequence.
+    pub tree: TreeShape,
+    /// S5 scans one way (causal) unless told otherwise; bidirectional when false.
+    pub causal: bool,
+}
+
+/// What the examples are and how they become sequences.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Input {
+    /// ListOps expressions as tokens of [`listops::VOCAB`], at most `max_len` with EOS.
+    Listops { max_len: usize },
+    /// Images as pixel sequences.
+    Pixels(Pixels),
+}
+
+/// An image task's pixels.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pixels {
+    pub files: ImageFiles,
+    /// Images are `side` × `side`.
+    pub side: usize,
+    /// Convert RGB to one grey value (ITU-R 601 luma, as LRA's image task).
+    pub grey: bool,
+    /// Per-feature normalisation of values in [0, 1]: (x − mean) / std.
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+    pub order: Order,
+    pub split: Split,
+}
+
+/// The file formats of the image datasets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageFiles {
+    /// MNIST IDX (`train-images-idx3-ubyte`, optionally gzipped, …).
+    Mnist,
+    /// CIFAR-10 binary batches (`data_batch_1.bin`, …, `test_batch.bin`).
+    Cifar10,
+    /// An LRA Pathfinder folder (`metadata/*.npy` and `imgs/`) of `side` × `side` images.
+    Pathfinder,
+}
+
+impl ImageFiles {
+    /// Values per pixel in the files.
+    pub fn channels(self) -> usize {
+        match self {
+            ImageFiles::Cifar10 => 3,
+            ImageFiles::Mnist | ImageFiles::Pathfinder => 1,
+        }
+    }
+}
+
+/// The order of the pixels in the sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Order {
+    /// Row by row.
+    Raster,
+    /// Morton (Z) order: the leaves of the image's quad tree, left to right.
+    Morton,
+    /// A fixed random permutation drawn with `seed`.
+    Permuted { seed: u64 },
+}
+
+/// How the examples are split into training, validation and test sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Split {
+    /// Test: the test files; validation: a tenth of the training files drawn with `seed`
+    /// (S5's choice); training: the rest.
+    HoldOut { seed: u64 },
+    /// One set of examples, shuffled with `seed` and cut 80 / 10 / 10 into training,
+    /// validation and test (S5's Pathfinder split; the permutation is ours, not torch's).
+    Shuffle { seed: u64 },
+}
+
+/// The tree a Myo layer puts over the task's sequences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TreeShape {
+    /// The quad tree of the image (its leaves in Morton order).
+    Quad,
+    /// A k-ary tree over the sequence, ragged when the length is not a power of k.
+    Ragged { arity: usize },
+    /// A chain: Myo as a state-space model (Myosotis §3.4).
+    Chain,
+}
+
+impl std::str::FromStr for TreeShape {
+    type Err = String;
+
+    /// `quad`, `chain` or `K-ary` (K ≥ 2).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s {
+            "quad" => TreeShape::Quad,
+            "chain" => TreeShape::Chain,
+            _ => match s.strip_suffix("-ary").map(str::parse) {
+                Some(Ok(arity)) if arity >= 2 => TreeShape::Ragged { arity },
+                _ => return Err(format!("'{s}': expected quad, chain or K-ary with K ≥ 2")),
+            },
+        })
+    }
+}
+
+/// Where a run's examples are read from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DataSource {
+    /// Files in a folder, in the task's format.
+    Dir { dir: PathBuf },
+    /// The Hugging Face Hub (MNIST and CIFAR-10; see [`crate::data::hub`]).
+    Hub,
+    /// ListOps from the built-in generator.
+    Generated(Generated),
+}
+
+/// ListOps from the built-in generator: split sizes and generator settings (split k uses
+/// `seed + k`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Generated {
+    pub train: usize,
+    pub val: usize,
+    pub test: usize,
+    pub max_depth: usize,
+    pub max_args: usize,
+    pub min_length: usize,
+    /// Tokens with EOS.
+    pub max_length: usize,
+    pub seed: u64,
+}
+
+impl Generated {
+    /// The embedded default: short expressions, so that a CPU run takes minutes.
+    pub fn quick(seed: u64) -> Generated {
+        Generated {
+            train: 4000,
+            val: 500,
+            test: 500,
+            max_depth: 4,
+            max_args: 5,
+            min_length: 8,
+            max_length: 64,
+            seed,
+        }
+    }
+}
+
+/// MNIST pixels in `order`.
+fn mnist(name: &str, order: Order, causal: bool) -> Task {
+    Task {
+        name: name.into(),
+        input: Input::Pixels(Pixels {
+            files: ImageFiles::Mnist,
+            side: 28,
+            grey: false,
+            mean: vec![0.1307],
+            std: vec![0.3081],
+            order,
+            split: Split::HoldOut { seed: 42 },
+        }),
+        classes: 10,
+        tree: if order == Order::Morton {
+            TreeShape::Quad
+        } else {
+            TreeShape::Ragged { arity: 4 }
+        },
+        causal,
+    }
+}
+
+/// CIFAR-10 RGB pixels (S5's normalisation) in `order`.
+fn cifar(name: &str, order: Order) -> Task {
+    Task {
+        name: name.into(),
+        input: Input::Pixels(Pixels {
+            files: ImageFiles::Cifar10,
+            side: 32,
+            grey: false,
+            mean: vec![0.4914, 0.4822, 0.4465],
+            std: vec![0.247, 0.243, 0.261],
+            order,
+            split: Split::HoldOut { seed: 42 },
+        }),
+        classes: 10,
+        tree: if order == Order::Morton {
+            TreeShape::Quad
+        } else {
+            TreeShape::Ragged { arity: 4 }
+        },
+        causal: false,
+    }
+}
+
+/// LRA Pathfinder images of `side` × `side`; Myo uses a tree of `arity`.
+fn pathfinder(name: &str, side: usize, arity: usize) -> Task {
+    Task {
+        name: name.into(),
+        input: Input::Pixels(Pixels {
+            files: ImageFiles::Pathfinder,
+            side,
+            grey: false,
+            mean: vec![0.5],
+            std: vec![0.5],
+            order: Order::Raster,
+            split: Split::Shuffle { seed: 42 },
+        }),
+        classes: 2,
+        tree: TreeShape::Ragged { arity },
+        causal: false,
+    }
+}
+
+/// Every built-in task. Myo's trees follow Myosotis §5: the quad tree for Morton-ordered
+/// images, binary trees for Path-X and token sequences, 4-ary for the other images. S5 runs
+/// sMNIST and psMNIST causally (S5 Appendix G.2.2), the others bidirectionally.
+pub fn registry() -> Vec<Task> {
+    vec![
+        Task {
+            name: "listops".into(),
+            input: Input::Listops { max_len: 2048 },
+            classes: 10,
+            tree: TreeShape::Ragged { arity: 2 },
+            causal: false,
+        },
+        mnist("smnist", Order::Raster, true),
+        mnist("psmnist", Order::Permuted { seed: 92 }, true),
+        mnist("zmnist", Order::Morton, false),
+        cifar("scifar", Order::Raster),
+        cifar("zcifar", Order::Morton),
+        Task {
+            name: "lra-image".into(),
+            input: Input::Pixels(Pixels {
+                files: ImageFiles::Cifar10,
+                side: 32,
+                grey: true,
+                mean: vec![122.6 / 255.0],
+                std: vec![61.0 / 255.0],
+                order: Order::Raster,
+                split: Split::HoldOut { seed: 42 },
+            }),
+            classes: 10,
+            tree: TreeShape::Ragged { arity: 4 },
+            causal: false,
+        },
+        pathfinder("pathfinder", 32, 4),
+        pathfinder("pathx", 128, 2),
+    ]
+}
+
+/// The registered task called `name`.
+pub fn find(name: &str) -> Result<Task> {
+    let all = registry();
+    let names: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
+    let names = names.join(", ");
+    all.into_iter()
+        .find(|t| t.name == name)
+        .with_context(|| format!("--task {name}: expected one of {names}"))
+}
+
+impl Task {
+    /// The image pixels, for image tasks.
+    pub fn pixels(&self) -> Option<&Pixels> {
+        match &self.input {
+            Input::Pixels(p) => Some(p),
+            Input::Listops { .. } => None,
+        }
+    }
+
+    /// The longest sequence (for images, the number of pixels): the padding of Myo's trees.
+    pub fn max_len(&self) -> usize {
+        match &self.input {
+            Input::Listops { max_len } => *max_len,
+            Input::Pixels(p) => p.side * p.side,
+        }
+    }
+
+    /// How the model reads the inputs.
+    pub fn encoder(&self) -> EncoderConfig {
+        match &self.input {
+            Input::Listops { .. } => EncoderConfig::Embedding {
+                vocab: listops::VOCAB,
+            },
+            Input::Pixels(p) => EncoderConfig::Linear {
+                features: p.features(),
+            },
+        }
+    }
+
+    /// Myo's tree for the task's sequences.
+    pub fn tree_spec(&self) -> Result<TreeSpec> {
+        let len = self.max_len();
+        Ok(match (self.tree, self.pixels()) {
+            (TreeShape::Quad, Some(p)) => TreeSpec::Quad {
+                height: p.side,
+                width: p.side,
+            },
+            (TreeShape::Quad, None) => {
+                bail!("task {}: a quad tree needs an image task", self.name)
+            }
+            (TreeShape::Ragged { arity }, _) => TreeSpec::Ragged { leaves: len, arity },
+            (TreeShape::Chain, _) => TreeSpec::Chain { len },
+        })
+    }
+
+    /// The dataset `--hub` serves for this task, if any.
+    pub fn hub_dataset(&self) -> Option<super::hub::HubDataset> {
+        use super::hub::HubDataset;
+        match self.pixels()?.files {
+            ImageFiles::Mnist => Some(HubDataset::Mnist),
+            ImageFiles::Cifar10 => Some(HubDataset::Cifar10),
+            ImageFiles::Pathfinder => None,
+        }
+    }
+
+    /// The training, validation and test splits, read from `data`.
+    pub fn load(&self, data: &DataSource) -> Result<[Dataset; 3]> {
+        match (&self.input, data) {
+            (Input::Listops { .. }, DataSource::Generated(g)) => generate_listops(g),
+            (Input::Listops { .. }, DataSource::Dir { dir }) => {
+                let read = |s: &str| {
+                    listops::read_tsv(&dir.join(format!("basic_{s}.tsv"))).map(listops_set)
+                };
+                Ok([read("train")?, read("val")?, read("test")?])
+            }
+            (Input::Listops { .. }, DataSource::Hub) => {
+                bail!("--hub serves MNIST and CIFAR-10; ListOps reads --data-dir or the built-in generator")
+            }
+            (Input::Pixels(_), DataSource::Generated(_)) => {
+                bail!("task {}: the generator makes ListOps only", self.name)
+            }
+            (Input::Pixels(p), DataSource::Dir { dir }) => p.load(dir),
+            (Input::Pixels(p), DataSource::Hub) => {
+                let Some(dataset) = self.hub_dataset() else {
+                    bail!(
+                        "--hub serves MNIST and CIFAR-10 only; {} needs --data-dir (the LRA release)",
+                        self.name
+                    );
+                };
+                let (train, test) = super::hub::Hub::from_env().load(dataset)?;
+                p.split_pair(&train, &test)
+            }
+        }
+    }
+}
+
+fn listops_set(examples: Vec<listops::Example>) -> Dataset {
+    Dataset::Tokens {
+        seqs: examples
+            .iter()
+            .map(|e| listops::tokenize(&e.source))
+            .collect(),
+        labels: examples.iter().map(|e| e.label as u32).collect(),
+    }
+}
+
+fn generate_listops(g: &Generated) -> Result<[Dataset; 3]> {
+    let mut out = vec![];
+    for (k, n) in [g.train, g.val, g.test].into_iter().enumerate() {
+        // max_length counts tokens with EOS, so expressions stay one shorter.
+        let cfg = ListOpsConfig {
+            max_depth: g.max_depth,
+            max_args: g.max_args,
+            min_length: g.min_length,
+            max_length: g.max_length - 1,
+            seed: g.seed + k as u64,
+        };
+        let examples = listops::generate(&cfg, n)?
+            .iter()
+            .map(|e| listops::Example {
+                source: e.to_lra_string(),
+                label: e.value(),
+            })
+            .collect();
+        out.push(listops_set(examples));
+    }
+    Ok(out.try_into().expect("three splits"))
+}
+
+impl Pixels {
+    /// Input features per pixel.
+    pub fn features(&self) -> usize {
+        if self.grey {
+            1
+        } else {
+            self.files.channels()
+        }
+    }
+
+    /// Sequence position → row-major pixel index.
+    pub fn order(&self) -> Vec<usize> {
+        let n = self.side * self.side;
+        match self.order {
+            Order::Raster => (0..n).collect(),
+            Order::Morton => {
+                crate::tree::Ordering::morton(self.side, self.side)
+                    .expect("a non-empty image")
+                    .perm
+            }
+            Order::Permuted { seed } => {
+                let mut p: Vec<usize> = (0..n).collect();
+                p.shuffle(&mut StdRng::seed_from_u64(seed));
+                p
+            }
+        }
+    }
+
+    /// Images `idx` of `set` as normalised pixel sequences.
+    fn sequences(&self, set: &ImageSet, idx: &[usize]) -> Dataset {
+        let features = self.features();
+        let order = self.order();
+        let (mean, std) = (&self.mean, &self.std);
+        let mut values = Vec::with_capacity(idx.len() * order.len() * features);
+        for &i in idx {
+            let img = set.image(i);
+            for &px in &order {
+                let p = &img[px * set.channels..(px + 1) * set.channels];
+                if self.grey {
+                    let grey = 0.2989 * p[0] as f32 + 0.5870 * p[1] as f32 + 0.1140 * p[2] as f32;
+                    values.push((grey / 255.0 - mean[0]) / std[0]);
+                } else {
+                    for c in 0..features {
+                        values.push((p[c] as f32 / 255.0 - mean[c]) / std[c]);
+                    }
+                }
+            }
+        }
+        Dataset::Real {
+            values,
+            len: order.len(),
+            features,
+            labels: idx.iter().map(|&i| set.labels[i] as u32).collect(),
+        }
+    }
+
+    /// The splits from the files in `dir`.
+    fn load(&self, dir: &std::path::Path) -> Result<[Dataset; 3]> {
+        use super::images::{read_cifar10, read_mnist, CIFAR_TEST, CIFAR_TRAIN};
+        match self.files {
+            ImageFiles::Pathfinder => {
+                use super::pathfinder::{locate, read_pathfinder};
+                let all = read_pathfinder(&locate(dir, self.side)?, self.side)?;
+                self.split_one(&all)
+            }
+            ImageFiles::Mnist => {
+                self.split_pair(&read_mnist(dir, "train")?, &read_mnist(dir, "t10k")?)
+            }
+            ImageFiles::Cifar10 => self.split_pair(
+                &read_cifar10(dir, &CIFAR_TRAIN)?,
+                &read_cifar10(dir, &CIFAR_TEST)?,
+            ),
+        }
+    }
+
+    /// The splits of a dataset that comes as training and test images.
+    fn split_pair(&self, train: &ImageSet, test: &ImageSet) -> Result<[Dataset; 3]> {
+        let Split::HoldOut { seed } = self.split else {
+            bail!(
+                "{:?} files come as training and test sets: their split is hold_out",
+                self.files
+            );
+        };
+        let mut idx: Vec<usize> = (0..train.len()).collect();
+        idx.shuffle(&mut StdRng::seed_from_u64(seed));
+        let (val, train_idx) = idx.split_at(train.len() / 10);
+        let all_test: Vec<usize> = (0..test.len()).collect();
+        Ok([
+            self.sequences(train, train_idx),
+            self.sequences(train, val),
+            self.sequences(test, &all_test),
+        ])
+    }
+
+    /// The splits of a dataset that comes as one set of images.
+    fn split_one(&self, all: &ImageSet) -> Result<[Dataset; 3]> {
+        let Split::Shuffle { seed } = self.split else {
+            bail!(
+                "{:?} files come as one set: their split is shuffle",
+                self.files
+            );
+        };
+        let mut idx: Vec<usize> = (0..all.len()).collect();
+        idx.shuffle(&mut StdRng::seed_from_u64(seed));
+        let tenth = all.len() / 10;
+        let (val, rest) = idx.split_at(tenth);
+        let (test, train) = rest.split_at(tenth);
+        Ok([
+            self.sequences(all, train),
+            self.sequences(all, val),
+            self.sequences(all, test),
+        ])
+    }
+}

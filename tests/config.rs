@@ -1,0 +1,303 @@
+//! How `myo train`'s flags resolve into a run: the task's defaults (trees, direction, encoder,
+//! classes), presets under flags, and errors that name the flag.
+
+use myosotis::data::task::{self, DataSource, Input};
+use myosotis::nn::*;
+use myosotis::train::config::{RunArgs, RunConfig};
+
+fn resolve(flags: &[&str]) -> anyhow::Result<RunConfig> {
+    RunArgs::from_flags(flags)?.resolve()
+}
+
+fn ok(flags: &[&str]) -> RunConfig {
+    resolve(flags).unwrap_or_else(|e| panic!("{flags:?}: {e:#}"))
+}
+
+fn err(flags: &[&str]) -> String {
+    match resolve(flags) {
+        Ok(cfg) => panic!("{flags:?} resolved to {cfg:?}"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+fn myo_tree(cfg: &RunConfig) -> TreeSpec {
+    match &cfg.model.layer {
+        SeqLayerConfig::Myo(m) => m.tree.clone(),
+        other => panic!("not Myo: {other:?}"),
+    }
+}
+
+fn s5(cfg: &RunConfig) -> &S5Config {
+    match &cfg.model.layer {
+        SeqLayerConfig::S5(s) => s,
+        other => panic!("not S5: {other:?}"),
+    }
+}
+
+#[test]
+fn no_flags_is_s5_on_generated_listops() {
+    let cfg = ok(&[]);
+    assert_eq!(cfg, RunArgs::default().resolve().unwrap());
+    assert_eq!(cfg.task.name, "listops");
+    assert!(matches!(cfg.data, DataSource::Generated(_)));
+    // The generator's sequences are at most 64 tokens: the task says so.
+    assert_eq!(cfg.task.input, Input::Listops { max_len: 64 });
+    assert_eq!(
+        cfg.model.encoder,
+        EncoderConfig::Embedding {
+            vocab: myosotis::data::listops::VOCAB
+        }
+    );
+    assert!(s5(&cfg).bidirectional);
+    assert_eq!(
+        (cfg.model.d_model, s5(&cfg).state, cfg.model.layers),
+        (64, 32, 2)
+    );
+    assert_eq!(cfg.model.pooling, Pooling::Mean);
+}
+
+#[test]
+fn myo_trees_follow_the_task() {
+    let myo = |task: &str| ok(&["--task", task, "--data-dir", "d", "--model", "myo"]);
+    assert_eq!(
+        myo_tree(&myo("pathx")),
+        TreeSpec::Ragged {
+            leaves: 128 * 128,
+            arity: 2
+        }
+    );
+    assert_eq!(
+        myo_tree(&myo("pathfinder")),
+        TreeSpec::Ragged {
+            leaves: 1024,
+            arity: 4
+        }
+    );
+    assert_eq!(
+        myo_tree(&myo("zmnist")),
+        TreeSpec::Quad {
+            height: 28,
+            width: 28
+        }
+    );
+    assert_eq!(
+        myo_tree(&myo("zcifar")),
+        TreeSpec::Quad {
+            height: 32,
+            width: 32
+        }
+    );
+    assert_eq!(
+        myo_tree(&myo("smnist")),
+        TreeSpec::Ragged {
+            leaves: 784,
+            arity: 4
+        }
+    );
+    assert_eq!(
+        myo_tree(&myo("listops")),
+        TreeSpec::Ragged {
+            leaves: 2048,
+            arity: 2
+        }
+    );
+    assert_eq!(myo("zmnist").model.pooling, Pooling::Root);
+    // --tree overrides the task's.
+    let chain = ok(&[
+        "--task",
+        "zmnist",
+        "--data-dir",
+        "d",
+        "--model",
+        "myo",
+        "--tree",
+        "chain",
+    ]);
+    assert_eq!(myo_tree(&chain), TreeSpec::Chain { len: 784 });
+    let binary = ok(&[
+        "--task",
+        "smnist",
+        "--data-dir",
+        "d",
+        "--model",
+        "myo",
+        "--tree",
+        "2-ary",
+    ]);
+    assert_eq!(
+        myo_tree(&binary),
+        TreeSpec::Ragged {
+            leaves: 784,
+            arity: 2
+        }
+    );
+    assert!(err(&["--model", "myo", "--tree", "quad"]).contains("quad tree needs an image"));
+    assert!(err(&["--model", "myo", "--tree", "1-ary"]).contains("K-ary with K ≥ 2"));
+}
+
+#[test]
+fn smnist_and_psmnist_are_causal_the_others_bidirectional() {
+    for (task, causal) in [
+        ("smnist", true),
+        ("psmnist", true),
+        ("zmnist", false),
+        ("scifar", false),
+        ("lra-image", false),
+        ("pathfinder", false),
+    ] {
+        let cfg = ok(&["--task", task, "--data-dir", "d"]);
+        assert_eq!(s5(&cfg).bidirectional, !causal, "{task}");
+    }
+    let flag = ok(&[
+        "--task",
+        "smnist",
+        "--data-dir",
+        "d",
+        "--bidirectional",
+        "true",
+    ]);
+    assert!(s5(&flag).bidirectional);
+}
+
+#[test]
+fn encoders_and_classes_follow_the_task() {
+    for (task, features, classes) in [
+        ("smnist", 1, 10),
+        ("scifar", 3, 10),
+        ("lra-image", 1, 10),
+        ("pathx", 1, 2),
+    ] {
+        let cfg = ok(&["--task", task, "--data-dir", "d"]);
+        assert_eq!(
+            cfg.model.encoder,
+            EncoderConfig::Linear { features },
+            "{task}"
+        );
+        assert_eq!(cfg.model.classes, classes, "{task}");
+    }
+}
+
+#[test]
+fn flags_override_the_preset_which_overrides_the_defaults() {
+    let cfg = ok(&[
+        "--task",
+        "smnist",
+        "--data-dir",
+        "d",
+        "--preset",
+        "smnist",
+        "--d-model",
+        "32",
+    ]);
+    assert_eq!(cfg.model.d_model, 32);
+    assert_eq!(s5(&cfg).state, 128);
+    assert_eq!(cfg.model.layers, 4);
+    assert_eq!(cfg.model.norm, NormKind::Batch);
+    assert_eq!(cfg.warmup_epochs, Some(1));
+    let psmnist = ok(&[
+        "--task",
+        "psmnist",
+        "--data-dir",
+        "d",
+        "--preset",
+        "psmnist",
+    ]);
+    assert!(!psmnist.model.prenorm);
+    let steps = ok(&["--preset", "listops", "--warmup-steps", "7"]);
+    assert_eq!((steps.warmup_epochs, steps.optim.warmup_steps), (None, 7));
+    assert_eq!(s5(&steps).c_init, CInit::LecunNormal);
+}
+
+#[test]
+fn layer_options_reach_the_layers() {
+    let bilinear = ok(&["--discretization", "bilinear", "--c-init", "complex_normal"]);
+    assert_eq!(s5(&bilinear).discretization, Discretization::Bilinear);
+    assert_eq!(s5(&bilinear).c_init, CInit::ComplexNormal);
+    let cfg = ok(&[
+        "--task",
+        "scifar",
+        "--data-dir",
+        "d",
+        "--model",
+        "ssm2d",
+        "--state-size",
+        "6",
+    ]);
+    match &cfg.model.layer {
+        SeqLayerConfig::Ssm2d(s) => {
+            assert_eq!((s.height, s.width, s.state, s.directions), (32, 32, 6, 4))
+        }
+        other => panic!("{other:?}"),
+    }
+    let myo = ok(&[
+        "--model",
+        "myo",
+        "--coupling",
+        "hermitian",
+        "--coupling-init",
+        "0.5:2",
+        "--heads",
+        "3",
+        "--pooling",
+        "top:2",
+        "--activation",
+        "gelu",
+    ]);
+    match &myo.model.layer {
+        SeqLayerConfig::Myo(m) => {
+            assert_eq!(
+                (m.coupling, m.coupling_init, m.heads),
+                (Coupling::Hermitian, [0.5, 2.0], 3)
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(myo.model.pooling, Pooling::TopLevels { k: 2 });
+    assert_eq!(myo.model.activation, Activation::Gelu);
+}
+
+#[test]
+fn bad_flags_are_errors_that_name_the_flag() {
+    for (flags, says) in [
+        (
+            &["--task", "mnist"][..],
+            "--task mnist: expected one of listops, smnist",
+        ),
+        (&["--task", "smnist"][..], "--task smnist needs --data-dir"),
+        (
+            &["--task", "pathx", "--hub"][..],
+            "--hub serves the MNIST and CIFAR-10 tasks",
+        ),
+        (
+            &["--task", "zmnist", "--data-dir", "d", "--model", "ssm2d"][..],
+            "raster order",
+        ),
+        (
+            &["--preset", "mnist"][..],
+            "--preset mnist: expected one of",
+        ),
+        (&["--layers", "0"][..], "--layers must be at least 1"),
+        (&["--dropout", "1"][..], "--dropout 1"),
+        (&["--bn-momentum", "1.5"][..], "--bn-momentum 1.5"),
+        (
+            &["--model", "myo", "--coupling-init", "2:1"][..],
+            "--coupling-init 2:1",
+        ),
+        (&["--model", "rnn"][..], "'rnn'"),
+        (&["--norm", "group"][..], "'group'"),
+        (&["--pooling", "top:0"][..], "top:K with K ≥ 1"),
+        (&["--data-dir", "d", "--hub"][..], "cannot be used with"),
+    ] {
+        let e = err(flags);
+        assert!(e.contains(says), "{flags:?}: {e}");
+    }
+}
+
+#[test]
+fn every_registered_task_resolves_and_has_a_preset() {
+    for t in task::registry() {
+        let cfg = ok(&["--task", &t.name, "--data-dir", "d", "--preset", &t.name]);
+        assert_eq!(cfg.task, t);
+        assert!(t.max_len() > 0 && t.classes >= 2, "{}", t.name);
+    }
+}
