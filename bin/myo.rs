@@ -2,12 +2,10 @@
 //! flags, the progress display and the printing; what a run is lives in `myosotis::train`.
 
 use anyhow::{Context, Result};
-use candle_core::DType;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use myosotis::bench::{
-    copy_bandwidth, BenchReport, HeadBench, ScanBench, StepBench, StepReport, TreeBench,
-};
+use myosotis::bench::{copy_bandwidth, HeadBench, ScanBench, StepBench, TreeBench};
+use myosotis::data::listops::{self, ListOpsConfig, Splits};
 use myosotis::device::{describe, parse_device};
 use myosotis::train::config::RunArgs;
 use myosotis::train::run::{eval_checkpoint, train, Event, Exec, Start};
@@ -98,35 +96,22 @@ enum DataCmd {
     Listops {
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value_t = 96_000)]
-        train: usize,
-        #[arg(long, default_value_t = 2_000)]
-        val: usize,
-        #[arg(long, default_value_t = 2_000)]
-        test: usize,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        #[arg(long, default_value_t = 10)]
-        max_depth: usize,
-        #[arg(long, default_value_t = 10)]
-        max_args: usize,
-        /// Lengths strictly between --min-length and --max-length are kept.
-        #[arg(long, default_value_t = 500)]
-        min_length: usize,
-        #[arg(long, default_value_t = 2000)]
-        max_length: usize,
+        #[command(flatten)]
+        splits: Splits,
+        #[command(flatten)]
+        generator: ListOpsConfig,
     },
 }
 
 #[derive(Subcommand)]
 enum BenchCmd {
     /// The linear scan h_t = a_t ⊙ h_{t-1} + b_t over (batch, len, channels).
-    Scan(ScanArgs),
+    Scan(Kernel<ScanBench>),
     /// The Myo tree solve x = T_G⁻¹ u over (batch, heads) trees.
-    Tree(TreeArgs),
+    Tree(Kernel<TreeBench>),
     /// The Myo layer's solve (scalar complex heads, unit diagonal, skew couplings) in the
     /// model's (batch, node, head) layout; the reference is the general tree solve.
-    Heads(HeadArgs),
+    Heads(Kernel<HeadBench>),
     /// A training step (forward, loss, backward) of the model `myo train` would build from the
     /// same flags, on random inputs of the task's shape; also the time in its sequence layers.
     Step(Box<StepArgs>),
@@ -158,129 +143,25 @@ struct StepArgs {
     json: bool,
 }
 
-/// Flags every kernel benchmark takes.
+/// A kernel benchmark, where it runs and how it prints.
 #[derive(Args)]
-struct BenchFlags {
+struct Kernel<B: Args> {
+    #[command(flatten)]
+    bench: B,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Complex values (trailing dimension 2).
-    #[arg(long)]
-    complex: bool,
-    /// Time forward + backward.
-    #[arg(long)]
-    backward: bool,
-    /// f32, f64, f16 or bf16.
-    #[arg(long, default_value = "f32")]
-    dtype: String,
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
-    #[arg(long, default_value_t = 15)]
-    repeats: usize,
-    /// Skip the plain-candle reference (slow: a loop over the length or the levels).
-    #[arg(long)]
-    no_reference: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
 
-#[derive(Args)]
-struct ScanArgs {
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    #[arg(long, default_value_t = 256)]
-    channels: usize,
-    #[arg(long, default_value_t = 4096)]
-    len: usize,
-    /// Gate shared over batch and length, shape (channels), as in S5.
-    #[arg(long)]
-    shared_a: bool,
-    #[command(flatten)]
-    flags: BenchFlags,
-}
-
-#[derive(Args)]
-struct HeadArgs {
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
-    #[arg(long, default_value_t = 64)]
-    heads: usize,
-    /// Leaves of the tree (perfect when a power of --arity, else ragged).
-    #[arg(long, default_value_t = 784)]
-    leaves: usize,
-    #[arg(long, default_value_t = 4)]
-    arity: usize,
-    #[command(flatten)]
-    flags: BenchFlags,
-}
-
-#[derive(Args)]
-struct TreeArgs {
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
-    #[arg(long, default_value_t = 64)]
-    heads: usize,
-    /// Leaves of the tree (perfect when a power of --arity, else ragged).
-    #[arg(long, default_value_t = 1024)]
-    leaves: usize,
-    #[arg(long, default_value_t = 4)]
-    arity: usize,
-    /// Block size d.
-    #[arg(long, default_value_t = 1)]
-    block: usize,
-    /// Right-hand sides r.
-    #[arg(long, default_value_t = 1)]
-    rhs: usize,
-    /// Coefficients per sample instead of shared across the batch.
-    #[arg(long)]
-    per_sample: bool,
-    #[command(flatten)]
-    flags: BenchFlags,
-}
-
-fn parse_dtype(s: &str) -> Result<DType> {
-    Ok(match s {
-        "f32" => DType::F32,
-        "f64" => DType::F64,
-        "f16" => DType::F16,
-        "bf16" => DType::BF16,
-        _ => anyhow::bail!("--dtype {s}: expected f32, f64, f16 or bf16"),
-    })
-}
-
-fn print_report(r: &BenchReport) {
-    println!(
-        "{} {}  device={}  {}",
-        r.op,
-        if r.backward {
-            "forward+backward"
-        } else {
-            "forward"
-        },
-        r.device,
-        r.shape
-    );
-    println!(
-        "  myosotis   median {:>10.3} ms  (min {:.3}, {} samples)  {:>8.1} GB/s = {:.0}% of copy ({:.1} GB/s)",
-        r.median_ms, r.min_ms, r.repeats, r.gbps, r.pct_of_copy, r.copy_gbps
-    );
-    if let (Some(ref_ms), Some(s)) = (r.reference_median_ms, r.speedup) {
-        println!(
-            "  reference  median {ref_ms:>10.3} ms  ({})  speed-up {s:.1}x",
-            r.reference
-        );
-    }
-    if let Some(note) = &r.reference_note {
-        println!("  reference  not timed: {note}");
-    }
-}
-
-fn emit(report: &BenchReport, json: bool) -> Result<()> {
+/// Prints a benchmark's report as text, or as one JSON object.
+fn emit<R: serde::Serialize + std::fmt::Display>(report: &R, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string(report)?);
     } else {
-        print_report(report);
+        print!("{report}");
     }
     Ok(())
 }
@@ -295,25 +176,6 @@ fn keep_large_allocations() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
     }
-}
-
-fn print_step(r: &StepReport, json: bool) -> Result<()> {
-    if json {
-        println!("{}", serde_json::to_string(r)?);
-        return Ok(());
-    }
-    println!("step  device={}  {}", r.device, r.shape);
-    for (what, t) in [
-        ("forward + backward", r.step),
-        ("  in the layers   ", r.layers),
-        ("forward           ", r.forward),
-    ] {
-        println!(
-            "  {what}  median {:>9.2} ms  (min {:.2}, {} samples)",
-            t.median_ms, t.min_ms, t.repeats
-        );
-    }
-    Ok(())
 }
 
 /// Shows a run's [`Event`]s: a progress bar per epoch with the running loss and accuracy, and
@@ -418,64 +280,17 @@ fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench { which } => match which {
-            BenchCmd::Scan(a) => {
-                let device = parse_device(&a.flags.device)?;
-                let bench = ScanBench {
-                    batch: a.batch,
-                    channels: a.channels,
-                    len: a.len,
-                    complex: a.flags.complex,
-                    shared_a: a.shared_a,
-                    backward: a.flags.backward,
-                    dtype: parse_dtype(&a.flags.dtype)?,
-                    warmup: a.flags.warmup,
-                    repeats: a.flags.repeats,
-                    reference: !a.flags.no_reference,
-                };
-                emit(
-                    &bench.run(&device).context("scan benchmark failed")?,
-                    a.flags.json,
-                )?;
+            BenchCmd::Scan(k) => {
+                let r = k.bench.run(&parse_device(&k.device)?);
+                emit(&r.context("scan benchmark failed")?, k.json)?;
             }
-            BenchCmd::Tree(a) => {
-                let device = parse_device(&a.flags.device)?;
-                let bench = TreeBench {
-                    batch: a.batch,
-                    heads: a.heads,
-                    leaves: a.leaves,
-                    arity: a.arity,
-                    block: a.block,
-                    rhs: a.rhs,
-                    complex: a.flags.complex,
-                    per_sample: a.per_sample,
-                    backward: a.flags.backward,
-                    dtype: parse_dtype(&a.flags.dtype)?,
-                    warmup: a.flags.warmup,
-                    repeats: a.flags.repeats,
-                    reference: !a.flags.no_reference,
-                };
-                emit(
-                    &bench.run(&device).context("tree benchmark failed")?,
-                    a.flags.json,
-                )?;
+            BenchCmd::Tree(k) => {
+                let r = k.bench.run(&parse_device(&k.device)?);
+                emit(&r.context("tree benchmark failed")?, k.json)?;
             }
-            BenchCmd::Heads(a) => {
-                let device = parse_device(&a.flags.device)?;
-                let bench = HeadBench {
-                    batch: a.batch,
-                    heads: a.heads,
-                    leaves: a.leaves,
-                    arity: a.arity,
-                    backward: a.flags.backward,
-                    dtype: parse_dtype(&a.flags.dtype)?,
-                    warmup: a.flags.warmup,
-                    repeats: a.flags.repeats,
-                    reference: !a.flags.no_reference,
-                };
-                emit(
-                    &bench.run(&device).context("head-solve benchmark failed")?,
-                    a.flags.json,
-                )?;
+            BenchCmd::Heads(k) => {
+                let r = k.bench.run(&parse_device(&k.device)?);
+                emit(&r.context("head-solve benchmark failed")?, k.json)?;
             }
             BenchCmd::Step(a) => {
                 let device = parse_device(&a.device)?;
@@ -493,7 +308,7 @@ fn run() -> Result<()> {
                     warmup: a.warmup,
                     repeats: a.repeats,
                 };
-                print_step(
+                emit(
                     &bench.run(&device).context("step benchmark failed")?,
                     a.json,
                 )?;
@@ -561,28 +376,16 @@ fn run() -> Result<()> {
             }
             DataCmd::Listops {
                 out,
-                train,
-                val,
-                test,
-                seed,
-                max_depth,
-                max_args,
-                min_length,
-                max_length,
+                splits,
+                generator,
             } => {
-                let cfg = myosotis::data::listops::ListOpsConfig {
-                    max_depth,
-                    max_args,
-                    min_length,
-                    max_length,
-                    seed,
-                };
-                let splits = myosotis::data::listops::Splits { train, val, test };
-                myosotis::data::listops::write_dataset(&out, &cfg, splits)
-                    .context("generating ListOps")?;
+                listops::write_dataset(&out, &generator, splits).context("generating ListOps")?;
                 println!(
-                    "ListOps written to {} ({train} / {val} / {test} examples)",
-                    out.display()
+                    "ListOps written to {} ({} / {} / {} examples)",
+                    out.display(),
+                    splits.train,
+                    splits.val,
+                    splits.test
                 );
             }
         },

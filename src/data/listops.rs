@@ -124,14 +124,19 @@ impl Expr {
     }
 }
 
-/// Generator settings (the LRA's defaults).
-#[derive(Clone, Debug, PartialEq)]
+/// Generator settings (the LRA's defaults; also `myo data listops`'s flags).
+#[derive(Clone, Debug, PartialEq, clap::Args)]
 pub struct ListOpsConfig {
+    #[arg(long, default_value_t = 10)]
     pub max_depth: usize,
+    #[arg(long, default_value_t = 10)]
     pub max_args: usize,
-    /// Lengths strictly between `min_length` and `max_length` are kept.
+    /// Lengths strictly between --min-length and --max-length are kept.
+    #[arg(long, default_value_t = 500)]
     pub min_length: usize,
+    #[arg(long, default_value_t = 2000)]
     pub max_length: usize,
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
 
@@ -341,11 +346,14 @@ pub fn read_tsv(path: &Path) -> Result<Vec<Example>> {
     Ok(out)
 }
 
-/// Sizes of the three splits written by [`write_dataset`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Sizes of the three splits written by [`write_dataset`] (the LRA's by default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::Args)]
 pub struct Splits {
+    #[arg(long, default_value_t = 96_000)]
     pub train: usize,
+    #[arg(long, default_value_t = 2_000)]
     pub val: usize,
+    #[arg(long, default_value_t = 2_000)]
     pub test: usize,
 }
 
