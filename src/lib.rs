@@ -4,6 +4,7 @@
 //! [`ops::linear_scan`] (S5, minGRU, 2-D SSM rows) and the Myo tree solve.
 
 pub mod bench;
+pub mod complex;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;

@@ -6,20 +6,19 @@
 //! So a level is a range of node numbers, and the children of all nodes, taken in node order,
 //! are exactly the nodes 0..n-1 except the root: the child ranges form one compressed list.
 
-use std::fmt;
 use std::ops::Range;
 
 /// An error in a tree or ordering description.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid tree: {0}")]
 pub struct TreeError(pub String);
 
-impl fmt::Display for TreeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid tree: {}", self.0)
+/// The layers and ops, which speak candle's error, take a tree error with `?`.
+impl From<TreeError> for candle_core::Error {
+    fn from(e: TreeError) -> Self {
+        candle_core::Error::wrap(e)
     }
 }
-
-impl std::error::Error for TreeError {}
 
 macro_rules! tree_bail {
     ($($arg:tt)*) => { return Err(TreeError(format!($($arg)*))) };

@@ -3,7 +3,17 @@
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor, Var};
-use myosotis::train::optim::{is_ssm_param, OptimConfig, Optimizer};
+use myosotis::nn::ParamGroup;
+use myosotis::train::optim::{OptimConfig, Optimizer};
+
+/// The groups by name, for these tests' hand-made variables.
+fn by_name(name: &str) -> ParamGroup {
+    if name.contains(".ssm.") {
+        ParamGroup::Ssm
+    } else {
+        ParamGroup::Regular
+    }
+}
 
 fn cfg() -> OptimConfig {
     OptimConfig {
@@ -51,7 +61,7 @@ fn one_step_is_adamw_with_decay_only_on_the_regular_group() {
         warmup_steps: 0,
         ..cfg()
     };
-    let mut opt = Optimizer::new(c.clone(), &vars, |_| false).unwrap();
+    let mut opt = Optimizer::new(c.clone(), &vars, by_name).unwrap();
     let loss = ((vars["layers.0.ssm.lambda_re"].as_tensor() * 3.0).unwrap()
         + (vars["decoder.weight"].as_tensor() * 0.5).unwrap())
     .unwrap()
@@ -84,7 +94,7 @@ fn clipping_scales_the_global_norm() {
             weight_decay: 0.0,
             ..cfg()
         };
-        let mut opt = Optimizer::new(config, &vars, |_| false).unwrap();
+        let mut opt = Optimizer::new(config, &vars, by_name).unwrap();
         let loss = (w.as_tensor() * slope).unwrap().sum_all().unwrap();
         let grads = loss.backward().unwrap();
         let norm = opt.grad_norm(&grads).unwrap().to_scalar::<f64>().unwrap();
@@ -121,7 +131,7 @@ fn resumed_optimizer_continues_exactly() {
     let vars: HashMap<String, Var> = [("encoder.weight".to_string(), w.clone())]
         .into_iter()
         .collect();
-    let mut a = Optimizer::new(cfg(), &vars, |_| false).unwrap();
+    let mut a = Optimizer::new(cfg(), &vars, by_name).unwrap();
     train(&mut a, &w, 3);
     let state: HashMap<String, Tensor> = a
         .state()
@@ -135,7 +145,7 @@ fn resumed_optimizer_continues_exactly() {
     let vars2: HashMap<String, Var> = [("encoder.weight".to_string(), w2.clone())]
         .into_iter()
         .collect();
-    let mut b = Optimizer::new(cfg(), &vars2, |_| false).unwrap();
+    let mut b = Optimizer::new(cfg(), &vars2, by_name).unwrap();
     b.load_state(&state).unwrap();
     assert_eq!(b.step_count(), 3);
     train(&mut b, &w2, 4);
@@ -152,28 +162,89 @@ fn resumed_optimizer_continues_exactly() {
         .contains("adam.v.encoder.weight"));
 }
 
+/// Each layer declares its SSM parameters; the model places every variable in a group.
 #[test]
 fn parameters_fall_into_the_reference_groups() {
-    for n in [
-        "layers.0.ssm.lambda_re",
-        "layers.0.ssm.lambda_im",
-        "layers.0.ssm.b",
-        "layers.2.ssm.log_step",
-        "layers.1.ssm.coupling_b",
-        "layers.0.norm.weight",
-        "layers.0.ssm.dirs.1.a",
-    ] {
-        assert!(is_ssm_param(n), "{n} is an SSM parameter");
-    }
-    for n in [
-        "layers.0.ssm.c",
-        "layers.0.ssm.d",
-        "encoder.weight",
-        "decoder.bias",
-        "layers.0.out2.weight",
-        "layers.0.ssm.gate.weight",
-        "layers.0.ssm.c_out",
-    ] {
-        assert!(!is_ssm_param(n), "{n} is a regular parameter");
+    use candle_nn::{VarBuilder, VarMap};
+    use myosotis::nn::*;
+    let layers = [
+        SeqLayerConfig::S5(S5Config {
+            state: 4,
+            blocks: 1,
+            ..S5Config::default()
+        }),
+        SeqLayerConfig::Myo(MyoConfig {
+            coupling: Coupling::Free,
+            ..MyoConfig::new(
+                0,
+                2,
+                TreeSpec::Ragged {
+                    leaves: 8,
+                    arity: 2,
+                },
+            )
+        }),
+        SeqLayerConfig::Ssm2d(Ssm2dConfig {
+            d_model: 0,
+            state: 2,
+            height: 2,
+            width: 4,
+            directions: 2,
+            seed: 0,
+        }),
+        SeqLayerConfig::MinGru(MinGruConfig {
+            d_model: 0,
+            hidden: 0,
+            tanh_impulse: false,
+            seed: 0,
+        }),
+    ];
+    let ssm: [&[&str]; 4] = [
+        &["lambda_re", "lambda_im", "b", "log_step"],
+        &["coupling_b", "coupling_c", "b_in", "virtual_u"],
+        &["dirs.0.a", "dirs.0.b", "dirs.1.a", "dirs.1.b"],
+        &[],
+    ];
+    for (layer, ssm) in layers.into_iter().zip(ssm) {
+        let varmap = VarMap::new();
+        let cfg = ClassifierConfig {
+            encoder: EncoderConfig::Linear { features: 1 },
+            d_model: 4,
+            layers: 2,
+            layer,
+            norm: NormKind::Batch,
+            prenorm: true,
+            activation: Activation::FullGlu,
+            dropout: 0.0,
+            pooling: Pooling::Mean,
+            classes: 3,
+            seed: 0,
+            bn_momentum: BN_MOMENTUM,
+        };
+        let model = SequenceClassifier::new(
+            cfg,
+            VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &Device::Cpu),
+        )
+        .unwrap();
+        let names: Vec<String> = varmap.data().lock().unwrap().keys().cloned().collect();
+        for name in &names {
+            let expected = if name.ends_with("running_mean") || name.ends_with("running_var") {
+                ParamGroup::Frozen
+            } else if name.contains(".norm.")
+                || ssm.iter().any(|p| name.ends_with(&format!(".ssm.{p}")))
+            {
+                ParamGroup::Ssm
+            } else {
+                ParamGroup::Regular
+            };
+            assert_eq!(model.param_group(name), expected, "{name}");
+        }
+        // Every declared SSM parameter exists, in both blocks.
+        for p in ssm {
+            for i in 0..2 {
+                let full = format!("layers.{i}.ssm.{p}");
+                assert!(names.contains(&full), "{full} not among {names:?}");
+            }
+        }
     }
 }

@@ -61,9 +61,9 @@ fn vars_of(varmap: &VarMap) -> HashMap<String, candle_core::Var> {
         .collect()
 }
 
-fn optimizer(varmap: &VarMap, steps: usize) -> Optimizer {
+fn optimizer(model: &SequenceClassifier, varmap: &VarMap, steps: usize) -> Optimizer {
     Optimizer::new(optim_config(steps), &vars_of(varmap), |n| {
-        n.ends_with("running_mean") || n.ends_with("running_var")
+        model.param_group(n)
     })
     .unwrap()
 }
@@ -121,7 +121,7 @@ fn training_on_listops_lowers_the_loss() {
             shards: 2,
         };
         let epochs = 12;
-        let mut opt = optimizer(&varmap, epochs * 4);
+        let mut opt = optimizer(&m, &varmap, epochs * 4);
         let before = evaluate(&m, &data, batching, &Device::Cpu).unwrap();
         let mut seen = 0;
         for e in 0..epochs {
@@ -197,7 +197,7 @@ fn sharded_batches_take_the_same_step() {
             eps: 1e3,
             clip: None,
         };
-        let mut opt = Optimizer::new(cfg, &vars, |_| false).unwrap();
+        let mut opt = Optimizer::new(cfg, &vars, |n| m.param_group(n)).unwrap();
         let batching = Batching {
             batch_size: 16,
             pad_to: None,
@@ -254,7 +254,7 @@ fn a_non_finite_loss_stops_the_epoch_naming_its_step() {
         lr: f64::NAN,
         ..optim_config(8)
     };
-    let mut opt = Optimizer::new(cfg, &vars, |_| false).unwrap();
+    let mut opt = Optimizer::new(cfg, &vars, |n| m.param_group(n)).unwrap();
     let batching = Batching {
         batch_size: 8,
         pad_to: None,

@@ -174,7 +174,7 @@ pub struct TreeBench {
 impl TreeBench {
     /// The tree: perfect when `leaves` is a power of `arity`, else ragged.
     pub fn tree(&self) -> Result<Tree> {
-        Tree::ragged(self.leaves, self.arity).map_err(|e| candle_core::Error::Msg(e.to_string()))
+        Ok(Tree::ragged(self.leaves, self.arity)?)
     }
 
     fn shapes(&self, nodes: usize) -> (Vec<usize>, Vec<usize>) {
@@ -342,8 +342,7 @@ impl HeadBench {
     /// would call it in that op's layout: u transposed to (batch, heads, nodes) with the bias
     /// concatenated, A = 1 stacked, x transposed back (autograd for the backward).
     pub fn run(&self, device: &Device) -> Result<BenchReport> {
-        let tree = Tree::ragged(self.leaves, self.arity)
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let tree = Tree::ragged(self.leaves, self.arity)?;
         let (b, h, n, l) = (self.batch, self.heads, tree.len(), tree.leaves());
         let rand = |shape: &[usize]| {
             Tensor::rand(-1f32, 1f32, shape, device).and_then(|t| t.to_dtype(self.timing.dtype))

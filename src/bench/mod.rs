@@ -183,8 +183,7 @@ impl BenchReport {
             device: describe(device),
             shape,
             backward,
-            config: serde_json::to_value(config)
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+            config: serde_json::to_value(config).map_err(candle_core::Error::wrap)?,
             median_ms: m.ours.median_ms,
             min_ms: m.ours.min_ms,
             repeats: m.ours.repeats,

@@ -136,6 +136,16 @@ enum Layer {
 }
 
 impl Layer {
+    /// Whether the parameter `name` (relative to the layer) is in the SSM group.
+    fn is_ssm_param(&self, name: &str) -> bool {
+        match self {
+            Layer::S5(_) => S5::SSM_PARAMS.contains(&name),
+            Layer::Myo(_) => Myo::SSM_PARAMS.contains(&name),
+            Layer::Ssm2d(_) => Ssm2d::is_ssm_param(name),
+            Layer::MinGru(_) => false,
+        }
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Layer::S5(l) => l.forward(x),
@@ -243,6 +253,16 @@ struct Block {
 }
 
 /// The classifier: inputs → log-probabilities (batch, classes).
+/// The optimiser's groups (S5's reference): the SSM parameters and the norms' learn at `ssm_lr`
+/// without weight decay, the others at `lr` with it; BatchNorm's running averages are not
+/// learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamGroup {
+    Ssm,
+    Regular,
+    Frozen,
+}
+
 pub struct SequenceClassifier {
     cfg: ClassifierConfig,
     encoder: Encoder,
@@ -348,6 +368,26 @@ impl SequenceClassifier {
             blocks,
             cfg,
         })
+    }
+
+    /// The optimiser group of the parameter called `name` in the model's variable map: each
+    /// sequence layer says which of its parameters are SSM parameters.
+    pub fn param_group(&self, name: &str) -> ParamGroup {
+        if name.ends_with("running_mean") || name.ends_with("running_var") {
+            return ParamGroup::Frozen;
+        }
+        let in_block = name.strip_prefix("layers.").and_then(|rest| {
+            let (i, within) = rest.split_once('.')?;
+            Some((self.blocks.get(i.parse::<usize>().ok()?)?, within))
+        });
+        match in_block {
+            Some((_, within)) if within.starts_with("norm.") => ParamGroup::Ssm,
+            Some((block, within)) => match within.strip_prefix("ssm.") {
+                Some(p) if block.layer.is_ssm_param(p) => ParamGroup::Ssm,
+                _ => ParamGroup::Regular,
+            },
+            None => ParamGroup::Regular,
+        }
     }
 
     pub fn config(&self) -> &ClassifierConfig {

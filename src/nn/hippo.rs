@@ -62,17 +62,17 @@ pub struct BlockInit {
 /// S5's block initialisation: one HiPPO-N block of size `state / blocks`, tiled `blocks`
 /// times on the diagonal. With `conj_sym` only the first half of each block's eigenvalues (one
 /// of each conjugate pair) and eigenvectors are kept, so P = `state / 2`; else P = `state`.
-pub fn block_init(state: usize, blocks: usize, conj_sym: bool) -> Result<BlockInit, String> {
+pub fn block_init(state: usize, blocks: usize, conj_sym: bool) -> candle_core::Result<BlockInit> {
     if blocks == 0 || state == 0 || !state.is_multiple_of(blocks) {
-        return Err(format!(
-            "state size {state} must be a positive multiple of the block count {blocks}"
-        ));
+        candle_core::bail!(
+            "HiPPO-N: state size {state} must be a positive multiple of the block count {blocks}"
+        );
     }
     let size = state / blocks;
     if conj_sym && !size.is_multiple_of(2) {
-        return Err(format!(
-            "conj_sym needs an even block size, got {size} (state {state} / {blocks} blocks)"
-        ));
+        candle_core::bail!(
+            "HiPPO-N: conj_sym needs an even block size, got {size} (state {state} / {blocks} blocks)"
+        );
     }
     let keep = if conj_sym { size / 2 } else { size };
     let h = hippo_n(size);

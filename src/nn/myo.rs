@@ -37,7 +37,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::hippo::block_init;
-use super::param_with;
+use super::{normal_vec, param_with};
 use crate::ops::{channel_mul, head_solve, swap_dims12, tree_solve, TreeSolveOptions};
 use crate::tree::Tree;
 
@@ -60,7 +60,7 @@ impl TreeSpec {
             TreeSpec::Quad { height, width } => Tree::quad(height, width),
             TreeSpec::Chain { len } => Tree::chain(len),
         };
-        t.map_err(|e| candle_core::Error::Msg(format!("Myo: {e}")))
+        Ok(t?)
     }
 }
 
@@ -192,6 +192,10 @@ fn unsquash(re: f64, im: f64) -> (f64, f64) {
 }
 
 impl Myo {
+    /// The parameters in the optimiser's SSM group, as S5's Λ and B: the couplings, the input
+    /// projection and the virtual nodes' inputs.
+    pub const SSM_PARAMS: [&'static str; 4] = ["coupling_b", "coupling_c", "b_in", "virtual_u"];
+
     pub fn new(cfg: MyoConfig, vb: VarBuilder) -> Result<Self> {
         let tree = cfg.tree.build()?;
         let (h, heads, n, d) = (cfg.d_model, cfg.heads, tree.len(), cfg.block);
@@ -212,20 +216,12 @@ impl Myo {
             .flat_map(|k| tree.level(k).map(move |_| k as u32))
             .collect();
         let mut rng = StdRng::seed_from_u64(cfg.seed);
-        let mut randn = |count: usize, std: f64| -> Vec<f64> {
-            (0..count)
-                .map(|_| {
-                    let (u1, u2): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
-                    std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-                })
-                .collect()
-        };
+        let mut randn = |count: usize, std: f64| normal_vec(&mut rng, count, std);
         // Initial values: scalar complex heads ((…, 2) = re, im) or real d × d blocks.
         let (w, coupling, coupling_shape) = if d == 1 {
             // HiPPO-N eigenvalues, one of each conjugate pair per head, discretised with ZOH:
             // the entry of T_G at (v, parent) starts at −β Λ̄_h in the bounded forms.
-            let init = block_init(2 * heads, 1, true)
-                .map_err(|e| candle_core::Error::Msg(format!("Myo: {e}")))?;
+            let init = block_init(2 * heads, 1, true)?;
             let (lo, hi) = (cfg.dt_min.ln(), cfg.dt_max.ln());
             let steps: Vec<f64> = {
                 let mut r = StdRng::seed_from_u64(cfg.seed ^ 0x5eed);

@@ -22,7 +22,8 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::hippo::block_init;
-use super::{complex::C, param_with};
+use super::init::{normal, param_with, trunc_normal};
+use crate::complex::C;
 use crate::ops::{channel_mul, linear_scan, ScanOptions};
 
 /// How the continuous system is discretised.
@@ -102,31 +103,16 @@ pub struct S5 {
     log_step: Tensor,
 }
 
-/// A truncated normal sample (±2) scaled as jax's `variance_scaling(1, fan_in, truncated)`.
-fn trunc_normal(rng: &mut StdRng, fan_in: usize) -> f64 {
-    let std = (1.0 / fan_in as f64).sqrt() / 0.879_625_661_034_239_8;
-    loop {
-        let z = normal(rng);
-        if z.abs() <= 2.0 {
-            return z * std;
-        }
-    }
-}
-
-/// A standard normal sample (Box–Muller).
-fn normal(rng: &mut StdRng) -> f64 {
-    let (u1, u2): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-}
-
 impl S5 {
+    /// The parameters S5's reference trains in its SSM group: Λ, B and log Δ.
+    pub const SSM_PARAMS: [&'static str; 4] = ["lambda_re", "lambda_im", "b", "log_step"];
+
     pub fn new(cfg: S5Config, vb: VarBuilder) -> Result<Self> {
         let (h, p_full) = (cfg.d_model, cfg.state);
         if h == 0 {
             candle_core::bail!("S5: d_model must be positive");
         }
-        let init = block_init(p_full, cfg.blocks, cfg.conj_sym)
-            .map_err(|e| candle_core::Error::Msg(format!("S5: {e}")))?;
+        let init = block_init(p_full, cfg.blocks, cfg.conj_sym)?;
         let (lambda, v, vinv) = (init.lambda, init.v, init.vinv);
         let p = lambda.len();
         let mut rng = StdRng::seed_from_u64(cfg.seed);

@@ -57,6 +57,12 @@ pub struct Ssm2d {
 }
 
 impl Ssm2d {
+    /// Whether `name` is in the optimiser's SSM group: each direction's transitions A and
+    /// input matrices B (`dirs.K.a`, `dirs.K.b`).
+    pub fn is_ssm_param(name: &str) -> bool {
+        name.starts_with("dirs.") && (name.ends_with(".a") || name.ends_with(".b"))
+    }
+
     pub fn new(cfg: Ssm2dConfig, vb: VarBuilder) -> Result<Self> {
         if ![1, 2, 4].contains(&cfg.directions) {
             candle_core::bail!(

@@ -15,23 +15,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Device, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
-/// Which group a parameter belongs to, from its name in the module tree.
-pub fn is_ssm_param(name: &str) -> bool {
-    const SSM: [&str; 9] = [
-        "lambda_re",
-        "lambda_im",
-        "log_step",
-        "coupling_b",
-        "coupling_c",
-        "virtual_u",
-        "b_in",
-        "a",
-        "b",
-    ];
-    let last = name.rsplit('.').next().unwrap_or(name);
-    let in_ssm = name.contains(".ssm.");
-    (in_ssm && SSM.contains(&last)) || name.contains(".norm.")
-}
+use crate::nn::ParamGroup;
 
 /// Hyper-parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -80,14 +64,18 @@ pub struct Optimizer {
 }
 
 impl Optimizer {
-    /// Trains `vars` (name → variable), skipping the names `frozen` accepts (e.g. BatchNorm's
-    /// running statistics, which are updated, not trained).
+    /// Trains `vars` (name → variable) in the groups `group` assigns (the model's
+    /// [`crate::nn::SequenceClassifier::param_group`]), skipping [`ParamGroup::Frozen`] ones
+    /// (BatchNorm's running statistics, which are updated, not trained).
     pub fn new(
         cfg: OptimConfig,
         vars: &HashMap<String, Var>,
-        frozen: impl Fn(&str) -> bool,
+        group: impl Fn(&str) -> ParamGroup,
     ) -> Result<Self> {
-        let mut names: Vec<&String> = vars.keys().filter(|n| !frozen(n)).collect();
+        let mut names: Vec<&String> = vars
+            .keys()
+            .filter(|n| group(n) != ParamGroup::Frozen)
+            .collect();
         names.sort();
         let slots = names
             .into_iter()
@@ -98,7 +86,7 @@ impl Optimizer {
                     name: n.clone(),
                     m: zeros()?,
                     v: zeros()?,
-                    ssm: is_ssm_param(n),
+                    ssm: group(n) == ParamGroup::Ssm,
                     var,
                 })
             })

@@ -47,10 +47,6 @@ struct Progress {
 
 const PROGRESS_KEY: &str = "myosotis.progress";
 
-fn frozen(name: &str) -> bool {
-    name.ends_with("running_mean") || name.ends_with("running_var")
-}
-
 fn build(model: &ClassifierConfig, device: &Device) -> Result<(VarMap, SequenceClassifier)> {
     let varmap = VarMap::new();
     let m = SequenceClassifier::new(
@@ -218,7 +214,7 @@ pub fn train(
             .map_or(cfg.optim.warmup_steps, |e| e * steps_per_epoch),
         ..cfg.optim.clone()
     };
-    let mut opt = Optimizer::new(optim_cfg, &vars(&varmap), frozen)?;
+    let mut opt = Optimizer::new(optim_cfg, &vars(&varmap), |n| model.param_group(n))?;
     let mut progress = Progress::default();
     let (last, best) = (run.last(), run.best());
     if resume {

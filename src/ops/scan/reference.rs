@@ -4,6 +4,7 @@
 use candle_core::{Result, Tensor};
 
 use super::{check_args, state_shape, GateShape, ScanOptions};
+use crate::complex::C;
 
 /// The same recurrence written as a loop over the length of plain candle ops (complex
 /// products spelled out on the re/im parts). It is differentiable by candle's autograd, and
@@ -29,11 +30,7 @@ pub fn linear_scan_reference(
         };
         let b_t = b.narrow(1, t, 1)?.squeeze(1)?;
         let ah = if opts.complex {
-            let part = |x: &Tensor, i| x.narrow(2, i, 1);
-            let (ar, ai, hr, hi) = (part(&a_t, 0)?, part(&a_t, 1)?, part(&h, 0)?, part(&h, 1)?);
-            let re = (ar.broadcast_mul(&hr)? - ai.broadcast_mul(&hi)?)?;
-            let im = (ar.broadcast_mul(&hi)? + ai.broadcast_mul(&hr)?)?;
-            Tensor::cat(&[re, im], 2)?
+            C::from_pairs(&a_t)?.mul(&C::from_pairs(&h)?)?.to_pairs()?
         } else {
             a_t.broadcast_mul(&h)?
         };

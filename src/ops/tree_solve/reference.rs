@@ -4,6 +4,7 @@
 use candle_core::{bail, Result, Tensor};
 
 use super::{check_args, TreeSolveOptions};
+use crate::complex::C;
 use crate::tree::Tree;
 
 /// The same solve as the paper's Listing 1, in plain candle ops: a loop over the BFS levels,
@@ -84,24 +85,12 @@ pub fn tree_solve_reference(
     Tensor::cat(&levels, 2)
 }
 
-fn re_im(x: &Tensor) -> Result<(Tensor, Tensor)> {
-    let last = x.rank() - 1;
-    Ok((x.narrow(last, 0, 1)?, x.narrow(last, 1, 1)?))
-}
-
 /// x · y for complex tensors with a trailing (re, im) dimension, broadcasting.
 fn complex_mul(x: &Tensor, y: &Tensor) -> Result<Tensor> {
-    let ((xr, xi), (yr, yi)) = (re_im(x)?, re_im(y)?);
-    let re = (xr.broadcast_mul(&yr)? - xi.broadcast_mul(&yi)?)?;
-    let im = (xr.broadcast_mul(&yi)? + xi.broadcast_mul(&yr)?)?;
-    Tensor::cat(&[re, im], x.rank() - 1)
+    C::from_pairs(x)?.mul(&C::from_pairs(y)?)?.to_pairs()
 }
 
 /// x / y for complex tensors with a trailing (re, im) dimension, broadcasting.
 fn complex_div(x: &Tensor, y: &Tensor) -> Result<Tensor> {
-    let ((xr, xi), (yr, yi)) = (re_im(x)?, re_im(y)?);
-    let n = (yr.sqr()? + yi.sqr()?)?;
-    let re = (xr.broadcast_mul(&yr)? + xi.broadcast_mul(&yi)?)?.broadcast_div(&n)?;
-    let im = (xi.broadcast_mul(&yr)? - xr.broadcast_mul(&yi)?)?.broadcast_div(&n)?;
-    Tensor::cat(&[re, im], x.rank() - 1)
+    C::from_pairs(x)?.div(&C::from_pairs(y)?)?.to_pairs()
 }
