@@ -2,16 +2,13 @@
 //! reads, the fallback to the cache and the errors when the Hub is out of reach. No test
 //! touches the network: the "unreachable" endpoint is a closed local port.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::files::{png, write_parquet};
 use myosotis::data::hub::{read_parquet_images, Hub, HubDataset, PARQUET_REVISION};
 use myosotis::data::images::ImageSet;
-use parquet::basic::Compression;
-use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
-use parquet::file::properties::WriterProperties;
-use parquet::file::writer::SerializedFileWriter;
-use parquet::schema::parser::parse_message_type;
 use rand::{Rng, SeedableRng};
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -19,18 +16,6 @@ fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn png(pixels: &[u8], side: u32, colour: png::ColorType) -> Vec<u8> {
-    let mut out = vec![];
-    let mut enc = png::Encoder::new(&mut out, side, side);
-    enc.set_color(colour);
-    enc.set_depth(png::BitDepth::Eight);
-    enc.write_header()
-        .unwrap()
-        .write_image_data(pixels)
-        .unwrap();
-    out
 }
 
 /// Random images of `dataset`'s shape with labels 0–9.
@@ -46,46 +31,6 @@ fn random_set(dataset: HubDataset, n: usize, seed: u64) -> ImageSet {
         width: side,
         channels,
     }
-}
-
-/// A Parquet file as the Hub's conversion has it: a struct column `image_col` of (bytes,
-/// path) and an int64 `label`, Snappy-compressed. `pngs[i]` is row i's image bytes.
-fn write_parquet(path: &Path, image_col: &str, pngs: &[Vec<u8>], labels: &[i64]) {
-    let schema = format!(
-        "message schema {{ optional group {image_col} {{ optional binary bytes; \
-         optional binary path (UTF8); }} optional int64 label; }}"
-    );
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .build();
-    let file = std::fs::File::create(path).unwrap();
-    let mut w = SerializedFileWriter::new(
-        file,
-        Arc::new(parse_message_type(&schema).unwrap()),
-        Arc::new(props),
-    )
-    .unwrap();
-    let n = labels.len();
-    let mut rg = w.next_row_group().unwrap();
-    let bytes: Vec<ByteArray> = pngs.iter().map(|b| ByteArray::from(b.clone())).collect();
-    let mut col = rg.next_column().unwrap().unwrap();
-    col.typed::<ByteArrayType>()
-        .write_batch(&bytes, Some(&vec![2; n]), None)
-        .unwrap();
-    col.close().unwrap();
-    // path: null in every row (the struct is present, its field is not)
-    let mut col = rg.next_column().unwrap().unwrap();
-    col.typed::<ByteArrayType>()
-        .write_batch(&[], Some(&vec![1; n]), None)
-        .unwrap();
-    col.close().unwrap();
-    let mut col = rg.next_column().unwrap().unwrap();
-    col.typed::<Int64Type>()
-        .write_batch(labels, Some(&vec![1; n]), None)
-        .unwrap();
-    col.close().unwrap();
-    rg.close().unwrap();
-    w.close().unwrap();
 }
 
 fn write_set(path: &Path, dataset: HubDataset, set: &ImageSet) {

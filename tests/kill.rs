@@ -216,3 +216,50 @@ fn a_failed_checkpoint_write_stops_the_run_and_keeps_the_last_good_one() {
     finish_killed_run(&d, "after a failed write");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A read-only `--out`: a new run stops at its first write (`config.json`) naming the file,
+/// leaving no run files behind; a run whose folder turns read-only mid-way stops at the
+/// checkpoint it cannot write, and the previous checkpoint loads and resumes to the
+/// uninterrupted result. (Injected: the tests run as root, whom file modes do not stop.)
+#[test]
+fn a_read_only_out_stops_the_run_with_a_clear_message() {
+    let d = dir("read-only-start");
+    let out = myo(&d, None)
+        .env("MYO_FAIL_AT", "read-only:write config.json@0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the run went on without its config");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last_line = err.lines().last().unwrap_or("");
+    assert!(
+        last_line.contains("config.json") && last_line.contains("read-only"),
+        "{last_line}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "files left in a folder that could not be written: {left:?}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+
+    let d = dir("read-only-later");
+    let out = myo(&d, None)
+        .env("MYO_FAIL_AT", "read-only:write last.safetensors@2")
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "the run went on after a failed write"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last_line = err.lines().last().unwrap_or("");
+    assert!(
+        last_line.contains("last.safetensors") && last_line.contains("read-only"),
+        "{last_line}"
+    );
+    finish_killed_run(&d, "after a read-only write");
+    let _ = std::fs::remove_dir_all(&d);
+}

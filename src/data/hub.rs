@@ -222,15 +222,42 @@ impl Hub {
 
 /// Images from a Parquet file of the Hub's image datasets: per row, a struct column holding the
 /// PNG's `bytes` (`image` for MNIST, `img` for CIFAR-10) and an integer `label` (0–9).
-pub fn read_parquet_images(path: &Path, (side, channels): (usize, usize)) -> Result<ImageSet> {
+pub fn read_parquet_images(path: &Path, shape: (usize, usize)) -> Result<ImageSet> {
+    // The parquet crate panics on some malformed files (found by tests/fuzz.rs: a footer whose
+    // Thrift encoding is cut short); such a file is an error like any other. The default hook
+    // would print the panic as if the program had crashed, so it is silenced meanwhile.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let read = std::panic::catch_unwind(|| read_parquet(path, shape));
+    std::panic::set_hook(hook);
+    match read {
+        Ok(result) => result,
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            bail!(
+                "{}: not a readable Parquet file (the Parquet reader failed: {why})",
+                path.display()
+            )
+        }
+    }
+}
+
+fn read_parquet(path: &Path, (side, channels): (usize, usize)) -> Result<ImageSet> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file_len = file.metadata().map_or(0, |m| m.len() as usize);
     let reader = SerializedFileReader::new(file)
         .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
     let rows = reader.metadata().file_metadata().num_rows().max(0) as usize;
+    // The footer's row count is not trusted with an allocation: a row takes at least a byte.
+    let capacity = rows.min(file_len);
     let mut set = ImageSet {
-        pixels: Vec::with_capacity(rows * side * side * channels),
-        labels: Vec::with_capacity(rows),
+        pixels: Vec::with_capacity(capacity * side * side * channels),
+        labels: Vec::with_capacity(capacity),
         height: side,
         width: side,
         channels,

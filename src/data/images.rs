@@ -131,15 +131,15 @@ pub fn read_mnist(dir: &Path, split: &str) -> Result<ImageSet> {
         be_u32(&images, 8, &ip)? as usize,
         be_u32(&images, 12, &ip)? as usize,
     );
-    let per = rows * cols;
     let have = images.len().saturating_sub(16);
-    if have != n * per {
+    let per = rows.saturating_mul(cols);
+    if n.checked_mul(per) != Some(have) {
         bail!(
             "{}: header says {n} images of {rows} x {cols} ({} bytes) but the file has {have}: image {} is {}",
             ip.display(),
-            n * per,
+            n as u128 * per as u128,
             have / per.max(1),
-            if have < n * per { "truncated" } else { "followed by extra bytes" }
+            if (have as u128) < n as u128 * per as u128 { "truncated" } else { "followed by extra bytes" }
         );
     }
     let magic = be_u32(&labels, 0, &lp)?;

@@ -468,13 +468,31 @@ impl Pixels {
                 self.split_one(&all)
             }
             ImageFiles::Mnist => {
-                self.split_pair(&read_mnist(dir, "train")?, &read_mnist(dir, "t10k")?)
+                let (train, test) = (read_mnist(dir, "train")?, read_mnist(dir, "t10k")?);
+                self.check(&train, dir)?;
+                self.check(&test, dir)?;
+                self.split_pair(&train, &test)
             }
             ImageFiles::Cifar10 => self.split_pair(
                 &read_cifar10(dir, &CIFAR_TRAIN)?,
                 &read_cifar10(dir, &CIFAR_TEST)?,
             ),
         }
+    }
+
+    /// Checks that `set` (read from `from`) holds images of this task's size and channels.
+    fn check(&self, set: &ImageSet, from: &std::path::Path) -> Result<()> {
+        let (side, channels) = (self.side, self.files.channels());
+        if (set.height, set.width, set.channels) != (side, side, channels) {
+            bail!(
+                "{}: images of {} x {} with {} channel(s); this task needs {side} x {side} with {channels}",
+                from.display(),
+                set.height,
+                set.width,
+                set.channels
+            );
+        }
+        Ok(())
     }
 
     /// The splits of a dataset that comes as training and test images.

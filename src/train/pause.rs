@@ -2,8 +2,10 @@
 //! reaches POINT in epoch EPOCH (counted from 1) writes `myo: paused at POINT@EPOCH` to
 //! stderr and waits to be killed, so that a test can send SIGKILL at a chosen moment: between
 //! the metrics and the checkpoints of an epoch, or between writing a checkpoint's temporary
-//! file and renaming it. With `MYO_FAIL_AT=POINT@EPOCH`, the write at POINT fails there as a
-//! full disk would. Without the variables, a point costs an environment lookup.
+//! file and renaming it. With `MYO_FAIL_AT=POINT@EPOCH`, the write at POINT (`write FILE`)
+//! fails there as on a full disk, and with `MYO_FAIL_AT=read-only:POINT@EPOCH` as on a
+//! read-only file system (epoch 0: before the first epoch, where a new run writes its
+//! `config.json`). Without the variables, a point costs an environment lookup.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -28,16 +30,28 @@ pub(crate) fn point(point: &str) {
     }
 }
 
-/// An error as from a full disk if `MYO_FAIL_AT` names `point` in the current epoch.
+/// An error as from a full disk or a read-only file system if `MYO_FAIL_AT` names `point` in
+/// the current epoch.
 pub(crate) fn fail_point(point: &str) -> std::io::Result<()> {
     let Ok(at) = std::env::var("MYO_FAIL_AT") else {
         return Ok(());
     };
-    if at == format!("{point}@{}", EPOCH.load(Ordering::Relaxed)) {
-        return Err(std::io::Error::new(
+    let (read_only, at) = match at.strip_prefix("read-only:") {
+        Some(rest) => (true, rest.to_string()),
+        None => (false, at),
+    };
+    if at != format!("{point}@{}", EPOCH.load(Ordering::Relaxed)) {
+        return Ok(());
+    }
+    Err(if read_only {
+        std::io::Error::new(
+            std::io::ErrorKind::ReadOnlyFilesystem,
+            "read-only file system (MYO_FAIL_AT)",
+        )
+    } else {
+        std::io::Error::new(
             std::io::ErrorKind::StorageFull,
             "no space left on device (MYO_FAIL_AT)",
-        ));
-    }
-    Ok(())
+        )
+    })
 }

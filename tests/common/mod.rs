@@ -6,6 +6,7 @@ use myosotis::ops::{GateShape, ScanOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub mod files;
 pub mod heads;
 
 /// Asserts that every variable of `varmap` (but those whose names end in one of `skip`) has a

@@ -1,0 +1,437 @@
+//! Structure-aware fuzzing of every file format the program reads. Each target starts from valid
+//! files written here (the seed corpus), mutates them with proptest — bit flips, overwritten
+//! bytes, header words set to boundary values (0, 1, 2³¹, 2³² − 1, …), truncation, insertion
+//! and spliced copies — and feeds them to the library entry point `myo` uses (a task's loader,
+//! the Parquet reader, the checkpoint reader and loaders). Every outcome must be `Ok` or an
+//! error that names the file; a panic fails the target and proptest shrinks it to a minimal
+//! mutation list.
+//!
+//! proptest rather than a coverage-guided engine: only stable Rust is available (cargo-fuzz
+//! needs nightly), the formats are structured (a header whose fields size what follows), so
+//! mutations aimed at those fields reach the interesting paths without coverage feedback, and
+//! the targets run inside `cargo test` with no extra toolchain. `MYO_FUZZ_CASES` sets the cases
+//! per target (default 64; CI runs more in its fuzz step), `MYO_FUZZ_SEED` the generator's seed
+//! (default: fixed per target, so CI is deterministic).
+
+mod common;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use candle_nn::{VarBuilder, VarMap};
+use common::files::{png, write_parquet};
+use myosotis::data::task::{find, DataSource};
+use myosotis::nn::SequenceClassifier;
+use myosotis::train::checkpoint;
+use myosotis::train::config::{RunArgs, RunConfig};
+use myosotis::train::optim::Optimizer;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
+
+/// One edit of a file's bytes; positions are taken modulo the file's length.
+#[derive(Clone, Debug)]
+enum Mutation {
+    Flip {
+        at: usize,
+        mask: u8,
+    },
+    Byte {
+        at: usize,
+        value: u8,
+    },
+    /// A big-endian 32-bit word (IDX and npy headers, lengths) set to `value`, at a position in
+    /// the first 64 bytes, where the headers are.
+    Word {
+        at: usize,
+        value: u32,
+    },
+    Truncate {
+        keep: usize,
+    },
+    Insert {
+        at: usize,
+        bytes: Vec<u8>,
+    },
+    /// `len` bytes from `from` copied over the bytes at `to`.
+    Splice {
+        from: usize,
+        len: usize,
+        to: usize,
+    },
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    let word = prop_oneof![
+        Just(0u32),
+        Just(1),
+        Just(2),
+        Just(28),
+        Just(255),
+        Just(256),
+        Just(2049),
+        Just(2051),
+        Just(0x7fff_ffff),
+        Just(0x8000_0000),
+        Just(u32::MAX),
+        any::<u32>(),
+    ];
+    prop_oneof![
+        (any::<usize>(), 1..=255u8).prop_map(|(at, mask)| Mutation::Flip { at, mask }),
+        (any::<usize>(), any::<u8>()).prop_map(|(at, value)| Mutation::Byte { at, value }),
+        (0..64usize, word).prop_map(|(at, value)| Mutation::Word { at, value }),
+        any::<usize>().prop_map(|keep| Mutation::Truncate { keep }),
+        (any::<usize>(), prop::collection::vec(any::<u8>(), 1..16))
+            .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
+        (any::<usize>(), 1..256usize, any::<usize>())
+            .prop_map(|(from, len, to)| Mutation::Splice { from, len, to }),
+    ]
+}
+
+fn apply(seed: &[u8], mutations: &[Mutation]) -> Vec<u8> {
+    let mut b = seed.to_vec();
+    for m in mutations {
+        let n = b.len();
+        match *m {
+            Mutation::Flip { at, mask } if n > 0 => b[at % n] ^= mask,
+            Mutation::Byte { at, value } if n > 0 => b[at % n] = value,
+            Mutation::Word { at, value } if n >= 4 => {
+                let at = at % (n - 3);
+                b[at..at + 4].copy_from_slice(&value.to_be_bytes());
+            }
+            Mutation::Truncate { keep } => b.truncate(keep % (n + 1)),
+            Mutation::Insert { at, ref bytes } => {
+                let at = at % (n + 1);
+                b.splice(at..at, bytes.iter().copied());
+            }
+            Mutation::Splice { from, len, to } if n > 0 => {
+                let from = from % n;
+                let len = len.min(n - from);
+                let piece = b[from..from + len].to_vec();
+                let to = to % n;
+                let end = (to + len).min(n);
+                b[to..end].copy_from_slice(&piece[..end - to]);
+            }
+            _ => {}
+        }
+    }
+    b
+}
+
+fn cases() -> u32 {
+    std::env::var("MYO_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("myo-fuzz-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs target `name`: each case picks one of the `files` (paths under `dir`, with their
+/// valid contents), writes it mutated, runs `read` on `dir`, and restores it. `read` must
+/// return `Ok` or an error whose message names a path under `dir`.
+fn fuzz(
+    name: &str,
+    default_seed: u64,
+    dir: &Path,
+    files: Vec<(PathBuf, Vec<u8>)>,
+    read: impl Fn(&Path) -> anyhow::Result<()>,
+) {
+    let seed = std::env::var("MYO_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default_seed);
+    let mut runner = TestRunner::new(Config {
+        cases: cases(),
+        failure_persistence: None,
+        rng_seed: RngSeed::Fixed(seed),
+        ..Config::default()
+    });
+    // The seed corpus itself reads back.
+    read(dir).unwrap_or_else(|e| panic!("{name}: the valid files do not read: {e:#}"));
+    let strategy = (0..files.len(), prop::collection::vec(mutation(), 1..6));
+    let started = std::time::Instant::now();
+    let result = runner.run(&strategy, |(k, mutations)| {
+        let (path, valid) = &files[k];
+        std::fs::write(path, apply(valid, &mutations)).unwrap();
+        let outcome = read(dir);
+        std::fs::write(path, valid).unwrap();
+        if let Err(e) = outcome {
+            let msg = format!("{e:#}");
+            if !msg.contains(&*dir.to_string_lossy()) {
+                return Err(TestCaseError::fail(format!(
+                    "the error does not name the file: {msg}"
+                )));
+            }
+        }
+        Ok(())
+    });
+    eprintln!(
+        "{name}: {} cases in {:.1} s (seed {seed})",
+        cases(),
+        started.elapsed().as_secs_f64()
+    );
+    if let Err(e) = result {
+        panic!("{name}: {e}");
+    }
+}
+
+/// The files of a folder, as (path, contents).
+fn contents(paths: &[PathBuf]) -> Vec<(PathBuf, Vec<u8>)> {
+    paths
+        .iter()
+        .map(|p| (p.clone(), std::fs::read(p).unwrap()))
+        .collect()
+}
+
+fn idx_images(n: usize, side: u32) -> Vec<u8> {
+    let mut b: Vec<u8> = [2051u32, n as u32, side, side]
+        .iter()
+        .flat_map(|x| x.to_be_bytes())
+        .collect();
+    b.extend((0..n * (side * side) as usize).map(|i| (i * 37 % 256) as u8));
+    b
+}
+
+fn idx_labels(n: usize) -> Vec<u8> {
+    let mut b: Vec<u8> = [2049u32, n as u32]
+        .iter()
+        .flat_map(|x| x.to_be_bytes())
+        .collect();
+    b.extend((0..n).map(|i| (i % 10) as u8));
+    b
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+fn load(task: &str, dir: &Path) -> anyhow::Result<()> {
+    find(task)?
+        .load(&DataSource::Dir {
+            dir: dir.to_path_buf(),
+        })
+        .map(|_| ())
+}
+
+/// MNIST IDX files, plain and gzip-compressed (the mutations hit the compressed bytes too).
+#[test]
+fn fuzz_mnist_idx() {
+    for gz in [false, true] {
+        let dir = temp(if gz { "idx-gz" } else { "idx" });
+        let mut paths = vec![];
+        for (split, n) in [("train", 20), ("t10k", 3)] {
+            for (kind, bytes) in [
+                ("images-idx3", idx_images(n, 28)),
+                ("labels-idx1", idx_labels(n)),
+            ] {
+                let name = format!("{split}-{kind}-ubyte{}", if gz { ".gz" } else { "" });
+                let bytes = if gz { gzip(&bytes) } else { bytes };
+                std::fs::write(dir.join(&name), bytes).unwrap();
+                paths.push(dir.join(name));
+            }
+        }
+        let name = if gz { "mnist idx gz" } else { "mnist idx" };
+        fuzz(name, 0x1d_0001 + gz as u64, &dir, contents(&paths), |d| {
+            load("smnist", d)
+        });
+    }
+}
+
+/// CIFAR-10 binary batches.
+#[test]
+fn fuzz_cifar10() {
+    let dir = temp("cifar");
+    let record = |label: u8| {
+        let mut r = vec![label];
+        r.extend((0..3 * 1024).map(|i| (i * 13 % 256) as u8));
+        r
+    };
+    let mut paths = vec![];
+    for (k, name) in myosotis::data::images::CIFAR_TRAIN
+        .iter()
+        .chain(&myosotis::data::images::CIFAR_TEST)
+        .enumerate()
+    {
+        let bytes: Vec<u8> = (0..3).flat_map(|i| record(((k + i) % 10) as u8)).collect();
+        std::fs::write(dir.join(name), bytes).unwrap();
+        paths.push(dir.join(name));
+    }
+    fuzz("cifar-10", 0xc1fa, &dir, contents(&paths), |d| {
+        load("scifar", d)
+    });
+}
+
+/// LRA ListOps TSV files.
+#[test]
+fn fuzz_listops_tsv() {
+    let dir = temp("listops");
+    let cfg = myosotis::data::listops::ListOpsConfig {
+        max_depth: 3,
+        max_args: 4,
+        min_length: 4,
+        max_length: 40,
+        seed: 1,
+    };
+    let splits = myosotis::data::listops::Splits {
+        train: 12,
+        val: 4,
+        test: 4,
+    };
+    myosotis::data::listops::write_dataset(&dir, &cfg, splits).unwrap();
+    let paths: Vec<PathBuf> = ["train", "val", "test"]
+        .iter()
+        .map(|s| dir.join(format!("basic_{s}.tsv")))
+        .collect();
+    fuzz("listops tsv", 0x715d, &dir, contents(&paths), |d| {
+        load("listops", d)
+    });
+}
+
+/// An LRA Pathfinder folder: metadata files and PNGs.
+#[test]
+fn fuzz_pathfinder() {
+    let base = temp("pathfinder");
+    let root = base
+        .join("pathfinder32")
+        .join(myosotis::data::pathfinder::DIFFICULTY);
+    let mut paths = vec![];
+    for k in 0..2 {
+        let mut meta = String::new();
+        for n in 0..5 {
+            let px: Vec<u8> = (0..32 * 32)
+                .map(|i| ((i + n * 7 + k) % 256) as u8)
+                .collect();
+            let png_path = root.join(format!("imgs/{k}/sample_{n}.png"));
+            std::fs::create_dir_all(png_path.parent().unwrap()).unwrap();
+            std::fs::write(&png_path, png(&px, 32, png::ColorType::Grayscale)).unwrap();
+            paths.push(png_path);
+            meta.push_str(&format!("imgs/{k} sample_{n}.png {n} {} 9 1\n", n % 2));
+        }
+        let meta_path = root.join(format!("metadata/{k}.npy"));
+        std::fs::create_dir_all(meta_path.parent().unwrap()).unwrap();
+        std::fs::write(&meta_path, meta).unwrap();
+        paths.push(meta_path);
+    }
+    fuzz("pathfinder", 0x9a7f, &base, contents(&paths), |d| {
+        load("pathfinder", d)
+    });
+}
+
+/// The Hub's Parquet shards (MNIST's layout).
+#[test]
+fn fuzz_parquet() {
+    let dir = temp("parquet");
+    let path = dir.join("0000.parquet");
+    let pngs: Vec<Vec<u8>> = (0..4)
+        .map(|k| {
+            let px: Vec<u8> = (0..28 * 28).map(|i| ((i * 3 + k) % 256) as u8).collect();
+            png(&px, 28, png::ColorType::Grayscale)
+        })
+        .collect();
+    write_parquet(&path, "image", &pngs, &[0, 1, 2, 3]);
+    let paths = [path.clone()];
+    fuzz("parquet", 0x9a2e, &dir, contents(&paths), |_| {
+        myosotis::data::hub::read_parquet_images(&path, (28, 1)).map(|_| ())
+    });
+}
+
+/// A run's `last.safetensors`: the safetensors header and tensors, the metadata's config JSON,
+/// and the optimiser's state, read as `myo eval` and `--resume` read them. A mutated config
+/// that still parses is checked against the original: building a model from it is not part
+/// of this target (its sizes are not bounded by the file).
+#[test]
+fn fuzz_checkpoint() {
+    let dir = temp("checkpoint");
+    let path = dir.join("last.safetensors");
+    let flags = [
+        "--d-model",
+        "4",
+        "--state-size",
+        "4",
+        "--layers",
+        "1",
+        "--max-train-samples",
+        "8",
+    ];
+    let cfg = RunArgs::from_flags(flags).unwrap().resolve().unwrap();
+    let varmap = VarMap::new();
+    let model = SequenceClassifier::new(
+        cfg.model.clone(),
+        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+    )
+    .unwrap();
+    let vars: std::collections::HashMap<_, _> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let opt = Optimizer::new(cfg.optim.clone(), &vars, |n| model.param_group(n)).unwrap();
+    checkpoint::save_resumable(&varmap, &cfg, &opt.state().unwrap(), &[], &path).unwrap();
+    let paths = [path.clone()];
+    fuzz("checkpoint", 0xc4e7, &dir, contents(&paths), |_| {
+        let ck = checkpoint::read::<RunConfig>(&path)?;
+        if ck.config != cfg {
+            return Ok(());
+        }
+        checkpoint::load_into(&varmap, &ck.tensors, &path)?;
+        let mut opt = Optimizer::new(cfg.optim.clone(), &vars, |n| model.param_group(n))?;
+        opt.load_state(&ck.optimizer)
+            .map_err(|e| anyhow::anyhow!("{}: optimiser state: {e}", path.display()))
+    });
+}
+
+/// The inputs the fuzz targets found bugs with (`tests/fuzz_corpus/TARGET/`), kept as
+/// regression tests: each must read as an error naming the file.
+#[test]
+fn corpus_of_found_bugs_reads_as_errors() {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_corpus");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus.join("parquet"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 6, "{files:?}");
+    for path in files {
+        // The parquet crate panics on each of these; the reader must turn that into an error.
+        let e = myosotis::data::hub::read_parquet_images(&path, (28, 1))
+            .err()
+            .unwrap_or_else(|| panic!("{} read without an error", path.display()));
+        let msg = format!("{e:#}");
+        assert!(msg.contains(&*path.to_string_lossy()), "{msg}");
+    }
+}
+
+/// Found by reading the IDX reader against the task: MNIST files of another image size (here
+/// 56 × 14, the same bytes per image as 28 × 28) were read and then indexed as 28 × 28.
+#[test]
+fn mnist_files_of_another_image_size_are_an_error() {
+    let dir = temp("idx-size");
+    let mut images: Vec<u8> = [2051u32, 2, 56, 14]
+        .iter()
+        .flat_map(|x| x.to_be_bytes())
+        .collect();
+    images.extend(vec![7u8; 2 * 784]);
+    for split in ["train", "t10k"] {
+        std::fs::write(dir.join(format!("{split}-images-idx3-ubyte")), &images).unwrap();
+        std::fs::write(
+            dir.join(format!("{split}-labels-idx1-ubyte")),
+            idx_labels(2),
+        )
+        .unwrap();
+    }
+    let e = format!("{:#}", load("smnist", &dir).unwrap_err());
+    assert!(
+        e.contains(&*dir.to_string_lossy()) && e.contains("56 x 14"),
+        "{e}"
+    );
+}
