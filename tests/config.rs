@@ -102,6 +102,14 @@ fn myo_trees_follow_the_task() {
         }
     );
     assert_eq!(myo("zmnist").model.pooling, Pooling::Root);
+    // The heads' coupling range: wider on raster-ordered MNIST, the layer's default elsewhere.
+    let range = |cfg: &RunConfig| match &cfg.model.layer {
+        SeqLayerConfig::Myo(m) => m.coupling_init,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(range(&myo("smnist")), [0.3, 30.0]);
+    assert_eq!(range(&myo("zmnist")), [0.1, 10.0]);
+    assert_eq!(range(&myo("listops")), [0.1, 10.0]);
     // --tree overrides the task's.
     let chain = ok(&[
         "--task",

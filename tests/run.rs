@@ -394,6 +394,7 @@ fn a_task_defined_outside_the_registry_is_one_entry() {
         classes: 10,
         tree: task::TreeShape::Ragged { arity: 2 },
         causal: false,
+        coupling_init: None,
     };
     let mut cfg = config(3);
     cfg.model.encoder = custom.encoder();

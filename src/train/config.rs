@@ -128,7 +128,8 @@ pub struct RunArgs {
     /// its own parameter, dominant). [default: skew]
     #[arg(long, value_enum)]
     pub coupling: Option<Coupling>,
-    /// Myo, skew coupling: the range LOW:HIGH of the heads' initial |B|. [default: 0.1:10]
+    /// Myo, skew coupling: the range LOW:HIGH of the heads' initial |B|. [default: the task's:
+    /// 0.3:30 for smnist, else 0.1:10]
     #[arg(long)]
     pub coupling_init: Option<String>,
     /// Myo, skew coupling: start every coupling of a head with the same phase instead of one
@@ -302,7 +303,7 @@ impl RunArgs {
                     per_level: self.per_level,
                     coupling: self.coupling.unwrap_or(Coupling::Skew),
                     coupling_init: match &self.coupling_init {
-                        None => defaults.coupling_init,
+                        None => task.coupling_init.unwrap_or(defaults.coupling_init),
                         Some(r) => parse_range(r).with_context(|| {
                             format!("--coupling-init {r}: expected LOW:HIGH with 0 < LOW ≤ HIGH")
                         })?,
