@@ -71,7 +71,7 @@ fn vars(varmap: &VarMap) -> HashMap<String, candle_core::Var> {
 #[derive(Clone, Debug)]
 pub struct Exec {
     pub device: Device,
-    /// Data-parallel shards per training batch (see [`Batching::shards`]).
+    /// Data-parallel shards per training batch (see [`super::trainer::Batching::shards`]).
     pub shards: usize,
 }
 
