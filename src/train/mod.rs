@@ -1,6 +1,7 @@
-//! Training support: checkpoints (safetensors with the model config in the metadata) and the
-//! optimiser (AdamW in the reference's parameter groups, warm-up + cosine schedule), the
-//! training loop, whole runs, and their curves.
+//! Training: what defines a run and how flags resolve into one (`config`, `preset`), whole
+//! runs (`run`), the epoch loop (`trainer`), the optimiser (AdamW in the model's parameter
+//! groups, warm-up + cosine schedule), a run folder's files and checkpoints (`checkpoint`),
+//! and the curves (`plot`).
 
 pub mod checkpoint;
 pub mod config;
