@@ -175,6 +175,16 @@ impl Generated {
     }
 }
 
+/// Myo's tree over an image's pixels in `order`: the quad tree when they are in Morton order,
+/// else a 4-ary tree over the sequence (Myosotis §5).
+fn image_tree(order: Order) -> TreeShape {
+    if order == Order::Morton {
+        TreeShape::Quad
+    } else {
+        TreeShape::Ragged { arity: 4 }
+    }
+}
+
 /// MNIST pixels in `order`.
 fn mnist(name: &str, order: Order, causal: bool) -> Task {
     // In raster order Myo's 4-ary tree groups pixels of one row: heads that reach further
@@ -193,11 +203,7 @@ fn mnist(name: &str, order: Order, causal: bool) -> Task {
             split: Split::HoldOut { seed: 42 },
         }),
         classes: 10,
-        tree: if order == Order::Morton {
-            TreeShape::Quad
-        } else {
-            TreeShape::Ragged { arity: 4 }
-        },
+        tree: image_tree(order),
         causal,
         coupling_init,
     }
@@ -217,11 +223,7 @@ fn cifar(name: &str, order: Order) -> Task {
             split: Split::HoldOut { seed: 42 },
         }),
         classes: 10,
-        tree: if order == Order::Morton {
-            TreeShape::Quad
-        } else {
-            TreeShape::Ragged { arity: 4 }
-        },
+        tree: image_tree(order),
         causal: false,
         coupling_init: None,
     }
