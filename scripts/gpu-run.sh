@@ -129,6 +129,7 @@ runs=(
   "myo d=1|zmnist (strokes)|--model myo --task zmnist --data-dir $data/strokes"
   "myo d=2|zmnist (strokes)|--model myo --block-size 2 --task zmnist --data-dir $data/strokes"
   "mingru|smnist (strokes)|--model mingru --task smnist --data-dir $data/strokes"
+  "ssm2d|smnist (strokes)|--model ssm2d --task smnist --data-dir $data/strokes"
 )
 want train && for r in "${runs[@]}"; do
   IFS='|' read -r model task flags <<<"$r"
@@ -199,6 +200,13 @@ for s in "${tree_shapes[@]}"; do
   "$bin/myo" bench tree --device cuda $s >>"$report/report.md" 2>&1 || status=1
   # shellcheck disable=SC2086
   "$bin/myo" bench tree --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
+done
+# The Myo layer's own solve at zMNIST's shape, and at a larger batch and head count.
+for s in "" "--backward" "--batch 64 --heads 256" "--batch 64 --heads 256 --backward"; do
+  # shellcheck disable=SC2086
+  "$bin/myo" bench heads --device cuda $s >>"$report/report.md" 2>&1 || status=1
+  # shellcheck disable=SC2086
+  "$bin/myo" bench heads --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
 done
 echo '```' >>"$report/report.md"
 fi
