@@ -18,9 +18,17 @@ pub(crate) fn param_with(vb: &VarBuilder, name: &str, init: Tensor) -> Result<Te
     Ok(t)
 }
 
+/// The generators of initial values; candle's CPU generator cannot be seeded, so every initial
+/// value is drawn here from a seed. Two kinds: a stream per variable path ([`init_rng`]: the
+/// small modules — linear layers, embeddings, the 2-D SSM), and one stream per layer
+/// ([`layer_rng`]: S5 and Myo, whose constructors draw all their values in a fixed order from
+/// the layer's seed, which the classifier makes distinct per block).
+pub(crate) fn layer_rng(seed: u64, stream: u64) -> StdRng {
+    rand::SeedableRng::seed_from_u64(seed ^ stream)
+}
+
 /// A generator for the initial values of the parameters under `vb`'s path, from `seed`: every
-/// path gets its own stream, so a model's initialisation depends on its seed alone (candle's
-/// CPU generator cannot be seeded).
+/// path gets its own stream, so a model's initialisation depends on its seed alone.
 pub(crate) fn init_rng(seed: u64, vb: &VarBuilder) -> rand::rngs::StdRng {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -32,12 +32,11 @@
 
 use candle_core::{Device, Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::hippo::block_init;
-use super::{normal_vec, param_with};
+use super::{layer_rng, normal_vec, param_with};
 use crate::ops::{channel_mul, head_solve, swap_dims12, tree_solve, TreeSolveOptions};
 use crate::tree::Tree;
 
@@ -215,7 +214,7 @@ impl Myo {
         let level_of: Vec<u32> = (0..levels)
             .flat_map(|k| tree.level(k).map(move |_| k as u32))
             .collect();
-        let mut rng = StdRng::seed_from_u64(cfg.seed);
+        let mut rng = layer_rng(cfg.seed, 0);
         let mut randn = |count: usize, std: f64| normal_vec(&mut rng, count, std);
         // Initial values: scalar complex heads ((…, 2) = re, im) or real d × d blocks.
         let (w, coupling, coupling_shape) = if d == 1 {
@@ -224,7 +223,7 @@ impl Myo {
             let init = block_init(2 * heads, 1, true)?;
             let (lo, hi) = (cfg.dt_min.ln(), cfg.dt_max.ln());
             let steps: Vec<f64> = {
-                let mut r = StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
+                let mut r = layer_rng(cfg.seed, 0x5eed);
                 (0..heads).map(|_| r.random_range(lo..hi).exp()).collect()
             };
             // The first leaf of every node's subtree (leaves first in the numbering, children

@@ -17,12 +17,11 @@
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::hippo::block_init;
-use super::init::{normal, param_with, trunc_normal};
+use super::init::{layer_rng, normal, param_with, trunc_normal};
 use crate::complex::C;
 use crate::ops::{channel_mul, linear_scan, ScanOptions};
 
@@ -115,7 +114,7 @@ impl S5 {
         let init = block_init(p_full, cfg.blocks, cfg.conj_sym)?;
         let (lambda, v, vinv) = (init.lambda, init.v, init.vinv);
         let p = lambda.len();
-        let mut rng = StdRng::seed_from_u64(cfg.seed);
+        let mut rng = layer_rng(cfg.seed, 0);
         let cpu = candle_core::Device::Cpu;
         let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &cpu);
         // B̃ = V⁻¹ B with B (P_full, H) LeCun normal.
