@@ -63,13 +63,8 @@ impl C {
         Ok(C::new((&self.re / &n)?, (self.im.neg()? / &n)?))
     }
 
-    /// x / y = x ȳ / |y|².
     pub fn div(&self, o: &C) -> Result<Self> {
-        let n = (o.re.sqr()? + o.im.sqr()?)?;
-        Ok(C::new(
-            (self.re.broadcast_mul(&o.re)? + self.im.broadcast_mul(&o.im)?)?.broadcast_div(&n)?,
-            (self.im.broadcast_mul(&o.re)? - self.re.broadcast_mul(&o.im)?)?.broadcast_div(&n)?,
-        ))
+        self.mul(&o.recip()?)
     }
 
     pub fn exp(&self) -> Result<Self> {
