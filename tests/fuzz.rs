@@ -435,3 +435,28 @@ fn mnist_files_of_another_image_size_are_an_error() {
         "{e}"
     );
 }
+
+/// A task description whose image side disagrees with its files (as a config edited or
+/// corrupted in a checkpoint could say) is an error naming the folder, found before the pixel
+/// order of that side is built (10¹² entries here).
+#[test]
+fn a_task_side_that_disagrees_with_the_files_is_an_error() {
+    let dir = temp("cifar-side");
+    let record: Vec<u8> = std::iter::once(3u8).chain(vec![9u8; 3 * 1024]).collect();
+    for name in myosotis::data::images::CIFAR_TRAIN
+        .iter()
+        .chain(&myosotis::data::images::CIFAR_TEST)
+    {
+        std::fs::write(dir.join(name), &record).unwrap();
+    }
+    let mut task = find("scifar").unwrap();
+    if let myosotis::data::task::Input::Pixels(p) = &mut task.input {
+        p.side = 1_000_000;
+    }
+    let source = DataSource::Dir { dir: dir.clone() };
+    let e = format!("{:#}", task.load(&source).unwrap_err());
+    assert!(
+        e.contains(&*dir.to_string_lossy()) && e.contains("32 x 32"),
+        "{e}"
+    );
+}

@@ -4,7 +4,7 @@
 //! direction). A run's config holds its whole `Task`, so a checkpoint rebuilds its data
 //! pipeline from the file alone, and a task defined outside the registry runs the same way.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
@@ -378,7 +378,7 @@ impl Task {
                     );
                 };
                 let (train, test) = super::hub::Hub::from_env().load(dataset)?;
-                p.split_pair(&train, &test)
+                p.split_pair(&train, &test, Path::new("the Hub's cache"))
             }
         }
     }
@@ -474,7 +474,7 @@ impl Pixels {
     }
 
     /// The splits from the files in `dir`.
-    fn load(&self, dir: &std::path::Path) -> Result<[Dataset; 3]> {
+    fn load(&self, dir: &Path) -> Result<[Dataset; 3]> {
         use super::images::{read_cifar10, read_mnist, CIFAR_TEST, CIFAR_TRAIN};
         match self.files {
             ImageFiles::Pathfinder => {
@@ -483,20 +483,18 @@ impl Pixels {
                 self.split_one(&all)
             }
             ImageFiles::Mnist => {
-                let (train, test) = (read_mnist(dir, "train")?, read_mnist(dir, "t10k")?);
-                self.check(&train, dir)?;
-                self.check(&test, dir)?;
-                self.split_pair(&train, &test)
+                self.split_pair(&read_mnist(dir, "train")?, &read_mnist(dir, "t10k")?, dir)
             }
             ImageFiles::Cifar10 => self.split_pair(
                 &read_cifar10(dir, &CIFAR_TRAIN)?,
                 &read_cifar10(dir, &CIFAR_TEST)?,
+                dir,
             ),
         }
     }
 
     /// Checks that `set` (read from `from`) holds images of this task's size and channels.
-    fn check(&self, set: &ImageSet, from: &std::path::Path) -> Result<()> {
+    fn check(&self, set: &ImageSet, from: &Path) -> Result<()> {
         let (side, channels) = (self.side, self.files.channels());
         if (set.height, set.width, set.channels) != (side, side, channels) {
             bail!(
@@ -510,8 +508,10 @@ impl Pixels {
         Ok(())
     }
 
-    /// The splits of a dataset that comes as training and test images.
-    fn split_pair(&self, train: &ImageSet, test: &ImageSet) -> Result<[Dataset; 3]> {
+    /// The splits of a dataset that comes as training and test images (read from `from`).
+    fn split_pair(&self, train: &ImageSet, test: &ImageSet, from: &Path) -> Result<[Dataset; 3]> {
+        self.check(train, from)?;
+        self.check(test, from)?;
         let Split::HoldOut { seed } = self.split else {
             bail!(
                 "{:?} files come as training and test sets: their split is hold_out",
