@@ -193,25 +193,33 @@ fn a_run_killed_inside_its_checkpoint_writes_resumes_to_the_uninterrupted_result
     }
 }
 
+/// Runs `myo train` into `d` with `MYO_FAIL_AT=fail_at` and checks that it fails with a last
+/// line naming `file` and saying `why`.
+fn run_failing_at(d: &Path, fail_at: &str, file: &str, why: &str) {
+    let out = myo(d, None).env("MYO_FAIL_AT", fail_at).output().unwrap();
+    assert!(
+        !out.status.success(),
+        "{fail_at}: the run went on after a failed write"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last_line = err.lines().last().unwrap_or("");
+    assert!(
+        last_line.contains(file) && last_line.contains(why),
+        "{fail_at}: {last_line}"
+    );
+}
+
 /// A checkpoint write that fails as on a full disk stops the run with an error naming the file;
 /// the previous epoch's checkpoint is still there, and resuming from it (with room again) gives
 /// the uninterrupted result.
 #[test]
 fn a_failed_checkpoint_write_stops_the_run_and_keeps_the_last_good_one() {
     let d = dir("full-disk");
-    let out = myo(&d, None)
-        .env("MYO_FAIL_AT", "write last.safetensors@3")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "the run went on after a failed write"
-    );
-    let last_line = err.lines().last().unwrap_or("");
-    assert!(
-        last_line.contains("last.safetensors") && last_line.contains("no space left"),
-        "{last_line}"
+    run_failing_at(
+        &d,
+        "write last.safetensors@3",
+        "last.safetensors",
+        "no space left",
     );
     finish_killed_run(&d, "after a failed write");
     let _ = std::fs::remove_dir_all(&d);
@@ -224,16 +232,11 @@ fn a_failed_checkpoint_write_stops_the_run_and_keeps_the_last_good_one() {
 #[test]
 fn a_read_only_out_stops_the_run_with_a_clear_message() {
     let d = dir("read-only-start");
-    let out = myo(&d, None)
-        .env("MYO_FAIL_AT", "read-only:write config.json@0")
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "the run went on without its config");
-    let err = String::from_utf8_lossy(&out.stderr);
-    let last_line = err.lines().last().unwrap_or("");
-    assert!(
-        last_line.contains("config.json") && last_line.contains("read-only"),
-        "{last_line}"
+    run_failing_at(
+        &d,
+        "read-only:write config.json@0",
+        "config.json",
+        "read-only",
     );
     let left: Vec<_> = std::fs::read_dir(&d)
         .unwrap()
@@ -246,19 +249,11 @@ fn a_read_only_out_stops_the_run_with_a_clear_message() {
     let _ = std::fs::remove_dir_all(&d);
 
     let d = dir("read-only-later");
-    let out = myo(&d, None)
-        .env("MYO_FAIL_AT", "read-only:write last.safetensors@2")
-        .output()
-        .unwrap();
-    assert!(
-        !out.status.success(),
-        "the run went on after a failed write"
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
-    let last_line = err.lines().last().unwrap_or("");
-    assert!(
-        last_line.contains("last.safetensors") && last_line.contains("read-only"),
-        "{last_line}"
+    run_failing_at(
+        &d,
+        "read-only:write last.safetensors@2",
+        "last.safetensors",
+        "read-only",
     );
     finish_killed_run(&d, "after a read-only write");
     let _ = std::fs::remove_dir_all(&d);
