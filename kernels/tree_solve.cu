@@ -49,6 +49,22 @@ template <typename T, typename O, bool ADJ> struct TreeCoefs {
     __device__ __forceinline__ typename O::V down(int v) const {
         return ADJ ? O::conj(O::load(coef, b + v)) : O::load(coef, c + v);
     }
+    __device__ __forceinline__ void stage(int) const {}
+};
+
+// The same coefficients with B' and C' staged in shared memory by `stage` (called once per
+// node before the first barrier), so that the levels' loops read no global memory: each
+// level's loads would otherwise wait on global latency, one level after another.
+template <typename T, typename O, bool ADJ> struct StagedCoefs {
+    TreeCoefs<T, O, ADJ> src;
+    typename O::V *up_s, *down_s; // nodes each
+    __device__ __forceinline__ typename O::V diag(int v) const { return src.diag(v); }
+    __device__ __forceinline__ void stage(int v) const {
+        up_s[v] = src.up(v);
+        down_s[v] = src.down(v);
+    }
+    __device__ __forceinline__ typename O::V up(int v) const { return up_s[v]; }
+    __device__ __forceinline__ typename O::V down(int v) const { return down_s[v]; }
 };
 
 template <typename T, typename O, bool ADJ>
@@ -62,13 +78,15 @@ __device__ __forceinline__ TreeCoefs<T, O, ADJ> tree_coefs(const T *coef, int no
 
 // The solve of one tree into the workspace (ab, uh); on return uh holds x (or λ). `rhs0` is
 // the element offset of this tree's right-hand sides.
-template <typename T, typename O, bool ADJ>
-__device__ void tree_solve_block(const TreeGeometry &g, const TreeCoefs<T, O, ADJ> &cf,
-                                 const T *__restrict__ rhs, i64 rhs0, typename O::V *ab,
-                                 typename O::V *uh, int *status) {
+template <typename T, typename O, typename CF>
+__device__ void tree_solve_block(const TreeGeometry &g, const CF &cf, const T *__restrict__ rhs,
+                                 i64 rhs0, typename O::V *ab, typename O::V *uh, int *status) {
     typedef typename O::V V;
     const int tid = threadIdx.x, r = g.r;
-    for (int i = tid; i < g.nodes; i += blockDim.x) ab[i] = cf.diag(i);
+    for (int i = tid; i < g.nodes; i += blockDim.x) {
+        ab[i] = cf.diag(i);
+        cf.stage(i);
+    }
     for (int i = tid; i < g.nodes * r; i += blockDim.x) uh[i] = O::load(rhs, rhs0 + i);
     __syncthreads();
     // Upward: the parents of level k fold in their children (levels below are final).
@@ -119,16 +137,38 @@ template <typename V> __device__ __forceinline__ V *tree_workspace(V *global_ws,
     return global_ws ? global_ws + (i64)blockIdx.x * per_tree : reinterpret_cast<V *>(smem);
 }
 
+// Solves one tree with the workspace at ab (nodes values), uh (nodes * r) and, when `staged`
+// (the host found room in shared memory), B' and C' (nodes each) and child_start (nodes + 1)
+// after them; on return uh holds x (or λ).
+template <typename T, typename O, bool ADJ>
+__device__ __forceinline__ void tree_solve_one(const TreeGeometry &g,
+                                               const TreeCoefs<T, O, ADJ> &cf, int staged,
+                                               const T *rhs, i64 rhs0, typename O::V *ab,
+                                               int *status) {
+    typedef typename O::V V;
+    V *uh = ab + g.nodes;
+    if (!staged) {
+        tree_solve_block<T, O>(g, cf, rhs, rhs0, ab, uh, status);
+        return;
+    }
+    V *up = uh + g.nodes * g.r, *down = up + g.nodes;
+    int *child_start = reinterpret_cast<int *>(down + g.nodes);
+    for (int i = threadIdx.x; i <= g.nodes; i += blockDim.x) child_start[i] = g.child_start[i];
+    const TreeGeometry gs{g.level_start, child_start, g.parent, g.levels, g.nodes, g.r};
+    const StagedCoefs<T, O, ADJ> sc{cf, up, down};
+    tree_solve_block<T, O>(gs, sc, rhs, rhs0, ab, uh, status);
+}
+
 template <typename T, typename O>
 __device__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g, int tree,
-                         int trees, int heads, int shared_coef, typename O::V *global_ws,
-                         int *status) {
+                         int trees, int heads, int shared_coef, int staged,
+                         typename O::V *global_ws, int *status) {
     typedef typename O::V V;
     V *ab = tree_workspace<V>(global_ws, g.nodes * (1 + g.r));
     V *uh = ab + g.nodes;
     const auto cf = tree_coefs<T, O, false>(coef, g.nodes, tree, trees, heads, shared_coef);
     const i64 x0 = (i64)tree * g.nodes * g.r;
-    tree_solve_block<T, O, false>(g, cf, u, x0, ab, uh, status);
+    tree_solve_one<T, O, false>(g, cf, staged, u, x0, ab, status);
     for (int i = threadIdx.x; i < g.nodes * g.r; i += blockDim.x) O::store(x, x0 + i, uh[i]);
 }
 
@@ -139,13 +179,13 @@ __device__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g,
 template <typename T, typename O>
 __device__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
                          const TreeGeometry &g, int tree, int trees, int heads, int shared_coef,
-                         typename O::V *global_ws, int *status) {
+                         int staged, typename O::V *global_ws, int *status) {
     typedef typename O::V V;
     V *ab = tree_workspace<V>(global_ws, g.nodes * (1 + g.r));
     V *lam = ab + g.nodes;
     const auto cf = tree_coefs<T, O, true>(coef, g.nodes, tree, trees, heads, shared_coef);
     const i64 x0 = (i64)tree * g.nodes * g.r;
-    tree_solve_block<T, O, true>(g, cf, gx, x0, ab, lam, status);
+    tree_solve_one<T, O, true>(g, cf, staged, gx, x0, ab, status);
     const int r = g.r, root = g.nodes - 1;
     const i64 set = (i64)trees * g.nodes, d0 = (i64)tree * g.nodes;
     for (int i = threadIdx.x; i < g.nodes * r; i += blockDim.x) O::store(du, x0 + i, lam[i]);
@@ -375,11 +415,12 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
     extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_MIN_BLOCKS)                 \
         tree_fwd_##SUFFIX(const T *u, const T *coef, T *x, const int *level_start,              \
                           const int *child_start, const int *parent, int levels, int nodes,     \
-                          int r, int heads, int trees, int shared_coef, OPS::V *global_ws,      \
-                          int *status) {                                                        \
+                          int r, int heads, int trees, int shared_coef, int staged,             \
+                          OPS::V *global_ws, int *status) {                                     \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
         for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
-            tree_fwd<T, OPS>(u, coef, x, g, t, trees, heads, shared_coef, global_ws, status);   \
+            tree_fwd<T, OPS>(u, coef, x, g, t, trees, heads, shared_coef, staged, global_ws,    \
+                             status);                                                           \
             __syncthreads();                                                                    \
         }                                                                                       \
     }                                                                                           \
@@ -387,10 +428,10 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
         tree_bwd_##SUFFIX(const T *gx, const T *coef, const T *x, T *du, T *dcoef,              \
                           const int *level_start, const int *child_start, const int *parent,    \
                           int levels, int nodes, int r, int heads, int trees, int shared_coef,  \
-                          OPS::V *global_ws, int *status) {                                     \
+                          int staged, OPS::V *global_ws, int *status) {                         \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
         for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
-            tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, t, trees, heads, shared_coef,           \
+            tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, t, trees, heads, shared_coef, staged,   \
                              global_ws, status);                                                \
             __syncthreads();                                                                    \
         }                                                                                       \

@@ -72,9 +72,12 @@ fi
 } >"$report/report.md"
 
 status=0
-want tests && for t in "$bin"/test-*; do
+# MYO_GPU_TESTS: a glob of test binaries to run (default: all, test-cuda_*);
+# MYO_GPU_TEST_FILTER: test-name filters passed to each.
+want tests && for t in "$bin"/test-${MYO_GPU_TESTS:-*}; do
   name=$(basename "$t")
-  "$t" --test-threads=1 --nocapture >"$report/$name.log" 2>&1
+  # shellcheck disable=SC2086
+  "$t" ${MYO_GPU_TEST_FILTER:-} --test-threads=1 --nocapture >"$report/$name.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
   echo "- $name: exit $rc; $(grep -E '^test result' "$report/$name.log" | tail -1)" >>"$report/report.md"
@@ -93,15 +96,19 @@ want sanitizer && {
 } >>"$report/report.md"
 if want sanitizer && [ -n "$sanitizer" ]; then
   for tool in memcheck racecheck; do
-    for t in "test-cuda_scan cuda_half_precision" "test-cuda_tree_solve cuda_block_tree_solve" \
-      "test-cuda_head_solve cuda_head_solve_matches"; do
+    # The tests with small inputs (the others spend minutes in the CPU's dense f64 solves):
+    # every kernel forward and backward, the tree solve in shared memory (staged), and in the
+    # global workspace (Path-X's tree), d = 1 and d = 3.
+    for t in "test-cuda_scan cuda_half_precision" \
+      "test-cuda_tree_solve cuda_public_backward cuda_singular_pivot cuda_large_trees" \
+      "test-cuda_head_solve cuda_head_solve"; do
       # shellcheck disable=SC2086
       set -- $t
       log="$report/sanitizer-$tool-$1.log"
-      timeout 100 "$sanitizer" --tool "$tool" --error-exitcode 9 "$bin/$1" "$2" --test-threads=1 >"$log" 2>&1
+      timeout 150 "$sanitizer" --tool "$tool" --error-exitcode 9 "$bin/$1" "${@:2}" --test-threads=1 >"$log" 2>&1
       rc=$?
       [ $rc -eq 0 ] || status=1
-      echo "- $tool, $1 $2: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^test result' "$log" | tr '\n' ' ')" >>"$report/report.md"
+      echo "- $tool, $*: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^test result' "$log" | tr '\n' ' ')" >>"$report/report.md"
     done
   done
 fi
@@ -207,6 +214,12 @@ for s in "" "--backward" "--batch 64 --heads 256" "--batch 64 --heads 256 --back
   "$bin/myo" bench heads --device cuda $s >>"$report/report.md" 2>&1 || status=1
   # shellcheck disable=SC2086
   "$bin/myo" bench heads --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
+done
+# A training step (forward, loss, backward; no optimiser) of the models `myo train` builds by
+# default, at two batch sizes: a time that hardly grows with the batch is launch-bound.
+for s in "--model s5" "--model myo" "--model s5 --batch-size 256" "--model myo --batch-size 256"; do
+  # shellcheck disable=SC2086
+  "$bin/myo" bench step --device cuda $s >>"$report/report.md" 2>&1 || status=1
 done
 echo '```' >>"$report/report.md"
 fi

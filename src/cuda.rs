@@ -10,7 +10,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 };
 use candle_core::cuda_backend::DeviceId;
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, WithDType};
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor, WithDType};
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -230,4 +230,34 @@ fn slice_at<'a, T: CudaElem>((s, l): (&'a CudaStorage, &Layout)) -> Result<CudaV
         bail!("internal error: CUDA kernel input is not contiguous")
     };
     Ok(s.as_cuda_slice::<T>()?.slice(start..end))
+}
+
+/// A device-to-device copy of a contiguous f32 tensor into a buffer allocated once, on
+/// candle's stream: the yardstick of the kernel benchmarks' bandwidth. A tensor copy allocates
+/// its output each time, which made the measured bandwidth vary by 2.6× on large buffers.
+pub struct BufferCopy {
+    src: Tensor,
+    dst: CudaSlice<f32>,
+    dev: CudaDevice,
+}
+
+impl BufferCopy {
+    pub fn new(dev: &CudaDevice, src: &Tensor) -> Result<Self> {
+        let dst = dev.alloc_zeros::<f32>(src.elem_count())?;
+        Ok(BufferCopy {
+            src: src.contiguous()?,
+            dst,
+            dev: dev.clone(),
+        })
+    }
+
+    /// Enqueues one copy (nothing waits for it).
+    pub fn run(&mut self) -> Result<()> {
+        let (storage, layout) = self.src.storage_and_layout();
+        let candle_core::Storage::Cuda(s) = &*storage else {
+            bail!("BufferCopy: the tensor is not on a CUDA device")
+        };
+        let view = slice_at::<f32>((s, layout))?;
+        self.dev.cuda_stream().memcpy_dtod(&view, &mut self.dst).w()
+    }
 }

@@ -84,10 +84,18 @@ pub fn time_median(
     })
 }
 
-/// Device copy bandwidth in GB/s (bytes read + written), measured with a copy of `elems` f32.
+/// Device copy bandwidth in GB/s (bytes read + written), measured with a copy of `elems` f32:
+/// on CUDA a device-to-device copy into a buffer allocated once, on the CPU a tensor copy.
 pub fn copy_bandwidth(device: &Device, elems: usize, repeats: usize) -> Result<f64> {
     let x = Tensor::rand(0f32, 1f32, elems, device)?;
-    let t = time_median(device, 2, repeats, || x.copy().map(drop))?;
+    let t = match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => {
+            let mut copy = crate::cuda::BufferCopy::new(dev, &x)?;
+            time_median(device, 2, repeats, || copy.run())?
+        }
+        _ => time_median(device, 2, repeats, || x.copy().map(drop))?,
+    };
     Ok(2.0 * (elems * 4) as f64 / (t.median_ms * 1e-3) / 1e9)
 }
 

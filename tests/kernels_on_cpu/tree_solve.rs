@@ -14,7 +14,7 @@ use rand::Rng;
 use crate::common::*;
 use crate::exec::{round_to, run, run_in_every_order};
 use crate::{assert_same, DTYPES};
-use myosotis::ops::plan::KernelArg;
+use myosotis::ops::plan::{KernelArg, LaunchPlan};
 
 /// A device that grants no shared memory: the plan puts every tree in the global workspace.
 const NO_SHARED: DeviceLimits = DeviceLimits {
@@ -223,10 +223,27 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                 let want_x = dense_tree_solve(tree, case, &x);
                 let [want_lam, want_dcoef] = reference_backward(tree, case, &x, &g);
                 let twin_x = to_vec(&tree_solve(tree, &a, &b, &c, &u, opts(case)).unwrap());
-                for (path, shared) in [("shared", DeviceLimits::H100), ("global", NO_SHARED)] {
+                // Scalar blocks stage their couplings in shared memory when there is room;
+                // one byte less than that room leaves them in global memory.
+                let staged = forward_plan(tree, &a, &b, &c, &u, opts(case), DeviceLimits::H100)
+                    .unwrap()
+                    .shared_bytes;
+                let unstaged = DeviceLimits {
+                    shared_per_block: staged - 1,
+                    ..DeviceLimits::H100
+                };
+                let mut paths = vec![("shared", DeviceLimits::H100), ("global", NO_SHARED)];
+                if case.d == 1 {
+                    paths.push(("shared, unstaged", unstaged));
+                }
+                for (path, shared) in paths {
                     let what = format!("{name}, {case:?}, {dtype:?}, {path} (seed {seed})");
                     let plan = forward_plan(tree, &a, &b, &c, &u, opts(case), shared).unwrap();
                     assert_eq!(plan.workspace_bytes > 0, path == "global", "{what}");
+                    if case.d == 1 {
+                        let want = KernelArg::I32((path == "shared") as i32);
+                        assert_eq!(plan.args[12], want, "staged, {what}");
+                    }
                     assert_eq!(plan.kernel.starts_with("tree_block_"), case.d > 1, "{what}");
                     let run = run_in_every_order(&plan, dtype, &[&x.u, &coef], seed);
                     assert_eq!(run.status, 0, "{what}");
@@ -361,7 +378,8 @@ fn block_kernels_on_large_trees_in_shared_and_global_memory() {
     check_large_tree("quad 32x32", &quad, 3, DType::F64, rng_of);
 }
 
-/// The workspace decisions, per device: bytes per tree n·(1 + r)·(4 or 8)·(1 or 2).
+/// The workspace decisions, per device: bytes per tree n·(1 + r)·(4 or 8)·(1 or 2), and with
+/// the couplings and child table staged, n·(3 + r)·(4 or 8)·(1 or 2) + (n + 1)·4.
 #[test]
 fn tree_plans_place_the_workspace_by_the_device_limit() {
     let o = TreeSolveOptions::default();
@@ -383,26 +401,32 @@ fn tree_plans_place_the_workspace_by_the_device_limit() {
         )
         .unwrap()
     };
-    // 4,096-leaf binary, f32 real: 8,191 · 2 · 4 = 65,528 bytes: opt-in on V100 and H100.
+    let staged = |p: &LaunchPlan| p.args[12] == KernelArg::I32(1);
+    // 4,096-leaf binary, f32 real: 8,191 · 2 · 4 = 65,528 bytes, opt-in on V100; staged
+    // 8,191 · 4 · 4 + 8,192 · 4 = 163,824 bytes, over V100's 96 KiB, under H100's 227 KiB.
     let p = plan(4096, false, DType::F32, DeviceLimits::V100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (65_528, 0));
-    assert!(p.opts_in_to_shared());
-    assert_eq!(p.args[12], KernelArg::Null);
+    assert!(p.opts_in_to_shared() && !staged(&p));
+    assert_eq!(p.args[13], KernelArg::Null);
     assert_eq!((p.grid, p.block), ([6, 1, 1], [256, 1, 1]));
-    // Complex: 131,056 bytes, over V100's 96 KiB, under H100's 227 KiB.
+    let p = plan(4096, false, DType::F32, DeviceLimits::H100);
+    assert_eq!((p.shared_bytes, p.workspace_bytes), (163_824, 0));
+    assert!(staged(&p));
+    // Complex: 131,056 bytes, over V100's 96 KiB, under H100's 227 KiB (staged: 294,800).
     let p = plan(4096, true, DType::F32, DeviceLimits::V100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (0, 6 * 131_056));
-    assert_eq!(p.args[12], KernelArg::Workspace);
+    assert_eq!(p.args[13], KernelArg::Workspace);
     let p = plan(4096, true, DType::F32, DeviceLimits::H100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (131_056, 0));
+    assert!(!staged(&p));
     // Path-X, 16,384 leaves, f32 real: 262,136 bytes: global on H100.
     let p = plan(16384, false, DType::F32, DeviceLimits::H100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (0, 6 * 262_136));
-    assert!(!p.opts_in_to_shared());
-    // Small trees need no opt-in.
+    assert!(!p.opts_in_to_shared() && !staged(&p));
+    // Small trees need no opt-in: 127 · 4 · 8 + 128 · 4 bytes, staged.
     let p = plan(64, false, DType::F64, DeviceLimits::H100);
-    assert_eq!(p.shared_bytes, 127 * 2 * 8);
-    assert!(!p.opts_in_to_shared());
+    assert_eq!(p.shared_bytes, 127 * 4 * 8 + 128 * 4);
+    assert!(!p.opts_in_to_shared() && staged(&p));
 }
 
 /// A singular pivot: the status word names the node (1 + node), forward and backward, in the

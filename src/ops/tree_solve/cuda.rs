@@ -6,7 +6,9 @@
 //! accumulation type (f32, or f64 for f64), lives in dynamic shared memory when the device
 //! grants that much to a block (opting in above 48 KiB), else in a global workspace with one
 //! slice per tree:
-//! * scalar blocks (`tree_fwd`, `tree_bwd`): n·(1 + r) values;
+//! * scalar blocks (`tree_fwd`, `tree_bwd`): n·(1 + r) values; in shared memory also B' and C'
+//!   (n values each) and the child table (n + 1 ints) when those fit too ("staged": the
+//!   levels' loops then read no global memory);
 //! * d × d blocks (`tree_block_fwd`, `tree_block_bwd`): n·d·(d + r) values plus one d × d LU
 //!   scratch block per thread that can own a parent at once ([`lu_slots`]).
 
@@ -42,6 +44,15 @@ impl TreeSolveOp {
         values * acc * w
     }
 
+    /// Bytes of a scalar-block tree's state with its couplings and child table staged beside
+    /// it (see the module doc); None for d > 1, which does not stage.
+    fn staged_per_tree(&self, dtype: DType) -> Option<usize> {
+        let Dims { nodes, d, .. } = self.dims;
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        let w = if self.opts.complex { 2 } else { 1 };
+        (d == 1).then(|| self.workspace_per_tree(dtype) + 2 * nodes * acc * w + (nodes + 1) * 4)
+    }
+
     /// The launch of `pass` ("fwd" or "bwd": `tree_fwd`, or `tree_block_fwd` for d > 1) with
     /// `inputs` tensor arguments and the outputs that follow them.
     fn plan(
@@ -62,7 +73,10 @@ impl TreeSolveOp {
         } = self.dims;
         let op = "tree_solve";
         let trees = int_arg(op, "batch × heads", batch * heads)?;
-        let bytes = self.workspace_per_tree(dtype);
+        let staged_bytes = self
+            .staged_per_tree(dtype)
+            .filter(|&b| limits.fits_shared(b));
+        let bytes = staged_bytes.unwrap_or(self.workspace_per_tree(dtype));
         let in_shared = limits.fits_shared(bytes);
         // In global memory, as many blocks as the budget holds slices (at least one), each
         // taking trees in turn.
@@ -88,6 +102,8 @@ impl TreeSolveOp {
         args.push(KernelArg::I32(shared_coef as i32));
         if d > 1 {
             args.push(KernelArg::I32(lu_slots(tree) as i32));
+        } else {
+            args.push(KernelArg::I32(staged_bytes.is_some() as i32));
         }
         args.push(if in_shared {
             KernelArg::Null
