@@ -18,6 +18,9 @@
 // when it next synchronises and turns it into an error.
 #include "values.cuh"
 
+// Threads per block, at most: the host launches scalar-block trees whose state fits in shared
+// memory with fewer (see src/ops/tree_solve/cuda.rs), so that more trees share an SM; every
+// loop strides by blockDim.x.
 #define TREE_THREADS 256
 // Resident blocks per SM the kernels are compiled for: 3 for the scalar ones (at most 80
 // registers), 2 for the d x d ones (at most 128). With no minimum, or a higher one, ptxas
@@ -32,6 +35,29 @@ struct TreeGeometry {
     const int *parent;      // nodes (the root is its own parent)
     int levels, nodes, r;
 };
+
+// Copies n values load(i) -> store(i, value) with the block's threads, each issuing up to 32
+// bytes of loads (8 f32 values; complex f64 one at a time) before its first store: a strided loop that stores each
+// value before loading the next waits one memory round trip per iteration (the compiler cannot
+// move a load above a store it may alias), which made a 1,365-node tree's loads cost more than
+// its solve. More bytes in flight spilled registers in the f64 and complex kernels.
+template <typename V, typename Load, typename Store>
+__device__ __forceinline__ void batched_copy(int n, Load load, Store store) {
+    constexpr int loads = sizeof(V) >= 16 ? 1 : 32 / sizeof(V);
+    for (int base = threadIdx.x; base < n; base += loads * blockDim.x) {
+        V x[loads];
+#pragma unroll
+        for (int q = 0; q < loads; ++q) {
+            const int i = base + q * blockDim.x;
+            if (i < n) x[q] = load(i);
+        }
+#pragma unroll
+        for (int q = 0; q < loads; ++q) {
+            const int i = base + q * blockDim.x;
+            if (i < n) store(i, x[q]);
+        }
+    }
+}
 
 // Coefficients of one tree, read as T_G or (ADJ) as its adjoint: A' = conj(A), the (v, parent)
 // entry B' = conj(C), the (parent, v) entry C' = conj(B). Offsets are in elements (a complex
@@ -52,16 +78,18 @@ template <typename T, typename O, bool ADJ> struct TreeCoefs {
     __device__ __forceinline__ void stage(int) const {}
 };
 
-// The same coefficients with B' and C' staged in shared memory by `stage` (called once per
-// node before the first barrier), so that the levels' loops read no global memory: each
+// The same coefficients with B' and C' staged in shared memory by `stage` (called before the
+// first barrier), so that the levels' loops read no global memory: each
 // level's loads would otherwise wait on global latency, one level after another.
 template <typename T, typename O, bool ADJ> struct StagedCoefs {
     TreeCoefs<T, O, ADJ> src;
     typename O::V *up_s, *down_s; // nodes each
     __device__ __forceinline__ typename O::V diag(int v) const { return src.diag(v); }
-    __device__ __forceinline__ void stage(int v) const {
-        up_s[v] = src.up(v);
-        down_s[v] = src.down(v);
+    __device__ __forceinline__ void stage(int nodes) const {
+        typedef typename O::V V;
+        batched_copy<V>(nodes, [&](int v) { return src.up(v); }, [&](int v, V x) { up_s[v] = x; });
+        batched_copy<V>(nodes, [&](int v) { return src.down(v); },
+                        [&](int v, V x) { down_s[v] = x; });
     }
     __device__ __forceinline__ typename O::V up(int v) const { return up_s[v]; }
     __device__ __forceinline__ typename O::V down(int v) const { return down_s[v]; }
@@ -83,11 +111,10 @@ __device__ void tree_solve_block(const TreeGeometry &g, const CF &cf, const T *_
                                  i64 rhs0, typename O::V *ab, typename O::V *uh, int *status) {
     typedef typename O::V V;
     const int tid = threadIdx.x, r = g.r;
-    for (int i = tid; i < g.nodes; i += blockDim.x) {
-        ab[i] = cf.diag(i);
-        cf.stage(i);
-    }
-    for (int i = tid; i < g.nodes * r; i += blockDim.x) uh[i] = O::load(rhs, rhs0 + i);
+    batched_copy<V>(g.nodes, [&](int i) { return cf.diag(i); }, [&](int i, V x) { ab[i] = x; });
+    cf.stage(g.nodes);
+    batched_copy<V>(g.nodes * r, [&](int i) { return O::load(rhs, rhs0 + i); },
+                    [&](int i, V x) { uh[i] = x; });
     __syncthreads();
     // Upward: the parents of level k fold in their children (levels below are final).
     for (int k = 1; k < g.levels; ++k) {
@@ -153,7 +180,8 @@ __device__ __forceinline__ void tree_solve_one(const TreeGeometry &g,
     }
     V *up = uh + g.nodes * g.r, *down = up + g.nodes;
     int *child_start = reinterpret_cast<int *>(down + g.nodes);
-    for (int i = threadIdx.x; i <= g.nodes; i += blockDim.x) child_start[i] = g.child_start[i];
+    batched_copy<int>(g.nodes + 1, [&](int i) { return g.child_start[i]; },
+                      [&](int i, int x) { child_start[i] = x; });
     const TreeGeometry gs{g.level_start, child_start, g.parent, g.levels, g.nodes, g.r};
     const StagedCoefs<T, O, ADJ> sc{cf, up, down};
     tree_solve_block<T, O>(gs, sc, rhs, rhs0, ab, uh, status);

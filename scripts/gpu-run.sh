@@ -98,10 +98,10 @@ if want sanitizer && [ -n "$sanitizer" ]; then
   for tool in memcheck racecheck; do
     # The tests with small inputs (the others spend minutes in the CPU's dense f64 solves):
     # every kernel forward and backward, the tree solve in shared memory (staged), and in the
-    # global workspace (Path-X's tree), d = 1 and d = 3.
+    # global workspace (Path-X's tree), d = 1 and d = 3, and the fused AdamW step.
     for t in "test-cuda_scan cuda_half_precision" \
       "test-cuda_tree_solve cuda_public_backward cuda_singular_pivot cuda_large_trees" \
-      "test-cuda_head_solve cuda_head_solve"; do
+      "test-cuda_head_solve cuda_head_solve" "test-cuda_parity cuda_optimizer"; do
       # shellcheck disable=SC2086
       set -- $t
       log="$report/sanitizer-$tool-$1.log"

@@ -43,6 +43,12 @@ pub const HEAD_SOLVE: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/head_solve.ptx")),
 };
 
+/// `kernels/adamw.cu`.
+pub const ADAMW: Module = Module {
+    name: "myosotis_adamw",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx")),
+};
+
 /// `kernels/dropout.cu`.
 pub const DROPOUT: Module = Module {
     name: "myosotis_dropout",

@@ -149,3 +149,80 @@ fn cuda_dropout_masks_equal_the_cpu() {
         assert_eq!(m(&gpu), m(&Device::Cpu), "{dtype:?}");
     }
 }
+
+/// Three AdamW steps (fused `adamw_step` launches, gradient clipping on, both groups) on CUDA
+/// end where the same steps on the CPU end.
+#[test]
+fn cuda_optimizer_steps_equal_the_cpu() {
+    use candle_core::{Tensor, Var};
+    use myosotis::train::optim::{OptimConfig, Optimizer};
+    use std::collections::HashMap;
+    let Some(gpu) = gpu("cuda_optimizer_steps_equal_the_cpu") else {
+        return;
+    };
+    let (mut rng, seed) = seeded_rng("cuda optimizer", 32);
+    let shapes: [(&str, &[usize]); 3] =
+        [("a.log_step", &[1]), ("w", &[30, 33]), ("big", &[300_007])];
+    // (name, initial value, gradient direction, shape) per variable.
+    type Param = (String, Vec<f64>, Vec<f64>, Vec<usize>);
+    let init: Vec<Param> = shapes
+        .iter()
+        .map(|(name, shape)| {
+            let n: usize = shape.iter().product();
+            let mut draw = || {
+                (0..n)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect::<Vec<_>>()
+            };
+            (name.to_string(), draw(), draw(), shape.to_vec())
+        })
+        .collect();
+    let run = |dev: &Device| {
+        let vars: HashMap<String, Var> = init
+            .iter()
+            .map(|(name, w, _, shape)| {
+                let t = tensor(w, shape, DType::F32, dev);
+                (name.clone(), Var::from_tensor(&t).unwrap())
+            })
+            .collect();
+        let cfg = OptimConfig {
+            lr: 0.01,
+            ssm_lr: 0.001,
+            lr_min: 0.0,
+            weight_decay: 0.05,
+            warmup_steps: 1,
+            total_steps: 10,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            clip: Some(0.5),
+        };
+        let group = |n: &str| match n.starts_with("a.") {
+            true => ParamGroup::Ssm,
+            false => ParamGroup::Regular,
+        };
+        let mut opt = Optimizer::new(cfg, &vars, group).unwrap();
+        for step in 0..3 {
+            // loss = Σ_p Σ (w_p ⊙ c_p)·(step + 1) + Σ w_p²: gradient c (step + 1) + 2 w.
+            let mut loss = Tensor::zeros((), DType::F32, dev).unwrap();
+            for (name, _, c, shape) in &init {
+                let w = vars[name].as_tensor();
+                let c = tensor(c, shape, DType::F32, dev);
+                let term = ((w * c).unwrap() * (step + 1) as f64)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap();
+                loss = (loss + term + w.sqr().unwrap().sum_all().unwrap()).unwrap();
+            }
+            opt.step(&loss.backward().unwrap()).unwrap();
+        }
+        init.iter()
+            .map(|(name, ..)| to_vec(vars[name].as_tensor()))
+            .collect::<Vec<_>>()
+    };
+    let (want, got) = (run(&Device::Cpu), run(&gpu));
+    for ((name, ..), (w, g)) in init.iter().zip(want.iter().zip(&got)) {
+        let e = rel_err(g, w);
+        assert!(e < 1e-5, "{name}: CUDA vs CPU {e:e} (seed {seed})");
+    }
+}

@@ -1,7 +1,8 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
-//! `head_solve/`, `dropout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the
-//! launch plans); the small fused CPU ops are one file each.
+//! `head_solve/`, `dropout/`, `adamw/`: the candle `CustomOp` glue, the CPU twin of the CUDA
+//! kernel, the launch plans); the small fused CPU ops are one file each.
 
+pub mod adamw;
 pub mod channel;
 pub mod dropout;
 pub mod gelu;
@@ -13,6 +14,7 @@ pub mod transpose;
 pub mod tree_solve;
 mod value;
 
+pub use adamw::{adamw_step, AdamwHyper};
 pub use channel::{channel_add, channel_mul};
 pub use dropout::dropout_keep;
 pub use gelu::gelu;

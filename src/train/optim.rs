@@ -12,10 +12,11 @@
 use std::collections::HashMap;
 
 use candle_core::backprop::GradStore;
-use candle_core::{Device, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use crate::nn::ParamGroup;
+use crate::ops::{adamw_step, AdamwHyper};
 
 /// Hyper-parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -51,8 +52,9 @@ impl OptimConfig {
 struct Slot {
     name: String,
     var: Var,
-    m: Var,
-    v: Var,
+    /// The moments: views into the last step's [m'; v'; θ'] (zeros before the first).
+    m: Tensor,
+    v: Tensor,
     ssm: bool,
 }
 
@@ -81,7 +83,7 @@ impl Optimizer {
             .into_iter()
             .map(|n| {
                 let var = vars[n].clone();
-                let zeros = || Var::zeros(var.shape(), var.dtype(), var.device());
+                let zeros = || Tensor::zeros(var.shape(), var.dtype(), var.device());
                 Ok(Slot {
                     name: n.clone(),
                     m: zeros()?,
@@ -134,8 +136,10 @@ impl Optimizer {
     }
 
     /// One AdamW step with the gradients in `grads` (missing gradients count as zero), clipped
-    /// to the global norm `clip` when set. Nothing is read back from the device: the clipping
-    /// factor c / max(‖g‖, c) is a tensor.
+    /// to the global norm `clip` when set: one fused launch per parameter
+    /// ([`crate::ops::adamw_step`]) and a copy into it. Nothing is read back from the device:
+    /// the clipping factor c / max(‖g‖, c) is a tensor, the step's hyper-parameters a row
+    /// uploaded once per group.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         let scale = match self.cfg.clip {
             Some(c) => {
@@ -148,26 +152,34 @@ impl Optimizer {
         self.step += 1;
         let t = self.step as i32;
         let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
-        let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        for s in &self.slots {
+        let hyper = |lr: f64, weight_decay: f64| AdamwHyper {
+            beta1: b1,
+            beta2: b2,
+            c1: 1.0 - b1.powi(t),
+            c2: 1.0 - b2.powi(t),
+            eps: self.cfg.eps,
+            lr,
+            weight_decay,
+        };
+        let groups = [hyper(lr, self.cfg.weight_decay), hyper(ssm_lr, 0.0)];
+        // Rows (and the scale) per group and dtype, made on first use.
+        let mut rows: Vec<(bool, DType, Tensor, Option<Tensor>)> = Vec::new();
+        for s in &mut self.slots {
             let Some(g) = grads.get(&s.var) else { continue };
-            let g = match &scale {
-                Some(k) => g.broadcast_mul(&k.to_dtype(g.dtype())?)?,
-                None => g.clone(),
+            let dtype = s.var.dtype();
+            let row = match rows.iter().find(|r| r.0 == s.ssm && r.1 == dtype) {
+                Some(r) => r,
+                None => {
+                    let h = groups[s.ssm as usize].to_tensor(dtype, s.var.device())?;
+                    let k = scale.as_ref().map(|k| k.to_dtype(dtype)).transpose()?;
+                    rows.push((s.ssm, dtype, h, k));
+                    rows.last().expect("just pushed")
+                }
             };
-            let m = ((s.m.as_tensor() * b1)? + (&g * (1.0 - b1))?)?;
-            let v = ((s.v.as_tensor() * b2)? + (g.sqr()? * (1.0 - b2))?)?;
-            let (eta, wd) = if s.ssm {
-                (ssm_lr, 0.0)
-            } else {
-                (lr, self.cfg.weight_decay)
-            };
-            let update = ((&m / c1)? / ((&v / c2)?.sqrt()? + self.cfg.eps)?)?;
-            let theta = s.var.as_tensor();
-            let next = ((theta - (update * eta)?)? - (theta * (eta * wd))?)?;
-            s.m.set(&m)?;
-            s.v.set(&v)?;
-            s.var.set(&next)?;
+            let out = adamw_step(s.var.as_tensor(), &s.m, &s.v, g, row.3.as_ref(), &row.2)?;
+            s.m = out.get(0)?;
+            s.v = out.get(1)?;
+            s.var.set(&out.get(2)?)?;
         }
         Ok(())
     }
@@ -185,8 +197,8 @@ impl Optimizer {
             )?,
         )];
         for s in &self.slots {
-            out.push((format!("adam.m.{}", s.name), s.m.as_tensor().clone()));
-            out.push((format!("adam.v.{}", s.name), s.v.as_tensor().clone()));
+            out.push((format!("adam.m.{}", s.name), s.m.clone()));
+            out.push((format!("adam.v.{}", s.name), s.v.clone()));
         }
         Ok(out)
     }
@@ -197,8 +209,8 @@ impl Optimizer {
         let step = state.get("adam.step").ok_or_else(|| {
             candle_core::Error::Msg("optimizer state: 'adam.step' is missing".into())
         })?;
-        for s in &self.slots {
-            for (kind, var) in [("m", &s.m), ("v", &s.v)] {
+        for s in &mut self.slots {
+            for (kind, var) in [("m", &mut s.m), ("v", &mut s.v)] {
                 let key = format!("adam.{kind}.{}", s.name);
                 let t = state.get(&key).ok_or_else(|| {
                     candle_core::Error::Msg(format!("optimizer state: '{key}' is missing"))
@@ -210,7 +222,7 @@ impl Optimizer {
                         var.dims()
                     );
                 }
-                var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
+                *var = t.to_dtype(var.dtype())?.to_device(var.device())?;
             }
         }
         self.step = step.flatten_all()?.to_vec1::<u32>()?[0] as usize;

@@ -4,9 +4,10 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
+mod adamw;
 #[path = "../common/mod.rs"]
 mod common;
 mod dropout;
@@ -59,6 +60,7 @@ fn every_kernel_entry_point_is_tested() {
         ("head_sweep", complex, &wide),
         ("head_reduce", complex, &wide),
         ("dropout_keep", real, &all),
+        ("adamw_step", real, &wide),
     ];
     let mut planned: Vec<String> = stems
         .iter()

@@ -423,6 +423,12 @@ fn tree_plans_place_the_workspace_by_the_device_limit() {
     let p = plan(16384, false, DType::F32, DeviceLimits::H100);
     assert_eq!((p.shared_bytes, p.workspace_bytes), (0, 6 * 262_136));
     assert!(!p.opts_in_to_shared() && !staged(&p));
+    // A 1,024-leaf binary tree, staged in 2,047 · 4 · 4 + 2,048 · 4 = 40,944 bytes: a small
+    // tree, 64 threads; the same in f64, 73,696 bytes: 256.
+    let p = plan(1024, false, DType::F32, DeviceLimits::H100);
+    assert_eq!((p.shared_bytes, p.block), (40_944, [64, 1, 1]));
+    let p = plan(1024, false, DType::F64, DeviceLimits::H100);
+    assert_eq!((p.shared_bytes, p.block), (73_696, [256, 1, 1]));
     // Small trees need no opt-in: 127 · 4 · 8 + 128 · 4 bytes, staged.
     let p = plan(64, false, DType::F64, DeviceLimits::H100);
     assert_eq!(p.shared_bytes, 127 * 4 * 8 + 128 * 4);

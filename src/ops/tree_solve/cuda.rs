@@ -2,7 +2,8 @@
 //! launch below and by the host harness in `tests/kernels_on_cpu`) and, with the `cuda`
 //! feature, their execution on candle's stream.
 //!
-//! Grid: one block of [`THREADS`] threads per (batch, head) tree. Per-tree state, in the
+//! Grid: one block of [`THREADS`] threads per (batch, head) tree ([`SMALL_TREE_THREADS`] for
+//! small scalar-block trees in shared memory). Per-tree state, in the
 //! accumulation type (f32, or f64 for f64), lives in dynamic shared memory when the device
 //! grants that much to a block (opting in above 48 KiB), else in a global workspace with one
 //! slice per tree:
@@ -18,8 +19,16 @@ use super::{check_args, Dims, TreeSolveOp, TreeSolveOptions};
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
 use crate::tree::Tree;
 
-/// Threads per block (TREE_THREADS in the kernel).
+/// Threads per block (TREE_THREADS in the kernel), and for the trees of [`SMALL_TREE_BYTES`].
 pub const THREADS: u32 = 256;
+/// Threads per block of a scalar-block tree whose state fits in shared memory within
+/// [`SMALL_TREE_BYTES`]. Its solve is a chain of dependent steps per level, latency-bound: on
+/// H100, 256 threads let 3 trees share an SM (by registers) and 1,024-leaf 4-ary trees took
+/// 0.157 ms at (16, 256); 64 threads let 12 (4 by shared memory at 48 KiB), 0.112 ms. Larger
+/// trees (the global path, complex 1,024-leaf ones) were slower with 64.
+pub const SMALL_TREE_THREADS: u32 = 64;
+/// See [`SMALL_TREE_THREADS`].
+pub const SMALL_TREE_BYTES: usize = 48 * 1024;
 
 /// The LU scratch blocks a d × d block solve of `tree` needs: one per thread that owns a
 /// parent in the widest level (at most [`THREADS`]), and one for the root.
@@ -84,6 +93,10 @@ impl TreeSolveOp {
             true => trees as usize,
             false => (limits.workspace_bytes / bytes).clamp(1, trees as usize),
         };
+        let threads = match d == 1 && in_shared && bytes <= SMALL_TREE_BYTES {
+            true => SMALL_TREE_THREADS,
+            false => THREADS,
+        };
         let tree = &self.tree;
         let table = |v: &[usize]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
         let mut args: Vec<KernelArg> = (0..inputs)
@@ -118,7 +131,7 @@ impl TreeSolveOp {
         Ok(LaunchPlan {
             kernel: kernel_name(&stem, dtype, self.opts.complex)?,
             grid: [blocks as u32, 1, 1],
-            block: [THREADS, 1, 1],
+            block: [threads, 1, 1],
             shared_bytes: if in_shared { bytes } else { 0 },
             args,
             outputs,

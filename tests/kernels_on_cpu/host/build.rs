@@ -17,6 +17,7 @@ fn main() {
             "src/tree_solve.cpp",
             "src/head_solve.cpp",
             "src/dropout.cpp",
+            "src/adamw.cpp",
         ])
         .opt_level(2)
         // The arithmetic of the CPU twins: no fused multiply-adds.

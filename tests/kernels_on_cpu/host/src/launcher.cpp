@@ -45,10 +45,12 @@ const KernelEntry *scan_kernels(size_t *n);
 const KernelEntry *tree_solve_kernels(size_t *n);
 const KernelEntry *head_solve_kernels(size_t *n);
 const KernelEntry *dropout_kernels(size_t *n);
+const KernelEntry *adamw_kernels(size_t *n);
 
 static std::vector<const KernelEntry *> registry() {
     std::vector<const KernelEntry *> all;
-    for (auto list : {scan_kernels, tree_solve_kernels, head_solve_kernels, dropout_kernels}) {
+    for (auto list :
+         {scan_kernels, tree_solve_kernels, head_solve_kernels, dropout_kernels, adamw_kernels}) {
         size_t n = 0;
         const KernelEntry *e = list(&n);
         for (size_t i = 0; i < n; ++i) all.push_back(e + i);
