@@ -34,7 +34,7 @@ mkdir -p "$stage/bin"
 cp "$target/release/myo" "$stage/bin/myo"
 while read -r name exe; do cp "$exe" "$stage/bin/test-$name"; done <<<"$tests"
 strip "$stage"/bin/*
-git rev-parse --short HEAD >"$stage/COMMIT" 2>/dev/null || echo unknown >"$stage/COMMIT"
+git describe --always --dirty >"$stage/COMMIT" 2>/dev/null || echo unknown >"$stage/COMMIT"
 echo "$CUDA_COMPUTE_CAP" >"$stage/COMPUTE_CAP"
 
 rm -rf "$out"
