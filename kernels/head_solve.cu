@@ -3,8 +3,10 @@
 // src/ops/head_solve/mod.rs; the CPU twin is src/ops/head_solve/cpu.rs.
 //
 // Three kernels, each a 2-D block of HEAD_LANES heads (x: consecutive heads, so a warp reads and
-// writes 32 neighbouring complex values of one node) by HEAD_ROWS rows (y: nodes of one level
-// in turn, a barrier between levels):
+// writes whole 32-byte sectors: 8 neighbouring complex values of each of 4 nodes) by HEAD_ROWS
+// rows (y: nodes of one level in turn, a barrier between levels). Few heads per block give
+// small batches enough blocks: at (16 samples, 64 heads) 32 heads per block made 32 blocks for
+// an H100's 132 SMs.
 // - `head_pivots`: per head, the pivots of T_G (or its adjoint), which do not depend on the
 //   batch: piv = [1/Â_v; B̂_v; C'_v] (3, nodes, heads);
 // - `head_sweep`: per (sample, head), the upward elimination and downward substitution,
@@ -16,8 +18,8 @@
 // when it next synchronises and turns it into an error.
 #include "values.cuh"
 
-#define HEAD_LANES 32
-#define HEAD_ROWS 8
+#define HEAD_LANES 8
+#define HEAD_ROWS 32
 
 struct HeadTree {
     const int *level_start; // levels + 1

@@ -130,8 +130,10 @@ fn head_kernels_on_the_zmnist_tree() {
     let ts = x.tensors(&tree, dtype, &Device::Cpu);
     let [u, bias, b, c] = &ts;
     let [pivots, sweep] = forward_plans(&tree, u, bias, b, c).unwrap();
-    assert_eq!((pivots.grid, pivots.block), ([2, 1, 1], [LANES, ROWS, 1]));
-    assert_eq!(sweep.grid, [2, 2, 1]);
+    // 64 heads in blocks of LANES, two samples.
+    let h = 64 / LANES;
+    assert_eq!((pivots.grid, pivots.block), ([h, 1, 1], [LANES, ROWS, 1]));
+    assert_eq!(sweep.grid, [h, 2, 1]);
     let (sol, _) = forward(&tree, &x, &ts, dtype, seed);
     let twin = head_solve(&tree, u, bias, b, c).unwrap();
     assert_same(&sol, &to_vec(&twin), &format!("x (seed {seed})"));

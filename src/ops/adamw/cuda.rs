@@ -11,7 +11,8 @@ pub const THREADS: u32 = 256;
 /// The most blocks a launch uses; each thread takes every (grid × block)-th element.
 const MAX_BLOCKS: usize = 4096;
 
-/// `adamw_step`: inputs (θ, m, v, g, [scale,] hyper), one output of 3 n values.
+/// `adamw_step`: inputs θ, m, v, g, the clipping scale (when `scaled`) and the hyper-parameter
+/// row; one output of 3 n values.
 pub fn step_plan(n: usize, scaled: bool, dtype: DType) -> Result<LaunchPlan> {
     let blocks = n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS);
     let mut args: Vec<KernelArg> = (0..4).map(KernelArg::Input).collect();

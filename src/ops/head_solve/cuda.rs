@@ -18,10 +18,10 @@ use super::{check_args, Dims};
 use crate::ops::plan::{int_arg, kernel_name, KernelArg, LaunchPlan};
 use crate::tree::Tree;
 
-/// Heads per block (HEAD_LANES in the kernel): a warp's consecutive heads.
-pub const LANES: u32 = 32;
+/// Heads per block (HEAD_LANES in the kernel): consecutive heads, a 32-byte sector of each node.
+pub const LANES: u32 = 8;
 /// Rows of a block (HEAD_ROWS in the kernel): nodes of a level handled at once.
-pub const ROWS: u32 = 8;
+pub const ROWS: u32 = 32;
 
 fn table(v: &[usize]) -> Vec<u32> {
     v.iter().map(|&x| x as u32).collect()
