@@ -8,7 +8,7 @@
 //!
 //! with s the gradient-clipping factor (a device scalar) or 1. No gradient flows through it.
 
-use candle_core::{bail, DType, Device, Result, Storage, Tensor, WithDType};
+use candle_core::{bail, DType, Device, Result, Tensor, WithDType};
 use rayon::prelude::*;
 
 pub mod cuda;
@@ -92,18 +92,18 @@ pub fn adamw_step(
             inputs.push(hyper);
             cuda::launch_step(dev, &plan, dtype, &inputs, &shape)
         }
-        device => {
-            let out = match dtype {
-                DType::F32 => Storage::Cpu(candle_core::CpuStorage::F32(step_cpu::<f32>(
-                    theta, m, v, g, scale, hyper,
-                )?)),
-                _ => Storage::Cpu(candle_core::CpuStorage::F64(step_cpu::<f64>(
-                    theta, m, v, g, scale, hyper,
-                )?)),
-            };
-            let out = Tensor::from_storage(out, shape, candle_core::op::BackpropOp::none(), false);
-            out.to_device(device)
-        }
+        device => match dtype {
+            DType::F32 => Tensor::from_vec(
+                step_cpu::<f32>(theta, m, v, g, scale, hyper)?,
+                shape,
+                device,
+            ),
+            _ => Tensor::from_vec(
+                step_cpu::<f64>(theta, m, v, g, scale, hyper)?,
+                shape,
+                device,
+            ),
+        },
     }
 }
 
