@@ -23,9 +23,9 @@ use candle_nn::{VarBuilder, VarMap};
 use common::files::{png, write_parquet};
 use myosotis::data::task::{find, DataSource};
 use myosotis::nn::SequenceClassifier;
-use myosotis::train::checkpoint;
 use myosotis::train::config::{RunArgs, RunConfig};
 use myosotis::train::optim::Optimizer;
+use myosotis::train::{checkpoint, run};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 
@@ -344,9 +344,9 @@ fn fuzz_parquet() {
 }
 
 /// A run's `last.safetensors`: the safetensors header and tensors, the metadata's config JSON,
-/// and the optimiser's state, read as `myo eval` and `--resume` read them. A mutated config
-/// that still parses is checked against the original: building a model from it is not part
-/// of this target (its sizes are not bounded by the file).
+/// and the optimiser's state, read as `myo eval` and `--resume` read them (a config that still
+/// parses builds its model from the file; the optimiser's state loads when the config is
+/// unchanged, as `--resume` requires).
 #[test]
 fn fuzz_checkpoint() {
     let dir = temp("checkpoint");
@@ -362,24 +362,14 @@ fn fuzz_checkpoint() {
         "8",
     ];
     let cfg = RunArgs::from_flags(flags).unwrap().resolve().unwrap();
-    let varmap = VarMap::new();
-    let model = SequenceClassifier::new(
-        cfg.model.clone(),
-        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
-    )
-    .unwrap();
-    let vars: std::collections::HashMap<_, _> = varmap
-        .data()
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let (varmap, model) = fresh_model(&cfg);
+    let vars = model_vars(&varmap);
     let opt = Optimizer::new(cfg.optim.clone(), &vars, |n| model.param_group(n)).unwrap();
     checkpoint::save_resumable(&varmap, &cfg, &opt.state().unwrap(), &[], &path).unwrap();
     let paths = [path.clone()];
     fuzz("checkpoint", 0xc4e7, &dir, contents(&paths), |_| {
         let ck = checkpoint::read::<RunConfig>(&path)?;
+        run::checkpoint_model(&ck.tensors, &ck.config, &path, &Device::Cpu)?;
         if ck.config != cfg {
             return Ok(());
         }
@@ -388,6 +378,192 @@ fn fuzz_checkpoint() {
         opt.load_state(&ck.optimizer)
             .map_err(|e| anyhow::anyhow!("{}: optimiser state: {e}", path.display()))
     });
+}
+
+fn fresh_model(cfg: &RunConfig) -> (VarMap, SequenceClassifier) {
+    let varmap = VarMap::new();
+    let model = SequenceClassifier::new(
+        cfg.model.clone(),
+        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+    )
+    .unwrap();
+    (varmap, model)
+}
+
+fn model_vars(varmap: &VarMap) -> std::collections::HashMap<String, candle_core::Var> {
+    varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Every number of a checkpoint's config (sizes, counts, rates, seeds), one model of each kind:
+/// a case sets one to four of them to boundary values (0, 1, 2³¹, 2⁶⁴ − 1, …) and rewrites the
+/// file with a valid header, so the config parses and builds its model. The model must come
+/// out of the file's tensors or be an error naming the file, before anything is sized by a
+/// number the tensors do not hold (a config asking for 2⁶⁴ − 1 heads must not allocate them).
+#[test]
+fn fuzz_checkpoint_config() {
+    let dir = temp("checkpoint-config");
+    let kinds: [&[&str]; 6] = [
+        &["--model", "s5", "--bidirectional", "true"],
+        &["--model", "myo"],
+        &[
+            "--model",
+            "myo",
+            "--task",
+            "zmnist",
+            "--data-dir",
+            "/nowhere",
+            "--block-size",
+            "2",
+            "--coupling",
+            "free",
+            "--per-level",
+        ],
+        &[
+            "--model",
+            "ssm2d",
+            "--task",
+            "smnist",
+            "--data-dir",
+            "/nowhere",
+        ],
+        &["--model", "mingru", "--norm", "batch"],
+        &[
+            "--model",
+            "s5",
+            "--task",
+            "scifar",
+            "--data-dir",
+            "/nowhere",
+            "--blocks",
+            "2",
+        ],
+    ];
+    let seeds: Vec<(PathBuf, Vec<u8>)> = kinds
+        .iter()
+        .enumerate()
+        .map(|(k, extra)| {
+            let mut flags = vec!["--d-model", "4", "--state-size", "4", "--layers", "2"];
+            flags.extend_from_slice(extra);
+            let cfg = RunArgs::from_flags(flags).unwrap().resolve().unwrap();
+            let (varmap, _) = fresh_model(&cfg);
+            let path = dir.join(format!("model-{k}.safetensors"));
+            checkpoint::save(&varmap, &cfg, &path).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            (path, bytes)
+        })
+        .collect();
+    for (path, _) in &seeds {
+        let ck = checkpoint::read::<RunConfig>(path).unwrap();
+        run::checkpoint_model(&ck.tensors, &ck.config, path, &Device::Cpu).unwrap();
+    }
+    let value = prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(2),
+        Just(3),
+        Just(1 << 20),
+        Just((1 << 20) + 1),
+        Just(1 << 31),
+        Just(u32::MAX as u64),
+        Just(1 << 40),
+        Just(u64::MAX),
+        any::<u64>(),
+    ];
+    let strategy = (
+        0..seeds.len(),
+        prop::collection::vec((any::<usize>(), value), 1..5),
+    );
+    let seed = std::env::var("MYO_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0xc0f1u64);
+    let mut runner = TestRunner::new(Config {
+        cases: cases(),
+        failure_persistence: None,
+        rng_seed: RngSeed::Fixed(seed),
+        ..Config::default()
+    });
+    let started = std::time::Instant::now();
+    let (runs, built) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let result = runner.run(&strategy, |(k, edits)| {
+        let (path, valid) = &seeds[k];
+        runs.set(runs.get() + 1);
+        let ck = checkpoint::read::<RunConfig>(path).unwrap();
+        let mut config = serde_json::to_value(&ck.config).unwrap();
+        let mut numbers = Vec::new();
+        number_paths(&config, String::new(), &mut numbers);
+        for (at, v) in &edits {
+            *config.pointer_mut(&numbers[at % numbers.len()]).unwrap() = (*v).into();
+        }
+        let Ok(mutated) = serde_json::from_value::<RunConfig>(config) else {
+            return Ok(()); // a value out of its field's range: the reader's error, tested above
+        };
+        checkpoint::save_tensors(&sorted(&ck.tensors), &mutated, path).unwrap();
+        let outcome = checkpoint::read::<RunConfig>(path)
+            .and_then(|ck| run::checkpoint_model(&ck.tensors, &ck.config, path, &Device::Cpu));
+        std::fs::write(path, valid).unwrap();
+        match outcome {
+            Ok(_) => built.set(built.get() + 1),
+            Err(e) => {
+                let msg = format!("{e:#}");
+                if !msg.contains(&*path.to_string_lossy()) {
+                    return Err(TestCaseError::fail(format!(
+                        "the error does not name the file: {msg}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    });
+    eprintln!(
+        "checkpoint config: {} cases in {:.1} s (seed {seed}): {} configs built of {} runs",
+        cases(),
+        started.elapsed().as_secs_f64(),
+        built.get(),
+        runs.get()
+    );
+    if let Err(e) = result {
+        panic!("checkpoint config: {e}");
+    }
+}
+
+/// The JSON pointers of every number in `v`.
+fn number_paths(v: &serde_json::Value, at: String, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Number(_) => out.push(at),
+        serde_json::Value::Array(items) => {
+            for (i, x) in items.iter().enumerate() {
+                number_paths(x, format!("{at}/{i}"), out);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for (key, x) in map {
+                number_paths(
+                    x,
+                    format!("{at}/{}", key.replace('~', "~0").replace('/', "~1")),
+                    out,
+                );
+            }
+        }
+        _ => {}
+    }
+}
+
+fn sorted(
+    tensors: &std::collections::HashMap<String, candle_core::Tensor>,
+) -> Vec<(String, candle_core::Tensor)> {
+    let mut named: Vec<_> = tensors
+        .iter()
+        .map(|(k, t)| (k.clone(), t.clone()))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
 }
 
 /// The inputs the fuzz targets found bugs with (`tests/fuzz_corpus/TARGET/`), kept as

@@ -16,6 +16,10 @@ use super::images::ImageSet;
 use super::listops::{self, ListOpsConfig};
 use crate::nn::{EncoderConfig, TreeSpec};
 
+/// The longest sequence a task may have (2^20 steps, 64 times LRA's longest, Path-X's 16,384
+/// pixels): it sizes Myo's tree and the padding before any data is read.
+pub const MAX_LEN: usize = 1 << 20;
+
 /// One task: a labelled sequence-classification problem.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Task {
@@ -311,7 +315,7 @@ impl Task {
     pub fn max_len(&self) -> usize {
         match &self.input {
             Input::Listops { max_len } => *max_len,
-            Input::Pixels(p) => p.side * p.side,
+            Input::Pixels(p) => p.side.saturating_mul(p.side),
         }
     }
 

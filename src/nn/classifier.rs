@@ -294,7 +294,7 @@ impl SequenceClassifier {
                 Encoder::Embedding(embedding(vocab, h, vb.pp("encoder"), cfg.seed)?)
             }
         };
-        let mut blocks = Vec::with_capacity(cfg.layers);
+        let mut blocks = Vec::new();
         for i in 0..cfg.layers {
             let vb = vb.pp(format!("layers.{i}"));
             let norm = match cfg.norm {

@@ -59,10 +59,9 @@ pub struct BlockInit {
     pub vinv: DMatrix<Complex<f64>>,
 }
 
-/// S5's block initialisation: one HiPPO-N block of size `state / blocks`, tiled `blocks`
-/// times on the diagonal. With `conj_sym` only the first half of each block's eigenvalues (one
-/// of each conjugate pair) and eigenvectors are kept, so P = `state / 2`; else P = `state`.
-pub fn block_init(state: usize, blocks: usize, conj_sym: bool) -> candle_core::Result<BlockInit> {
+/// P, the number of states [`block_init`] keeps for `state` states in `blocks` blocks, after
+/// checking that the block size divides the state and, with `conj_sym`, is even.
+pub fn block_states(state: usize, blocks: usize, conj_sym: bool) -> candle_core::Result<usize> {
     if blocks == 0 || state == 0 || !state.is_multiple_of(blocks) {
         candle_core::bail!(
             "HiPPO-N: state size {state} must be a positive multiple of the block count {blocks}"
@@ -74,9 +73,17 @@ pub fn block_init(state: usize, blocks: usize, conj_sym: bool) -> candle_core::R
             "HiPPO-N: conj_sym needs an even block size, got {size} (state {state} / {blocks} blocks)"
         );
     }
-    let keep = if conj_sym { size / 2 } else { size };
+    Ok(if conj_sym { state / 2 } else { state })
+}
+
+/// S5's block initialisation: one HiPPO-N block of size `state / blocks`, tiled `blocks`
+/// times on the diagonal. With `conj_sym` only the first half of each block's eigenvalues (one
+/// of each conjugate pair) and eigenvectors are kept, so P = `state / 2`; else P = `state`.
+pub fn block_init(state: usize, blocks: usize, conj_sym: bool) -> candle_core::Result<BlockInit> {
+    let p = block_states(state, blocks, conj_sym)?;
+    let size = state / blocks;
+    let keep = p / blocks;
     let h = hippo_n(size);
-    let p = keep * blocks;
     let mut lambda = Vec::with_capacity(p);
     let mut v = DMatrix::zeros(state, p);
     for j in 0..blocks {

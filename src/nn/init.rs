@@ -6,16 +6,47 @@ use candle_nn::VarBuilder;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-/// A parameter that starts from a computed value (HiPPO eigenvalues, an initialisation drawn
-/// from a seeded generator): created with `init` when the variable builder does not have it
-/// yet, and taken as stored when it does (a loaded checkpoint, or a second call).
-pub(crate) fn param_with(vb: &VarBuilder, name: &str, init: Tensor) -> Result<Tensor> {
-    if vb.contains_tensor(name) {
-        return vb.get(init.shape(), name);
+/// The parameters `params` (name, shape) under `vb`, taken before any initial value is computed,
+/// and whether they are new. New ones start at zero: the caller computes their initial values
+/// and sets them with [`init_param`]. Stored ones (a checkpoint's builder, which checks each
+/// name and shape against its file here; or a second call) keep their values, and the caller
+/// computes nothing: a configuration read from a file sizes no work before its tensors agree.
+pub(crate) fn params<const N: usize>(
+    vb: &VarBuilder,
+    params: [(&str, &[usize]); N],
+) -> Result<([Tensor; N], bool)> {
+    let fresh = !params.iter().any(|(name, _)| vb.contains_tensor(name));
+    let mut out = Vec::with_capacity(N);
+    for (name, shape) in params {
+        out.push(vb.get_with_hints(shape, name, candle_nn::Init::Const(0.))?);
     }
-    let t = vb.get_with_hints(init.shape(), name, candle_nn::Init::Const(0.))?;
-    t.slice_set(&init.to_dtype(t.dtype())?.to_device(t.device())?, 0, 0)?;
-    Ok(t)
+    let out: [Tensor; N] = out.try_into().expect("one tensor per parameter");
+    Ok((out, fresh))
+}
+
+/// Sets the new parameter `param` (from [`params`]) to `values`, row-major in its shape.
+pub(crate) fn init_param(param: &Tensor, values: Vec<f64>) -> Result<()> {
+    let init = Tensor::from_vec(values, param.shape(), &candle_core::Device::Cpu)?;
+    param.slice_set(
+        &init.to_dtype(param.dtype())?.to_device(param.device())?,
+        0,
+        0,
+    )
+}
+
+/// A parameter that starts from computed values ([`params`] and [`init_param`] for one):
+/// `init` runs only when the parameter is new.
+pub(crate) fn param_with(
+    vb: &VarBuilder,
+    name: &str,
+    shape: &[usize],
+    init: impl FnOnce() -> Vec<f64>,
+) -> Result<Tensor> {
+    let ([param], fresh) = params(vb, [(name, shape)])?;
+    if fresh {
+        init_param(&param, init())?;
+    }
+    Ok(param)
 }
 
 /// The generators of initial values; candle's CPU generator cannot be seeded, so every initial
@@ -54,17 +85,10 @@ pub(crate) fn linear(
     let bound = 1.0 / (in_dim as f64).sqrt();
     let mut uniform =
         |n: usize| -> Vec<f64> { (0..n).map(|_| rng.random_range(-bound..bound)).collect() };
-    let cpu = candle_core::Device::Cpu;
-    let w = param_with(
-        &vb,
-        "weight",
-        Tensor::from_vec(uniform(out_dim * in_dim), (out_dim, in_dim), &cpu)?,
-    )?;
-    let b = param_with(
-        &vb,
-        "bias",
-        Tensor::from_vec(uniform(out_dim), out_dim, &cpu)?,
-    )?;
+    let w = param_with(&vb, "weight", &[out_dim, in_dim], || {
+        uniform(out_dim.saturating_mul(in_dim))
+    })?;
+    let b = param_with(&vb, "bias", &[out_dim], || uniform(out_dim))?;
     Ok(candle_nn::Linear::new(w, Some(b)))
 }
 
@@ -76,15 +100,9 @@ pub(crate) fn embedding(
     seed: u64,
 ) -> Result<candle_nn::Embedding> {
     let mut rng = init_rng(seed, &vb);
-    let w = param_with(
-        &vb,
-        "weight",
-        Tensor::from_vec(
-            normal_vec(&mut rng, vocab * dim, 1.0),
-            (vocab, dim),
-            &candle_core::Device::Cpu,
-        )?,
-    )?;
+    let w = param_with(&vb, "weight", &[vocab, dim], || {
+        normal_vec(&mut rng, vocab.saturating_mul(dim), 1.0)
+    })?;
     Ok(candle_nn::Embedding::new(w, dim))
 }
 

@@ -21,7 +21,9 @@ pub use ssm2d::{Ssm2d, Ssm2dConfig};
 
 use candle_core::{Result, Tensor};
 
-pub(crate) use init::{embedding, init_rng, layer_rng, linear, normal_vec, param_with};
+pub(crate) use init::{
+    embedding, init_param, init_rng, layer_rng, linear, normal_vec, param_with, params,
+};
 
 /// `x Wᵀ + b` over the last dimension of `x` (any leading dimensions) for a candle-nn `Linear`:
 /// one 2-D matmul and [`crate::ops::channel_add`], whose bias gradient is a single pass of row

@@ -30,13 +30,13 @@
 //! (heads, levels or nodes, 2), `coupling_c` (same, only for [`Coupling::Free`]), `c_out`
 //! (H, heads, 2), `d` (H).
 
-use candle_core::{Device, Module, Result, Tensor, D};
+use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::hippo::block_init;
-use super::{layer_rng, normal_vec, param_with};
+use super::{init_param, layer_rng, normal_vec, params};
 use crate::ops::{channel_mul, head_solve, swap_dims12, tree_solve, TreeSolveOptions};
 use crate::tree::Tree;
 
@@ -205,6 +205,13 @@ impl Myo {
         if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
             candle_core::bail!("Myo: coupling_init [{lo}, {hi}] must satisfy 0 < low ≤ high < ∞");
         }
+        if !(cfg.dt_min > 0.0 && cfg.dt_min < cfg.dt_max && cfg.dt_max.is_finite()) {
+            candle_core::bail!(
+                "Myo: the step range [{}, {}] must satisfy 0 < dt_min < dt_max < ∞",
+                cfg.dt_min,
+                cfg.dt_max
+            );
+        }
         let levels = tree.levels();
         let k_max = (0..n).map(|v| tree.children(v).len()).max().unwrap_or(0);
         // The dominance bound of the Hermitian and Free forms (Skew is unbounded).
@@ -214,10 +221,67 @@ impl Myo {
         let level_of: Vec<u32> = (0..levels)
             .flat_map(|k| tree.level(k).map(move |_| k as u32))
             .collect();
+        // Scalar complex heads ((…, 2) = re, im) or real d × d blocks.
+        let w = if d == 1 { 2 } else { d };
+        let (coupling_shape, b_in_shape, c_out_shape) = if d == 1 {
+            (vec![heads, per, 2], vec![heads, h, 2], vec![h, heads, 2])
+        } else {
+            (vec![heads, per, d, d], vec![heads, d, h], vec![h, heads, d])
+        };
+        let (stored, fresh) = params(
+            &vb,
+            [
+                ("b_in", &b_in_shape),
+                ("virtual_u", &[heads, internal, w]),
+                ("coupling_b", &coupling_shape),
+                ("c_out", &c_out_shape),
+                ("d", &[h]),
+            ],
+        )?;
+        let coupling_c = match cfg.coupling {
+            Coupling::Free => {
+                let ([c], _) = params(&vb, [("coupling_c", &coupling_shape)])?;
+                Some(c)
+            }
+            _ => None,
+        };
+        if fresh {
+            let init = Self::initial_values(&cfg, &tree, per)?;
+            let [b_in, coupling, c_out, skip, free_c] = init;
+            for (param, values) in
+                stored
+                    .iter()
+                    .zip([b_in, vec![0.0; heads * internal * w], coupling, c_out, skip])
+            {
+                init_param(param, values)?;
+            }
+            if let Some(c) = &coupling_c {
+                init_param(c, free_c)?;
+            }
+        }
+        let [b_in, virtual_u, coupling_b, c_out, d] = stored;
+        Ok(Myo {
+            node_level: Tensor::new(level_of, vb.device())?,
+            b_in,
+            virtual_u,
+            coupling_b,
+            coupling_c,
+            c_out,
+            d,
+            beta,
+            tree,
+            cfg,
+        })
+    }
+
+    /// The initial values of B_in, the couplings, C_out, D and (the Free form's) second
+    /// couplings, drawn in this order from the layer's seed.
+    fn initial_values(cfg: &MyoConfig, tree: &Tree, per: usize) -> Result<[Vec<f64>; 5]> {
+        let (h, heads, n, d) = (cfg.d_model, cfg.heads, tree.len(), cfg.block);
+        let w = if d == 1 { 2 } else { d };
         let mut rng = layer_rng(cfg.seed, 0);
         let mut randn = |count: usize, std: f64| normal_vec(&mut rng, count, std);
-        // Initial values: scalar complex heads ((…, 2) = re, im) or real d × d blocks.
-        let (w, coupling, coupling_shape) = if d == 1 {
+        let coupling = if d == 1 {
             // HiPPO-N eigenvalues, one of each conjugate pair per head, discretised with ZOH:
             // the entry of T_G at (v, parent) starts at −β Λ̄_h in the bounded forms.
             let init = block_init(2 * heads, 1, true)?;
@@ -264,10 +328,10 @@ impl Myo {
                     c.extend([re, im]);
                 }
             }
-            (2, c, vec![heads, per, 2])
+            c
         } else {
             // HiPPO-N initialises scalar heads; blocks start from random couplings.
-            (d, randn(heads * per * d * d, 0.5), vec![heads, per, d, d])
+            randn(heads * per * d * d, 0.5)
         };
         // For scalar heads the complex parts each get half the variance.
         let part = if d == 1 { 0.5f64.sqrt() } else { 1.0 };
@@ -277,38 +341,12 @@ impl Myo {
             part * (1.0 / (heads * if d == 1 { 1 } else { d }) as f64).sqrt(),
         );
         let skip = randn(h, 1.0);
-        let (b_in_shape, c_out_shape) = if d == 1 {
-            (vec![heads, h, 2], vec![h, heads, 2])
-        } else {
-            (vec![heads, d, h], vec![h, heads, d])
+        let free_c = match (cfg.coupling, d) {
+            (Coupling::Free, 1) => coupling.clone(),
+            (Coupling::Free, _) => randn(heads * per * d * d, 0.5),
+            _ => Vec::new(),
         };
-        let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu);
-        let coupling_c = if cfg.coupling != Coupling::Free {
-            None
-        } else {
-            let init = if d == 1 {
-                coupling.clone()
-            } else {
-                randn(heads * per * d * d, 0.5)
-            };
-            Some(param_with(&vb, "coupling_c", t(init, &coupling_shape)?)?)
-        };
-        Ok(Myo {
-            node_level: Tensor::new(level_of, vb.device())?,
-            b_in: param_with(&vb, "b_in", t(b_in, &b_in_shape)?)?,
-            virtual_u: param_with(
-                &vb,
-                "virtual_u",
-                t(vec![0.0; heads * internal * w], &[heads, internal, w])?,
-            )?,
-            coupling_b: param_with(&vb, "coupling_b", t(coupling, &coupling_shape)?)?,
-            coupling_c,
-            c_out: param_with(&vb, "c_out", t(c_out, &c_out_shape)?)?,
-            d: param_with(&vb, "d", t(skip, &[h])?)?,
-            beta,
-            tree,
-            cfg,
-        })
+        Ok([b_in, coupling, c_out, skip, free_c])
     }
 
     pub fn config(&self) -> &MyoConfig {

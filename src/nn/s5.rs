@@ -20,8 +20,8 @@ use candle_nn::VarBuilder;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use super::hippo::block_init;
-use super::init::{layer_rng, normal, param_with, trunc_normal};
+use super::hippo::{block_init, block_states};
+use super::init::{init_param, layer_rng, normal, params, trunc_normal};
 use crate::complex::C;
 use crate::ops::{channel_mul, linear_scan, ScanOptions};
 
@@ -111,12 +111,49 @@ impl S5 {
         if h == 0 {
             candle_core::bail!("S5: d_model must be positive");
         }
+        if !(cfg.dt_min > 0.0 && cfg.dt_min < cfg.dt_max && cfg.dt_max.is_finite()) {
+            candle_core::bail!(
+                "S5: the step range [{}, {}] must satisfy 0 < dt_min < dt_max < ∞",
+                cfg.dt_min,
+                cfg.dt_max
+            );
+        }
+        let p = block_states(p_full, cfg.blocks, cfg.conj_sym)?;
+        let dirs = if cfg.bidirectional { 2 } else { 1 };
+        let (params, fresh) = params(
+            &vb,
+            [
+                ("lambda_re", &[p]),
+                ("lambda_im", &[p]),
+                ("b", &[p, h, 2]),
+                ("c", &[h, dirs * p, 2]),
+                ("d", &[h]),
+                ("log_step", &[p]),
+            ],
+        )?;
+        if fresh {
+            for (param, values) in params.iter().zip(Self::initial_values(&cfg, p)?) {
+                init_param(param, values)?;
+            }
+        }
+        let [lambda_re, lambda_im, b, c, d, log_step] = params;
+        Ok(S5 {
+            lambda_re,
+            lambda_im,
+            b,
+            c,
+            d,
+            log_step,
+            cfg,
+        })
+    }
+
+    /// The initial values of the parameters, in [`S5::new`]'s order, drawn from the layer's seed.
+    fn initial_values(cfg: &S5Config, p: usize) -> Result<[Vec<f64>; 6]> {
+        let (h, p_full) = (cfg.d_model, cfg.state);
         let init = block_init(p_full, cfg.blocks, cfg.conj_sym)?;
         let (lambda, v, vinv) = (init.lambda, init.v, init.vinv);
-        let p = lambda.len();
         let mut rng = layer_rng(cfg.seed, 0);
-        let cpu = candle_core::Device::Cpu;
-        let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &cpu);
         // B̃ = V⁻¹ B with B (P_full, H) LeCun normal.
         let b_real = nalgebra::DMatrix::from_fn(p_full, h, |_, _| {
             nalgebra::Complex::new(trunc_normal(&mut rng, p_full), 0.0)
@@ -166,23 +203,14 @@ impl S5 {
         let d_init: Vec<f64> = (0..h).map(|_| normal(&mut rng)).collect();
         let (lo, hi) = (cfg.dt_min.ln(), cfg.dt_max.ln());
         let step_init: Vec<f64> = (0..p).map(|_| rng.random_range(lo..hi)).collect();
-        Ok(S5 {
-            lambda_re: param_with(
-                &vb,
-                "lambda_re",
-                t(lambda.iter().map(|l| l.re).collect(), &[p])?,
-            )?,
-            lambda_im: param_with(
-                &vb,
-                "lambda_im",
-                t(lambda.iter().map(|l| l.im).collect(), &[p])?,
-            )?,
-            b: param_with(&vb, "b", t(b_init, &[p, h, 2])?)?,
-            c: param_with(&vb, "c", t(c_init, &[h, dirs * p, 2])?)?,
-            d: param_with(&vb, "d", t(d_init, &[h])?)?,
-            log_step: param_with(&vb, "log_step", t(step_init, &[p])?)?,
-            cfg,
-        })
+        Ok([
+            lambda.iter().map(|l| l.re).collect(),
+            lambda.iter().map(|l| l.im).collect(),
+            b_init,
+            c_init,
+            d_init,
+            step_init,
+        ])
     }
 
     pub fn config(&self) -> &S5Config {

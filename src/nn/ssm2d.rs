@@ -75,16 +75,12 @@ impl Ssm2d {
         }
         let (h, n) = (cfg.d_model, cfg.state);
         let flips = [(false, false), (false, true), (true, false), (true, true)];
-        let cpu = candle_core::Device::Cpu;
         // N(0, 1) for A, B and D; N(0, 1/N) for C: from a seeded generator per parameter path.
         let randn = |vb: &VarBuilder, name: &str, shape: &[usize], std: f64| -> Result<Tensor> {
-            let mut rng = init_rng(cfg.seed, &vb.pp(name));
-            let init = Tensor::from_vec(
-                normal_vec(&mut rng, shape.iter().product(), std),
-                shape,
-                &cpu,
-            )?;
-            param_with(vb, name, init)
+            param_with(vb, name, shape, || {
+                let mut rng = init_rng(cfg.seed, &vb.pp(name));
+                normal_vec(&mut rng, shape.iter().product(), std)
+            })
         };
         let dirs = (0..cfg.directions)
             .map(|k| {

@@ -9,6 +9,8 @@
 //!   save never leaves a truncated checkpoint in place of a good one.
 //! * Loading checks the file against the model: a missing, extra or mis-shaped tensor, a file
 //!   that is not safetensors, or one without a config is an error naming the file and tensor.
+//!   A model built from a file's config ([`build_from`]) takes each parameter's shape from the
+//!   file before computing anything for it, so a config cannot size what the file lacks.
 //! * A run's `last.safetensors` also holds what resuming needs, so that one rename commits it
 //!   all: the optimiser's state as tensors named [`OPTIMIZER_PREFIX`]`…` (set apart by
 //!   [`read`]; a model never loads them) and more metadata (the run's progress).
@@ -18,8 +20,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{Device, Tensor};
-use candle_nn::VarMap;
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{VarBuilder, VarMap};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -223,6 +226,72 @@ pub fn read<C: DeserializeOwned>(path: &Path) -> Result<Checkpoint<C>> {
     })
 }
 
+/// A model built by `build` from a checkpoint's `tensors` (from [`read`]) and loaded with them.
+/// Each parameter the model asks for is checked against the file, present and of the same
+/// shape, before anything is allocated or computed for it (a config read from a file sizes
+/// nothing the file does not hold); then [`load_into`]. `path` names the file in errors.
+pub fn build_from<M>(
+    tensors: &HashMap<String, Tensor>,
+    path: &Path,
+    device: &Device,
+    build: impl FnOnce(VarBuilder) -> candle_core::Result<M>,
+) -> Result<(VarMap, M)> {
+    let varmap = VarMap::new();
+    let stored = Stored {
+        varmap: varmap.clone(),
+        shapes: tensors
+            .iter()
+            .map(|(k, t)| (k.clone(), t.dims().to_vec()))
+            .collect(),
+    };
+    let vb = VarBuilder::from_backend(Box::new(stored), DType::F32, device.clone());
+    let model =
+        build(vb).map_err(|e| anyhow::anyhow!("{}: building its model: {e}", path.display()))?;
+    load_into(&varmap, tensors, path)?;
+    Ok((varmap, model))
+}
+
+/// The variable builder of [`build_from`]: a `VarMap` whose variables must be in the file.
+struct Stored {
+    varmap: VarMap,
+    shapes: HashMap<String, Vec<usize>>,
+}
+
+impl SimpleBackend for Stored {
+    fn get(
+        &self,
+        shape: Shape,
+        name: &str,
+        init: candle_nn::Init,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<Tensor> {
+        match self.shapes.get(name) {
+            None => candle_core::bail!("{}", missing(name)),
+            Some(dims) if dims != shape.dims() => {
+                candle_core::bail!("{}", mis_shaped(name, dims, shape.dims()))
+            }
+            Some(_) => self.varmap.get(shape, name, init, dtype, device),
+        }
+    }
+
+    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("tensor '{name}' asked for without a shape")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.shapes.contains_key(name)
+    }
+}
+
+fn missing(name: &str) -> String {
+    format!("tensor '{name}' is missing (the model has it, the checkpoint does not)")
+}
+
+fn mis_shaped(name: &str, file: &[usize], model: &[usize]) -> String {
+    format!("tensor '{name}' has shape {file:?}, the model expects {model:?}")
+}
+
 /// Loads `tensors` (from [`read`]) into the model's variables: every variable must be present
 /// with its shape, and no other tensor may be. `path` names the file in errors.
 pub fn load_into(varmap: &VarMap, tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
@@ -232,17 +301,13 @@ pub fn load_into(varmap: &VarMap, tensors: &HashMap<String, Tensor>, path: &Path
     for name in &names {
         let var = &data[*name];
         let Some(t) = tensors.get(*name) else {
-            bail!(
-                "{}: tensor '{name}' is missing (the model has it, the checkpoint does not)",
-                path.display()
-            );
+            bail!("{}: {}", path.display(), missing(name));
         };
         if t.dims() != var.dims() {
             bail!(
-                "{}: tensor '{name}' has shape {:?}, the model expects {:?}",
+                "{}: {}",
                 path.display(),
-                t.dims(),
-                var.dims()
+                mis_shaped(name, t.dims(), var.dims())
             );
         }
     }

@@ -33,6 +33,57 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// Checks that the model reads the task's sequences as the task describes them (the
+    /// encoder, the classes, Myo's tree, the 2-D SSM's grid), at most [`task::MAX_LEN`] long:
+    /// sizes that no tensor of a checkpoint stores, so a config read from a file is checked
+    /// here before a model is built by them.
+    pub fn check_model(&self) -> Result<()> {
+        let (task, model) = (&self.task, &self.model);
+        let len = task.max_len();
+        if len > task::MAX_LEN {
+            bail!(
+                "task {}: sequences of {len} steps; at most {} are supported",
+                task.name,
+                task::MAX_LEN
+            );
+        }
+        if model.encoder != task.encoder() {
+            bail!(
+                "the model's encoder {:?} does not read task {}'s inputs ({:?})",
+                model.encoder,
+                task.name,
+                task.encoder()
+            );
+        }
+        if model.classes != task.classes {
+            bail!(
+                "the model has {} classes, task {} has {}",
+                model.classes,
+                task.name,
+                task.classes
+            );
+        }
+        match &model.layer {
+            SeqLayerConfig::Myo(m) if m.tree != task.tree_spec()? => bail!(
+                "the model's tree {:?} is not task {}'s ({:?})",
+                m.tree,
+                task.name,
+                task.tree_spec()?
+            ),
+            SeqLayerConfig::Ssm2d(s) => match task.pixels() {
+                Some(p) if (s.height, s.width) == (p.side, p.side) => {}
+                _ => bail!(
+                    "the 2-D SSM's {} x {} grid is not task {}'s images",
+                    s.height,
+                    s.width,
+                    task.name
+                ),
+            },
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// How batches are cut; `shards` data-parallel parts in training only without BatchNorm
     /// (whose batch statistics and running averages need the whole batch in one pass).
     pub fn batching(&self, shards: usize, training: bool) -> Batching {
@@ -346,7 +397,7 @@ impl RunArgs {
             None if self.model == ModelKind::Myo => Pooling::Root,
             None => Pooling::Mean,
         };
-        Ok(RunConfig {
+        let cfg = RunConfig {
             model: ClassifierConfig {
                 encoder: task.encoder(),
                 d_model,
@@ -388,7 +439,9 @@ impl RunArgs {
             },
             task,
             data,
-        })
+        };
+        cfg.check_model()?;
+        Ok(cfg)
     }
 
     /// The task and where its data comes from.

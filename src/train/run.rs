@@ -56,6 +56,23 @@ fn build(model: &ClassifierConfig, device: &Device) -> Result<(VarMap, SequenceC
     Ok((varmap, m))
 }
 
+/// The model of the checkpoint at `path` whose config is `cfg` and tensors `tensors` (from
+/// [`checkpoint::read`]), on `device`: the config is checked against its task
+/// ([`RunConfig::check_model`]) and the model built from the stored tensors
+/// ([`checkpoint::build_from`]), so that nothing is sized by the config before the file agrees.
+pub fn checkpoint_model(
+    tensors: &HashMap<String, candle_core::Tensor>,
+    cfg: &RunConfig,
+    path: &Path,
+    device: &Device,
+) -> Result<(VarMap, SequenceClassifier)> {
+    cfg.check_model()
+        .with_context(|| format!("{}: the config in its metadata", path.display()))?;
+    checkpoint::build_from(tensors, path, device, |vb| {
+        SequenceClassifier::new(cfg.model.clone(), vb)
+    })
+}
+
 fn vars(varmap: &VarMap) -> HashMap<String, candle_core::Var> {
     varmap
         .data()
@@ -338,8 +355,7 @@ pub fn eval_checkpoint(path: &Path, data_dir: Option<&Path>, exec: &Exec) -> Res
             dir: dir.to_path_buf(),
         };
     }
-    let (varmap, model) = build(&cfg.model, device)?;
-    checkpoint::load_into(&varmap, &ck.tensors, path)?;
+    let (_, model) = checkpoint_model(&ck.tensors, &cfg, path, device)?;
     let [_, _, test] = cfg.task.load(&cfg.data)?;
     let test = match cfg.max_eval_samples {
         Some(n) => test.truncated(n),
