@@ -8,8 +8,11 @@ use myosotis::bench::{copy_bandwidth, HeadBench, ScanBench, StepBench, TreeBench
 use myosotis::data::listops::{self, ListOpsConfig, Splits};
 use myosotis::device::{describe, parse_device};
 use myosotis::train::config::RunArgs;
+use myosotis::train::dist::World;
 use myosotis::train::run::{eval_checkpoint, train, Event, Exec, Start};
 use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -75,6 +78,10 @@ struct TrainCmd {
     /// new run there.
     #[arg(long)]
     overwrite: bool,
+    /// Under mpirun or srun: seconds a rank waits for the others in one exchange before it
+    /// stops them all (a rank that died or cannot be reached).
+    #[arg(long, default_value_t = 300)]
+    rank_timeout: u64,
 }
 
 #[derive(Subcommand)]
@@ -265,19 +272,37 @@ impl Progress {
 
 fn main() {
     keep_large_allocations();
-    if let Err(e) = run() {
-        // The message chain only: users read it, backtraces are for RUST_BACKTRACE debugging.
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
-    }
-}
-
-fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // The ranks of `mpirun` / `srun`, before any thread starts; one rank otherwise.
+    let world = match &cli.command {
+        Command::Train(a) => World::from_env(Duration::from_secs(a.rank_timeout)),
+        _ => Ok(World::single()),
+    };
+    let world = match world {
+        Ok(world) => Rc::new(world),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = run(cli, world.clone()) {
+        // The message chain only: users read it, backtraces are for RUST_BACKTRACE debugging.
+        if world.size() > 1 {
+            eprintln!("error: rank {}: {e:#}", world.rank());
+            // The other ranks would wait for this one until their timeout.
+            world.abort_others();
+        } else {
+            eprintln!("error: {e:#}");
+        }
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli, world: Rc<World>) -> Result<()> {
     match cli.command {
         Command::Bench { which } => match which {
             BenchCmd::Scan(k) => {
@@ -324,8 +349,14 @@ fn run() -> Result<()> {
             }
         },
         Command::Train(a) => {
-            let device = parse_device(&a.device)?;
-            let exec = Exec::for_process(&device, a.threads)?;
+            // Each rank of a machine on its own GPU.
+            let device = match a.device.as_str() {
+                "cuda" if world.size() > 1 => {
+                    parse_device(&format!("cuda:{}", world.local_rank()))?
+                }
+                d => parse_device(d)?,
+            };
+            let exec = Exec::for_process(&device, a.threads)?.in_world(world.clone());
             let cfg = a.run.resolve()?;
             let out = a.out.clone().unwrap_or_else(|| "runs/latest".into());
             let start = match (a.resume, a.overwrite || a.out.is_none()) {
@@ -335,6 +366,9 @@ fn run() -> Result<()> {
             };
             let mut progress = Progress::default();
             let summary = train(&cfg, &out, &exec, start, |ev| progress.show(ev))?;
+            if !world.is_root() {
+                return Ok(());
+            }
             println!(
                 "done: {} epochs, {} steps in {:.0} s; best val accuracy {:.4} (epoch {}), test accuracy {:.4}; outputs in {}",
                 summary.epochs,

@@ -148,8 +148,8 @@ fn resumed_run_equals_the_uninterrupted_run() {
     let (a, b) = (out("whole"), out("resumed"));
     // Two data-parallel shards: summation in shard order keeps the run deterministic.
     let two = Exec {
-        device: Device::Cpu,
         shards: 2,
+        ..Exec::on(&Device::Cpu)
     };
     // With dropout: its masks are keyed by the step, so the resumed run draws the same ones.
     let config = |epochs| {

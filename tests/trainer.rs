@@ -8,6 +8,7 @@ use candle_nn::{VarBuilder, VarMap};
 use myosotis::data::dataset::Dataset;
 use myosotis::data::listops::{generate, tokenize, ListOpsConfig, VOCAB};
 use myosotis::nn::*;
+use myosotis::train::dist::World;
 use myosotis::train::optim::{OptimConfig, Optimizer};
 use myosotis::train::trainer::{evaluate, train_epoch, Batching};
 
@@ -122,7 +123,7 @@ fn training_on_listops_lowers_the_loss() {
         };
         let epochs = 12;
         let mut opt = optimizer(&m, &varmap, epochs * 4);
-        let before = evaluate(&m, &data, batching, &Device::Cpu).unwrap();
+        let before = evaluate(&m, &data, batching, &Device::Cpu, &World::single()).unwrap();
         let mut seen = 0;
         for e in 0..epochs {
             train_epoch(
@@ -133,6 +134,7 @@ fn training_on_listops_lowers_the_loss() {
                 e as u64,
                 &Device::Cpu,
                 1 + e % 3,
+                &World::single(),
                 |n, loss, correct| {
                     assert!(loss.is_finite() && correct <= n);
                     seen += n;
@@ -141,7 +143,7 @@ fn training_on_listops_lowers_the_loss() {
             .unwrap();
         }
         assert_eq!(seen, epochs * 64);
-        let after = evaluate(&m, &data, batching, &Device::Cpu).unwrap();
+        let after = evaluate(&m, &data, batching, &Device::Cpu, &World::single()).unwrap();
         assert!(
             after.loss < 0.9 * before.loss,
             "{layer:?}: loss {} -> {}",
@@ -211,6 +213,7 @@ fn sharded_batches_take_the_same_step() {
             0,
             &Device::Cpu,
             1,
+            &World::single(),
             |n, loss, c| reports.push((n, loss, c)),
         )
         .unwrap();
@@ -269,6 +272,7 @@ fn a_non_finite_loss_stops_the_epoch_naming_its_step() {
         0,
         &Device::Cpu,
         4,
+        &World::single(),
         |n, l, _| seen.push((n, l)),
     )
     .unwrap_err()

@@ -398,9 +398,14 @@ impl RunDir {
     /// The folder `dir`, created if missing.
     pub fn create(dir: &Path) -> Result<RunDir> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(RunDir {
+        Ok(RunDir::at(dir))
+    }
+
+    /// The run files in `dir`, which need not exist.
+    pub fn at(dir: &Path) -> RunDir {
+        RunDir {
             dir: dir.to_path_buf(),
-        })
+        }
     }
 
     pub fn path(&self) -> &Path {

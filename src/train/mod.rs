@@ -5,6 +5,9 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod dist;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod optim;
 pub(crate) mod pause;
 pub mod plot;

@@ -15,6 +15,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use super::dist::World;
 use crate::nn::ParamGroup;
 use crate::ops::{adamw_step, AdamwHyper};
 
@@ -57,6 +58,9 @@ struct Slot {
     v: Tensor,
     ssm: bool,
 }
+
+/// Gradient values per collective in data-parallel training (16 MiB of f32).
+pub const BUCKET: usize = 1 << 22;
 
 /// AdamW over named variables in the two groups.
 pub struct Optimizer {
@@ -116,15 +120,25 @@ impl Optimizer {
     /// The global gradient norm ‖g‖₂ over the optimised parameters, as an f64 scalar on their
     /// device (missing gradients count as zero); reading it waits for the device.
     pub fn grad_norm(&self, grads: &GradStore) -> Result<Tensor> {
+        self.norm_of(&self.gather(grads))
+    }
+
+    /// Each slot's gradient in `grads`.
+    fn gather(&self, grads: &GradStore) -> Vec<Option<Tensor>> {
+        self.slots
+            .iter()
+            .map(|s| grads.get(&s.var).cloned())
+            .collect()
+    }
+
+    fn norm_of(&self, grads: &[Option<Tensor>]) -> Result<Tensor> {
         let mut sq: Option<Tensor> = None;
-        for s in &self.slots {
-            if let Some(g) = grads.get(&s.var) {
-                let t = g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?;
-                sq = Some(match sq {
-                    Some(acc) => (acc + t)?,
-                    None => t,
-                });
-            }
+        for g in grads.iter().flatten() {
+            let t = g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?;
+            sq = Some(match sq {
+                Some(acc) => (acc + t)?,
+                None => t,
+            });
         }
         match sq {
             Some(sq) => sq.sqrt(),
@@ -141,9 +155,146 @@ impl Optimizer {
     /// the clipping factor c / max(‖g‖, c) is a tensor, the step's hyper-parameters a row
     /// uploaded once per group.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        let grads = self.gather(grads);
+        self.apply(&grads)
+    }
+
+    /// [`Optimizer::step`] with the gradients of the ranks `0..ranks` of `world` summed in rank
+    /// order ([`World::sum_in_rank_order`]), the same step on every rank. `grads`: this rank's,
+    /// `None` when its part of the batch is empty. The gradients travel as f32 in buckets of
+    /// [`BUCKET`] values, one collective each.
+    pub fn step_across(
+        &mut self,
+        grads: Option<&GradStore>,
+        world: &World,
+        ranks: usize,
+    ) -> Result<()> {
+        let local = match grads {
+            Some(g) => self.gather(g),
+            None => vec![None; self.slots.len()],
+        };
+        if world.size() == 1 {
+            return self.apply(&local);
+        }
+        let has: Vec<f32> = local
+            .iter()
+            .map(|g| f32::from(u8::from(g.is_some())))
+            .collect();
+        let has = world
+            .sum_in_rank_order(&has, ranks)
+            .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+        if let Some(summed) = self.sum_on_device(&local, world)? {
+            let summed: Vec<Option<Tensor>> = summed
+                .into_iter()
+                .zip(&has)
+                .map(|(g, has)| (*has > 0.0).then_some(g))
+                .collect();
+            return self.apply(&summed);
+        }
+        let mut flat: Vec<f32> = Vec::new();
+        for (s, g) in self.slots.iter().zip(&local) {
+            if s.var.dtype() != DType::F32 {
+                candle_core::bail!(
+                    "data-parallel training sums f32 gradients; '{}' is {:?}",
+                    s.name,
+                    s.var.dtype()
+                );
+            }
+            match g {
+                Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f32>()?),
+                None => flat.resize(flat.len() + s.var.elem_count(), 0.0),
+            }
+        }
+        let mut sum = Vec::with_capacity(flat.len());
+        for bucket in flat.chunks(BUCKET) {
+            sum.extend(
+                world
+                    .sum_in_rank_order(bucket, ranks)
+                    .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?,
+            );
+        }
+        // A parameter no rank has a gradient for (one the loss does not reach) is not stepped,
+        // as in one process.
+        let has: Vec<f32> = local
+            .iter()
+            .map(|g| f32::from(u8::from(g.is_some())))
+            .collect();
+        let has = world
+            .sum_in_rank_order(&has, ranks)
+            .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+        let mut at = 0;
+        let mut summed = Vec::with_capacity(self.slots.len());
+        for (s, has) in self.slots.iter().zip(has) {
+            let n = s.var.elem_count();
+            let g = &sum[at..at + n];
+            summed.push(if has > 0.0 {
+                Some(Tensor::from_slice(g, s.var.shape(), s.var.device())?)
+            } else {
+                None
+            });
+            at += n;
+        }
+        self.apply(&summed)
+    }
+
+    /// The gradients summed over the ranks on their GPUs ([`World::device_sum`]), in buckets
+    /// of [`BUCKET`] values; `None` when the ranks have no device collective.
+    fn sum_on_device(
+        &self,
+        local: &[Option<Tensor>],
+        world: &World,
+    ) -> Result<Option<Vec<Tensor>>> {
+        let err = |e: anyhow::Error| candle_core::Error::Msg(format!("{e:#}"));
+        let Some(first) = self.slots.first() else {
+            return Ok(None);
+        };
+        if !world.sums_on_device() || first.var.device().is_cpu() {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(self.slots.len());
+        let mut bucket: Vec<(usize, Tensor)> = Vec::new();
+        let flush = |bucket: &mut Vec<(usize, Tensor)>, out: &mut Vec<Tensor>| -> Result<()> {
+            if bucket.is_empty() {
+                return Ok(());
+            }
+            let flat: Vec<Tensor> = bucket.iter().map(|(_, g)| g.clone()).collect();
+            let sum = world
+                .device_sum(&Tensor::cat(&flat, 0)?)
+                .map_err(err)?
+                .expect("a device collective");
+            let mut at = 0;
+            for (slot, g) in bucket.drain(..) {
+                let n = g.elem_count();
+                out.push(
+                    sum.narrow(0, at, n)?
+                        .reshape(self.slots[slot].var.shape())?,
+                );
+                at += n;
+            }
+            Ok(())
+        };
+        let mut filled = 0;
+        for (k, (s, g)) in self.slots.iter().zip(local).enumerate() {
+            let g = match g {
+                Some(g) => g.flatten_all()?.to_dtype(DType::F32)?,
+                None => Tensor::zeros(s.var.elem_count(), DType::F32, s.var.device())?,
+            };
+            if filled + g.elem_count() > BUCKET {
+                flush(&mut bucket, &mut out)?;
+                filled = 0;
+            }
+            filled += g.elem_count();
+            bucket.push((k, g));
+        }
+        flush(&mut bucket, &mut out)?;
+        Ok(Some(out))
+    }
+
+    /// The step itself, with each slot's gradient (`None`: zero).
+    fn apply(&mut self, grads: &[Option<Tensor>]) -> Result<()> {
         let scale = match self.cfg.clip {
             Some(c) => {
-                let norm = self.grad_norm(grads)?;
+                let norm = self.norm_of(grads)?;
                 Some(Tensor::new(c, norm.device())?.div(&norm.maximum(c)?)?)
             }
             None => None,
@@ -164,8 +315,8 @@ impl Optimizer {
         let groups = [hyper(lr, self.cfg.weight_decay), hyper(ssm_lr, 0.0)];
         // Rows (and the scale) per group and dtype, made on first use.
         let mut rows: Vec<(bool, DType, Tensor, Option<Tensor>)> = Vec::new();
-        for s in &mut self.slots {
-            let Some(g) = grads.get(&s.var) else { continue };
+        for (s, g) in self.slots.iter_mut().zip(grads) {
+            let Some(g) = g else { continue };
             let dtype = s.var.dtype();
             let row = match rows.iter().find(|r| r.0 == s.ssm && r.1 == dtype) {
                 Some(r) => r,

@@ -5,7 +5,8 @@
 //! file and renaming it. With `MYO_FAIL_AT=POINT@EPOCH`, the write at POINT (`write FILE`)
 //! fails there as on a full disk, and with `MYO_FAIL_AT=read-only:POINT@EPOCH` as on a
 //! read-only file system (epoch 0: before the first epoch, where a new run writes its
-//! `config.json`). Without the variables, a point costs an environment lookup.
+//! `config.json`). Under an MPI launcher, `MYO_PAUSE_RANK=R` restricts the pause to rank R (a
+//! rank that stops answering). Without the variables, a point costs an environment lookup.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -22,7 +23,10 @@ pub(crate) fn point(point: &str) {
         return;
     };
     let here = format!("{point}@{}", EPOCH.load(Ordering::Relaxed));
-    if at == here {
+    let rank_env = |v: &str| std::env::var(v).ok();
+    let this_rank = rank_env("OMPI_COMM_WORLD_RANK").or_else(|| rank_env("PMI_RANK"));
+    let other_rank = rank_env("MYO_PAUSE_RANK").is_some_and(|r| Some(r) != this_rank);
+    if at == here && !other_rank {
         eprintln!("myo: paused at {here}");
         loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -14,11 +15,13 @@ use serde::{Deserialize, Serialize};
 
 use super::checkpoint::{self, MetricRecord, RunDir};
 use super::config::RunConfig;
+use super::dist::World;
 use super::optim::{OptimConfig, Optimizer};
 use super::pause;
 use super::trainer::{evaluate, report_interval, train_epoch, Evaluation};
 use crate::data::dataset::Dataset;
 use crate::data::task::DataSource;
+use crate::nn::NormKind;
 use crate::nn::{ClassifierConfig, SequenceClassifier};
 
 /// What a finished run reports.
@@ -90,6 +93,8 @@ pub struct Exec {
     pub device: Device,
     /// Data-parallel shards per training batch (see [`super::trainer::Batching::shards`]).
     pub shards: usize,
+    /// The ranks training together ([`World::single`] for one process).
+    pub world: Rc<World>,
 }
 
 impl Exec {
@@ -98,6 +103,7 @@ impl Exec {
         Exec {
             device: device.clone(),
             shards: 1,
+            world: Rc::new(World::single()),
         }
     }
 
@@ -135,7 +141,13 @@ impl Exec {
         Ok(Exec {
             device: device.clone(),
             shards: n,
+            world: Rc::new(World::single()),
         })
+    }
+
+    /// This execution as one rank of `world`.
+    pub fn in_world(self, world: Rc<World>) -> Self {
+        Exec { world, ..self }
     }
 }
 
@@ -189,21 +201,38 @@ pub fn train(
     start: Start,
     mut on_event: impl FnMut(Event),
 ) -> Result<Summary> {
-    let device = &exec.device;
-    let run = RunDir::create(out)?;
-    let held = run.held();
-    match start {
-        Start::New if !held.is_empty() => bail!(
-            "{} already holds a run ({}): continue it with --resume, replace it with \
-             --overwrite, or choose another --out",
-            out.display(),
-            held.join(", ")
-        ),
-        Start::Replace => run.remove_run()?,
-        _ => {}
+    let (device, world) = (&exec.device, exec.world.as_ref());
+    // Rank 0 alone touches the run's folder and shows progress.
+    let root = world.is_root();
+    let mut on_event = |e: Event| {
+        if root {
+            on_event(e)
+        }
+    };
+    if world.size() > 1 && cfg.model.norm == NormKind::Batch {
+        bail!(
+            "BatchNorm across {} ranks: its batch statistics are not yet reduced across ranks; \
+             train it on one rank, or use --norm layer",
+            world.size()
+        );
     }
+    let run = RunDir::at(out);
     let resume = start == Start::Resume;
-    run.remove_stale_temporaries()?;
+    if root {
+        RunDir::create(out)?;
+        let held = run.held();
+        match start {
+            Start::New if !held.is_empty() => bail!(
+                "{} already holds a run ({}): continue it with --resume, replace it with \
+                 --overwrite, or choose another --out",
+                out.display(),
+                held.join(", ")
+            ),
+            Start::Replace => run.remove_run()?,
+            _ => {}
+        }
+        run.remove_stale_temporaries()?;
+    }
     let [train_set, val_set, test_set] = cfg.task.load(&cfg.data)?;
     let cut = |d: Dataset, n: Option<usize>| match n {
         Some(n) => d.truncated(n),
@@ -234,7 +263,7 @@ pub fn train(
     let mut opt = Optimizer::new(optim_cfg, &vars(&varmap), |n| model.param_group(n))?;
     let mut progress = Progress::default();
     let (last, best) = (run.last(), run.best());
-    if resume {
+    if resume && root {
         let ck = checkpoint::read::<RunConfig>(&last)
             .context("--resume needs a previous run's last.safetensors")?;
         if ck.config != *cfg {
@@ -257,8 +286,13 @@ pub fn train(
             .with_context(|| format!("--resume: {}", last.display()))?;
         // Records of an epoch that did not reach its checkpoint are dropped: it runs again.
         progress.seconds = run.keep_metrics_until(progress.epoch)?;
-    } else {
+    } else if root {
         run.write_config(cfg)?;
+    }
+    world.use_device(device)?;
+    if world.size() > 1 {
+        // Every rank starts from rank 0's model, optimiser state and progress.
+        share_root_state(world, &varmap, &mut opt, &mut progress)?;
     }
     let (train_batching, eval_batching) = (
         cfg.batching(exec.shards, true),
@@ -281,6 +315,7 @@ pub fn train(
             cfg.seed.wrapping_add(epoch as u64),
             device,
             report_interval(device),
+            world,
             |samples, loss, correct| {
                 on_event(Event::Batch {
                     samples,
@@ -290,7 +325,7 @@ pub fn train(
             },
         )?;
         on_event(Event::Evaluating { split: "val" });
-        let val = evaluate(&model, &val_set, eval_batching, device)?;
+        let val = evaluate(&model, &val_set, eval_batching, device, world)?;
         let mut seconds = start.elapsed().as_secs_f64();
         let record = |split: &str, e: Evaluation, seconds: f64| MetricRecord {
             epoch: epoch + 1,
@@ -300,27 +335,35 @@ pub fn train(
             step: opt.step_count(),
             seconds,
         };
-        run.append_metric(&record("train", tr, seconds))?;
-        run.append_metric(&record("val", val, seconds))?;
+        if root {
+            run.append_metric(&record("train", tr, seconds))?;
+            run.append_metric(&record("val", val, seconds))?;
+        }
         pause::point("metrics");
         let mut test = None;
         if epoch == 0 || val.accuracy > progress.best_val {
             on_event(Event::Evaluating { split: "test" });
-            let t = evaluate(&model, &test_set, eval_batching, device)?;
+            let t = evaluate(&model, &test_set, eval_batching, device, world)?;
             seconds = start.elapsed().as_secs_f64();
-            run.append_metric(&record("test", t, seconds))?;
+            if root {
+                run.append_metric(&record("test", t, seconds))?;
+            }
             progress.best_val = val.accuracy;
             progress.best_epoch = epoch + 1;
             progress.test_at_best = t.accuracy;
             pause::point("test metrics");
-            checkpoint::save(&varmap, cfg, &best)?;
+            if root {
+                checkpoint::save(&varmap, cfg, &best)?;
+            }
             test = Some(t);
         }
         pause::point("last");
         progress.epoch = epoch + 1;
         progress.seconds = seconds;
         let meta = [(PROGRESS_KEY, serde_json::to_string(&progress)?)];
-        checkpoint::save_resumable(&varmap, cfg, &opt.state()?, &meta, &last)?;
+        if root {
+            checkpoint::save_resumable(&varmap, cfg, &opt.state()?, &meta, &last)?;
+        }
         on_event(Event::EpochEnd {
             epoch: epoch + 1,
             epochs: cfg.epochs,
@@ -331,9 +374,12 @@ pub fn train(
         });
     }
     // The curves are a convenience: a failure to draw them does not fail the run.
-    if let Err(e) = super::plot::curves(&run.metrics(), &run.curves()) {
-        tracing::warn!("{e:#}");
+    if root {
+        if let Err(e) = super::plot::curves(&run.metrics(), &run.curves()) {
+            tracing::warn!("{e:#}");
+        }
     }
+    world.barrier()?;
     Ok(Summary {
         epochs: progress.epoch,
         steps: opt.step_count(),
@@ -342,6 +388,33 @@ pub fn train(
         test_accuracy: progress.test_at_best,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Rank 0's variables, optimiser state and progress on every rank of `world`.
+fn share_root_state(
+    world: &World,
+    varmap: &VarMap,
+    opt: &mut Optimizer,
+    progress: &mut Progress,
+) -> Result<()> {
+    let vars = vars(varmap);
+    let mut names: Vec<&String> = vars.keys().collect();
+    names.sort();
+    let values: Vec<_> = names.iter().map(|n| vars[*n].as_tensor().clone()).collect();
+    for (name, t) in names.iter().zip(world.broadcast_tensors(&values)?) {
+        vars[*name].set(&t)?;
+    }
+    let state = opt.state()?;
+    let tensors: Vec<_> = state.iter().map(|(_, t)| t.clone()).collect();
+    let shared = world.broadcast_tensors(&tensors)?;
+    opt.load_state(&state.iter().map(|(n, _)| n.clone()).zip(shared).collect())?;
+    let mut json = serde_json::to_vec(progress)?;
+    world.broadcast_bytes(&mut json)?;
+    let seconds = progress.seconds;
+    *progress = serde_json::from_slice(&json)?;
+    // Wall time is not in the record: rank 0's, from its metrics.
+    progress.seconds = seconds;
+    Ok(())
 }
 
 /// Loss and accuracy of the checkpoint at `path` on its task's test split, read from its own
@@ -366,5 +439,6 @@ pub fn eval_checkpoint(path: &Path, data_dir: Option<&Path>, exec: &Exec) -> Res
         &test,
         cfg.batching(exec.shards, false),
         device,
+        &exec.world,
     )?)
 }

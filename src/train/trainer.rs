@@ -8,6 +8,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rayon::prelude::*;
 
+use super::dist::{part, World};
 use super::optim::Optimizer;
 use crate::data::dataset::Dataset;
 use crate::nn::{DropoutKey, Mode, SequenceClassifier};
@@ -37,14 +38,12 @@ fn sharded<T: Send>(
     if k == 1 {
         return Ok(vec![f(0, idx)?]);
     }
-    let (base, extra) = (idx.len() / k, idx.len() % k);
-    let mut parts = Vec::with_capacity(k);
-    let mut at = 0;
-    for i in 0..k {
-        let n = base + usize::from(i < extra);
-        parts.push((at, &idx[at..at + n]));
-        at += n;
-    }
+    let parts: Vec<(usize, &[usize])> = (0..k)
+        .map(|i| {
+            let r = part(idx.len(), i, k);
+            (r.start, &idx[r])
+        })
+        .collect();
     parts
         .into_par_iter()
         .map(|(at, part)| f(at, part))
@@ -95,19 +94,24 @@ pub struct Evaluation {
     pub accuracy: f64,
 }
 
-/// Mean loss and accuracy of `model` (eval mode) over `data`; the results are read back once,
-/// at the end.
+/// Mean loss and accuracy of `model` (eval mode) over `data`, each rank of `world` evaluating
+/// its part of every batch; the results are read back once, at the end.
 pub fn evaluate(
     model: &SequenceClassifier,
     data: &Dataset,
     batching: Batching,
     device: &Device,
+    world: &World,
 ) -> Result<Evaluation> {
     let mut pending = Pending::default();
     let order: Vec<usize> = (0..data.len()).collect();
     for idx in order.chunks(batching.batch_size.max(1)) {
         let pad = data.padding(idx, batching.pad_to);
-        let parts = sharded(idx, batching.shards, |_, part| {
+        let mine = &idx[part(idx.len(), world.rank(), world.size())];
+        if mine.is_empty() {
+            continue;
+        }
+        let parts = sharded(mine, batching.shards, |_, part| {
             let (x, lengths, y) = data.batch(part, pad, device)?;
             let logp = model.forward(&x, Some(&lengths), Mode::Eval)?;
             let loss =
@@ -118,16 +122,27 @@ pub fn evaluate(
             pending.push(*n, loss, correct);
         }
     }
-    let (mut loss, mut correct) = (0.0, 0usize);
+    let (mut loss, mut correct) = (0.0, 0.0);
     for (_, l, c) in pending.read(device)? {
         loss += l;
-        correct += c;
+        correct += c as f64;
     }
+    let [loss, correct] = world
+        .sum_in_rank_order(&[loss, correct], world.size())
+        .map_err(collective)?[..]
+    else {
+        unreachable!("two sums")
+    };
     let n = data.len().max(1) as f64;
     Ok(Evaluation {
         loss: loss / n,
-        accuracy: correct as f64 / n,
+        accuracy: correct / n,
     })
+}
+
+/// A collective's error as candle's.
+fn collective(e: anyhow::Error) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{e:#}"))
 }
 
 /// Batches between read-backs of the training loss on `device`: every batch on the CPU (where
@@ -142,7 +157,9 @@ pub fn report_interval(device: &Device) -> usize {
 
 /// One epoch of training: examples shuffled with `seed`, one optimiser step per batch (the
 /// loss is the batch mean, however the batch is sharded); dropout masks are keyed by `seed`,
-/// the optimiser step and the row in the batch (see [`DropoutKey`]).
+/// the optimiser step and the row in the batch (see [`DropoutKey`]). With several ranks in
+/// `world`, each computes its part of every batch ([`part`]) and all take the step of the whole
+/// batch ([`Optimizer::step_across`]).
 ///
 /// The losses and correct counts stay on the device and are read back every `report_every`
 /// batches and at the end of the epoch; `on_batch` then sees each batch's size, mean loss and
@@ -158,6 +175,7 @@ pub fn train_epoch(
     seed: u64,
     device: &Device,
     report_every: usize,
+    world: &World,
     mut on_batch: impl FnMut(usize, f64, usize),
 ) -> Result<Evaluation> {
     let mut order: Vec<usize> = (0..data.len()).collect();
@@ -186,28 +204,55 @@ pub fn train_epoch(
     for (b, idx) in batches.enumerate() {
         let pad = data.padding(idx, batching.pad_to);
         let step = opt.step_count() as u64;
-        let parts = sharded(idx, batching.shards, |at, part| {
-            let (x, lengths, y) = data.batch(part, pad, device)?;
-            let key = DropoutKey {
-                seed,
-                step,
-                first_row: at as u64,
+        // This rank's part of the batch, cut again into the process's shards.
+        let mine = part(idx.len(), world.rank(), world.size());
+        let local = if mine.is_empty() {
+            None
+        } else {
+            let parts = sharded(&idx[mine.clone()], batching.shards, |at, part| {
+                let (x, lengths, y) = data.batch(part, pad, device)?;
+                let key = DropoutKey {
+                    seed,
+                    step,
+                    first_row: (mine.start + at) as u64,
+                };
+                let logp = model.forward(&x, Some(&lengths), Mode::Train(key))?;
+                // This shard's share of the batch mean.
+                let loss =
+                    (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
+                let grads = loss.backward()?;
+                Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
+            })?;
+            let mut parts = parts.into_iter();
+            let (mut value, mut right, mut grads): (Tensor, Tensor, GradStore) =
+                parts.next().expect("a part has at least one shard");
+            for (v, c, g) in parts {
+                value = (value + v)?;
+                right = (right + c)?;
+                grads.extend(g)?;
+            }
+            Some((value, right, grads))
+        };
+        let (value, right) = if world.size() == 1 {
+            let (value, right, grads) = local.expect("one rank has the whole batch");
+            opt.step(&grads)?;
+            (value, right)
+        } else {
+            let ranks = idx.len().min(world.size());
+            opt.step_across(local.as_ref().map(|l| &l.2), world, ranks)?;
+            let mine = match &local {
+                Some((v, r, _)) => Tensor::stack(&[v, r], 0)?,
+                None => Tensor::zeros(2, DType::F64, device)?,
             };
-            let logp = model.forward(&x, Some(&lengths), Mode::Train(key))?;
-            // This shard's share of the batch mean.
-            let loss = (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
-            let grads = loss.backward()?;
-            Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
-        })?;
-        let mut parts = parts.into_iter();
-        let (mut value, mut right, mut grads): (Tensor, Tensor, GradStore) =
-            parts.next().expect("a batch has at least one shard");
-        for (v, c, g) in parts {
-            value = (value + v)?;
-            right = (right + c)?;
-            grads.extend(g)?;
-        }
-        opt.step(&grads)?;
+            let sum = if world.sums_on_device() {
+                world.device_sum(&mine).map_err(collective)?.expect("NCCL")
+            } else {
+                let mine = mine.to_vec1::<f64>()?;
+                let sum = world.sum_in_rank_order(&mine, ranks).map_err(collective)?;
+                Tensor::new(sum, device)?
+            };
+            (sum.get(0)?, sum.get(1)?)
+        };
         pending.push(idx.len(), &value, &right);
         if (b + 1) % report_every.max(1) == 0 || b + 1 == count {
             report(&mut pending, opt.step_count())?;
