@@ -1,8 +1,8 @@
 //! NCCL on one GPU (a world of one rank): the id, the communicator on candle's stream and the
 //! sum the data-parallel trainer uses for gradients, which over one rank is the input itself,
-//! f32 and f64, at an offset into a larger buffer. Compiled with `--features cuda`; skipped,
-//! with a message, when no CUDA device can be opened. Fails when libnccl cannot be loaded.
-#![cfg(feature = "cuda")]
+//! f32 and f64, at an offset into a larger buffer. Compiled with `--features nccl` (which links
+//! libnccl); skipped, with a message, when no CUDA device can be opened.
+#![cfg(feature = "nccl")]
 
 mod common;
 

@@ -9,9 +9,9 @@
 //!
 //! The collectives are MPI's (the `mpi` cargo feature; Open MPI or any MPI library): a sum in
 //! rank order is an all-gather followed by the same fold on every rank, which MPI's own
-//! all-reduce does not promise. On GPUs (with the `cuda` feature too) the gradients and the
-//! batch losses are summed by NCCL on the devices instead (`train::nccl`), the same on every
-//! rank but in NCCL's order. Each collective waits at most [`World::timeout`]; a rank that died
+//! all-reduce does not promise. On GPUs with the `nccl` feature the gradients and the batch
+//! losses are summed by NCCL on the devices instead (`train::nccl`), the same on every rank but
+//! in NCCL's order; without it they go through the host and MPI. Each collective waits at most [`World::timeout`]; a rank that died
 //! or cannot be reached ends the run (`mpirun` also names a rank that died).
 
 use std::time::Duration;
@@ -31,7 +31,7 @@ pub struct World {
     #[cfg(feature = "mpi")]
     mpi: Option<mpi_world::Mpi>,
     /// NCCL among the ranks' GPUs, once [`World::use_device`] has set it up.
-    #[cfg(all(feature = "mpi", feature = "cuda"))]
+    #[cfg(all(feature = "mpi", feature = "nccl"))]
     nccl: std::sync::OnceLock<super::nccl::Nccl>,
 }
 
@@ -51,7 +51,7 @@ impl World {
             timeout: Duration::from_secs(300),
             #[cfg(feature = "mpi")]
             mpi: None,
-            #[cfg(all(feature = "mpi", feature = "cuda"))]
+            #[cfg(all(feature = "mpi", feature = "nccl"))]
             nccl: std::sync::OnceLock::new(),
         }
     }
@@ -74,7 +74,7 @@ impl World {
                 local_rank,
                 timeout,
                 mpi: Some(mpi),
-                #[cfg(feature = "cuda")]
+                #[cfg(feature = "nccl")]
                 nccl: std::sync::OnceLock::new(),
             })
         }
@@ -127,7 +127,7 @@ impl World {
     /// Sets up the collectives for training on `device`: on a CUDA device with several ranks,
     /// NCCL (rank 0 makes the id and sends it over MPI). Elsewhere nothing.
     pub fn use_device(&self, device: &candle_core::Device) -> Result<()> {
-        #[cfg(all(feature = "mpi", feature = "cuda"))]
+        #[cfg(all(feature = "mpi", feature = "nccl"))]
         if self.size > 1 && device.is_cuda() && self.nccl.get().is_none() {
             let mut id = if self.is_root() {
                 super::nccl::unique_id()?
@@ -144,16 +144,16 @@ impl World {
 
     /// Whether [`World::device_sum`] sums on the GPUs.
     pub fn sums_on_device(&self) -> bool {
-        #[cfg(all(feature = "mpi", feature = "cuda"))]
+        #[cfg(all(feature = "mpi", feature = "nccl"))]
         return self.nccl.get().is_some();
-        #[cfg(not(all(feature = "mpi", feature = "cuda")))]
+        #[cfg(not(all(feature = "mpi", feature = "nccl")))]
         false
     }
 
     /// The sum over every rank of `t` on the GPU (NCCL, in its own order, the same bits on
     /// every rank), or `None` when the ranks have no NCCL ([`World::use_device`]).
     pub fn device_sum(&self, t: &candle_core::Tensor) -> Result<Option<candle_core::Tensor>> {
-        #[cfg(all(feature = "mpi", feature = "cuda"))]
+        #[cfg(all(feature = "mpi", feature = "nccl"))]
         if let Some(nccl) = self.nccl.get() {
             return nccl.sum(t).map(Some);
         }

@@ -6,7 +6,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod dist;
-#[cfg(feature = "cuda")]
+#[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod optim;
 pub(crate) mod pause;

@@ -1,7 +1,7 @@
 //! NCCL on candle's CUDA stream: the sum over ranks of a tensor on every rank's GPU, for the
 //! gradients of data-parallel training ([`super::dist`]). The ranks meet through an id that
 //! one of them makes ([`unique_id`]) and the others receive (over MPI in `myo train`).
-//! libnccl is loaded when first used.
+//! Feature `nccl`, which links libnccl.
 
 use anyhow::{bail, Context, Result};
 use candle_core::op::BackpropOp;
