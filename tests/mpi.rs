@@ -208,12 +208,12 @@ fn a_rank_that_stops_answering_ends_the_run_after_the_timeout() {
     let d = out("stuck");
     let mut c = mpirun(2);
     c.args(flags_epochs(&["--model", "s5"], &d, 3))
-        .args(["--threads", "1", "--rank-timeout", "3"])
+        .args(["--threads", "1", "--rank-timeout", "10"])
         .env("MYO_PAUSE_AT", "metrics@2")
         .env("MYO_PAUSE_RANK", "1");
     let err = run_to_failure(c, Duration::from_secs(60));
     assert!(
-        err.contains("rank 0: no answer from the other ranks for 3 s"),
+        err.contains("rank 0: no answer from the other ranks for 10 s"),
         "{err}"
     );
     evaluates(&d);
