@@ -169,8 +169,20 @@ fn checkpoint_after_epoch(d: &Path, epoch: usize) -> bool {
             .all(|e| !e.file_name().to_string_lossy().ends_with(".tmp"))
 }
 
-/// Runs `c` (a 2-rank run whose rank 1 stops in epoch 2) to its end, within `limit`.
-fn run_to_failure(mut c: Command, limit: Duration) -> String {
+/// `mpirun` of a 3-epoch S5 run into `d` on 2 ranks whose rank 1 stops answering in epoch 2
+/// (after epoch 1's checkpoint), each exchange waiting at most `timeout` seconds.
+fn rank_1_stalls(d: &Path, timeout: u64) -> Command {
+    let mut c = mpirun(2);
+    c.args(flags_epochs(&["--model", "s5"], d, 3))
+        .args(["--threads", "1", "--rank-timeout", &timeout.to_string()])
+        .env("MYO_PAUSE_AT", "metrics@2")
+        .env("MYO_PAUSE_RANK", "1");
+    c
+}
+
+/// Runs `c` to its end, which must be a failure within `limit`, calling `poll` meanwhile;
+/// returns its standard error.
+fn run_to_failure(mut c: Command, limit: Duration, mut poll: impl FnMut()) -> String {
     let mut child = c
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -186,7 +198,8 @@ fn run_to_failure(mut c: Command, limit: Duration) -> String {
             let _ = child.kill();
             panic!("the run did not end within {limit:?}");
         }
-        std::thread::sleep(Duration::from_millis(100));
+        poll();
+        std::thread::sleep(Duration::from_millis(50));
     }
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
@@ -206,12 +219,7 @@ fn evaluates(d: &Path) {
 #[test]
 fn a_rank_that_stops_answering_ends_the_run_after_the_timeout() {
     let d = out("stuck");
-    let mut c = mpirun(2);
-    c.args(flags_epochs(&["--model", "s5"], &d, 3))
-        .args(["--threads", "1", "--rank-timeout", "10"])
-        .env("MYO_PAUSE_AT", "metrics@2")
-        .env("MYO_PAUSE_RANK", "1");
-    let err = run_to_failure(c, Duration::from_secs(60));
+    let err = run_to_failure(rank_1_stalls(&d, 10), Duration::from_secs(60), || {});
     assert!(
         err.contains("rank 0: no answer from the other ranks for 10 s"),
         "{err}"
@@ -224,42 +232,18 @@ fn a_rank_that_stops_answering_ends_the_run_after_the_timeout() {
 #[test]
 fn a_killed_rank_ends_the_run() {
     let d = out("killed");
-    let mut c = mpirun(2);
-    c.args(flags_epochs(&["--model", "s5"], &d, 3))
-        .args(["--threads", "1", "--rank-timeout", "300"])
-        .env("MYO_PAUSE_AT", "metrics@2")
-        .env("MYO_PAUSE_RANK", "1");
-    let mut child = c
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    let rank1 = loop {
+    let mut killed = false;
+    let err = run_to_failure(rank_1_stalls(&d, 300), Duration::from_secs(120), || {
+        if killed || !checkpoint_after_epoch(&d, 1) {
+            return;
+        }
+        // Rank 1 is in epoch 2 or stopped at its end.
         if let Some(pid) = rank_pid(1) {
-            if checkpoint_after_epoch(&d, 1) {
-                break pid;
-            }
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            killed = true;
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "no rank 1");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    // Rank 1 pauses at the end of epoch 2's metrics; kill it there or before.
-    unsafe { libc::kill(rank1, libc::SIGKILL) };
-    let killed = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(!status.success());
-            break;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(60),
-            "the run did not end after rank 1 was killed"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    });
+    assert!(killed, "rank 1 was not found");
     assert!(err.contains("rank 1"), "{err}");
     evaluates(&d);
 }

@@ -176,6 +176,8 @@ impl Optimizer {
         if world.size() == 1 {
             return self.apply(&local);
         }
+        // A parameter no rank has a gradient for (one the loss does not reach) is not stepped,
+        // as in one process.
         let has: Vec<f32> = local
             .iter()
             .map(|g| f32::from(u8::from(g.is_some())))
@@ -213,21 +215,12 @@ impl Optimizer {
                     .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?,
             );
         }
-        // A parameter no rank has a gradient for (one the loss does not reach) is not stepped,
-        // as in one process.
-        let has: Vec<f32> = local
-            .iter()
-            .map(|g| f32::from(u8::from(g.is_some())))
-            .collect();
-        let has = world
-            .sum_in_rank_order(&has, ranks)
-            .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
         let mut at = 0;
         let mut summed = Vec::with_capacity(self.slots.len());
-        for (s, has) in self.slots.iter().zip(has) {
+        for (s, has) in self.slots.iter().zip(&has) {
             let n = s.var.elem_count();
             let g = &sum[at..at + n];
-            summed.push(if has > 0.0 {
+            summed.push(if *has > 0.0 {
                 Some(Tensor::from_slice(g, s.var.shape(), s.var.device())?)
             } else {
                 None
