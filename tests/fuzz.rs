@@ -132,6 +132,33 @@ fn temp(name: &str) -> PathBuf {
     d
 }
 
+/// A runner of [`cases`] cases from `MYO_FUZZ_SEED`, else `default_seed`; and the seed.
+fn runner(default_seed: u64) -> (TestRunner, u64) {
+    let seed = std::env::var("MYO_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default_seed);
+    let runner = TestRunner::new(Config {
+        cases: cases(),
+        failure_persistence: None,
+        rng_seed: RngSeed::Fixed(seed),
+        ..Config::default()
+    });
+    (runner, seed)
+}
+
+/// A case fails unless the error `e` names `place` (a file or its folder).
+fn names(e: &anyhow::Error, place: &Path) -> Result<(), TestCaseError> {
+    let msg = format!("{e:#}");
+    if msg.contains(&*place.to_string_lossy()) {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail(format!(
+            "the error does not name the file: {msg}"
+        )))
+    }
+}
+
 /// Runs target `name`: each case picks one of the `files` (paths under `dir`, with their
 /// valid contents), writes it mutated, runs `read` on `dir`, and restores it. `read` must
 /// return `Ok` or an error whose message names a path under `dir`.
@@ -142,16 +169,7 @@ fn fuzz(
     files: Vec<(PathBuf, Vec<u8>)>,
     read: impl Fn(&Path) -> anyhow::Result<()>,
 ) {
-    let seed = std::env::var("MYO_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default_seed);
-    let mut runner = TestRunner::new(Config {
-        cases: cases(),
-        failure_persistence: None,
-        rng_seed: RngSeed::Fixed(seed),
-        ..Config::default()
-    });
+    let (mut runner, seed) = runner(default_seed);
     // The seed corpus itself reads back.
     read(dir).unwrap_or_else(|e| panic!("{name}: the valid files do not read: {e:#}"));
     let strategy = (0..files.len(), prop::collection::vec(mutation(), 1..6));
@@ -161,15 +179,10 @@ fn fuzz(
         std::fs::write(path, apply(valid, &mutations)).unwrap();
         let outcome = read(dir);
         std::fs::write(path, valid).unwrap();
-        if let Err(e) = outcome {
-            let msg = format!("{e:#}");
-            if !msg.contains(&*dir.to_string_lossy()) {
-                return Err(TestCaseError::fail(format!(
-                    "the error does not name the file: {msg}"
-                )));
-            }
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(e) => names(&e, dir),
         }
-        Ok(())
     });
     eprintln!(
         "{name}: {} cases in {:.1} s (seed {seed})",
@@ -479,16 +492,7 @@ fn fuzz_checkpoint_config() {
         0..seeds.len(),
         prop::collection::vec((any::<usize>(), value), 1..5),
     );
-    let seed = std::env::var("MYO_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0xc0f1u64);
-    let mut runner = TestRunner::new(Config {
-        cases: cases(),
-        failure_persistence: None,
-        rng_seed: RngSeed::Fixed(seed),
-        ..Config::default()
-    });
+    let (mut runner, seed) = runner(0xc0f1);
     let started = std::time::Instant::now();
     let (runs, built) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
     let result = runner.run(&strategy, |(k, edits)| {
@@ -509,17 +513,12 @@ fn fuzz_checkpoint_config() {
             .and_then(|ck| run::checkpoint_model(&ck.tensors, &ck.config, path, &Device::Cpu));
         std::fs::write(path, valid).unwrap();
         match outcome {
-            Ok(_) => built.set(built.get() + 1),
-            Err(e) => {
-                let msg = format!("{e:#}");
-                if !msg.contains(&*path.to_string_lossy()) {
-                    return Err(TestCaseError::fail(format!(
-                        "the error does not name the file: {msg}"
-                    )));
-                }
+            Ok(_) => {
+                built.set(built.get() + 1);
+                Ok(())
             }
+            Err(e) => names(&e, path),
         }
-        Ok(())
     });
     eprintln!(
         "checkpoint config: {} cases in {:.1} s (seed {seed}): {} configs built of {} runs",
