@@ -11,7 +11,7 @@ use myosotis::train::config::RunArgs;
 use myosotis::train::dist::World;
 use myosotis::train::run::{eval_checkpoint, train, Event, Exec, Start};
 use std::path::PathBuf;
-use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -64,7 +64,7 @@ struct TrainCmd {
     device: String,
     /// CPU threads: each batch is cut into this many data-parallel shards, one per thread, with
     /// candle's own ops single-threaded inside each (default: RAYON_NUM_THREADS, else all cores).
-    /// BatchNorm models train with one shard (their statistics need the whole batch).
+    /// BatchNorm's batch statistics are summed over the shards.
     #[arg(long)]
     threads: Option<usize>,
     /// Output folder. A folder that holds a run needs --resume or --overwrite; the default,
@@ -283,7 +283,7 @@ fn main() {
         _ => Ok(World::single()),
     };
     let world = match world {
-        Ok(world) => Rc::new(world),
+        Ok(world) => Arc::new(world),
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::exit(1);
@@ -302,7 +302,7 @@ fn main() {
     }
 }
 
-fn run(cli: Cli, world: Rc<World>) -> Result<()> {
+fn run(cli: Cli, world: Arc<World>) -> Result<()> {
     match cli.command {
         Command::Bench { which } => match which {
             BenchCmd::Scan(k) => {

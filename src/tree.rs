@@ -113,36 +113,40 @@ impl Tree {
         })
     }
 
-    /// A tree given by its level sizes (leaves first), where the nodes of each level are split
-    /// into consecutive groups of `arity` (the last group may be short), one per parent.
-    fn grouped(sizes: &[usize], arity: usize) -> Tree {
-        let mut parents = Vec::with_capacity(sizes.iter().sum());
-        let mut start = 0;
-        for (k, &m) in sizes.iter().enumerate() {
-            let next = start + m;
-            for i in 0..m {
-                parents.push((k + 1 < sizes.len()).then(|| next + i / arity));
-            }
-            start = next;
-        }
-        Tree::from_parents(&parents).expect("grouped trees are valid by construction")
-    }
-
     /// A k-ary tree over any number of leaves: each level is split into groups of `arity`
     /// consecutive nodes, the last group of a level possibly short (e.g. 4-ary over 784 or 1000
     /// leaves, binary over 2,000 tokens).
     pub fn ragged(leaves: usize, arity: usize) -> Result<Tree, TreeError> {
-        if arity < 2 {
-            tree_bail!("arity {arity}: a k-ary tree needs k >= 2 (use Tree::chain for k = 1)");
+        Tree::by_levels(leaves, &[arity])
+    }
+
+    /// A tree over any number of leaves whose level k is split into groups of `arities[k]`
+    /// consecutive nodes (the last group of a level possibly short), the last arity repeated
+    /// until one root remains: `[4, 7, 4, 7]` over the 784 pixels of a 28 × 28 image in raster
+    /// order groups 4 pixels of a row, the 7 groups of a row, 4 rows, and the 7 groups of rows.
+    pub fn by_levels(leaves: usize, arities: &[usize]) -> Result<Tree, TreeError> {
+        let Some(&last) = arities.last() else {
+            tree_bail!("no arity given");
+        };
+        if let Some(a) = arities.iter().find(|&&a| a < 2) {
+            tree_bail!("arity {a}: a k-ary tree needs k >= 2 (use Tree::chain for k = 1)");
         }
         if leaves == 0 {
             tree_bail!("a tree needs at least one leaf");
         }
-        let mut sizes = vec![leaves];
-        while *sizes.last().unwrap() > 1 {
-            sizes.push(sizes.last().unwrap().div_ceil(arity));
+        let mut parents = Vec::new();
+        let (mut start, mut m) = (0, leaves);
+        for k in 0.. {
+            if m == 1 {
+                parents.push(None);
+                break;
+            }
+            let arity = arities.get(k).copied().unwrap_or(last);
+            let next = start + m;
+            parents.extend((0..m).map(|i| Some(next + i / arity)));
+            (start, m) = (next, m.div_ceil(arity));
         }
-        Ok(Tree::grouped(&sizes, arity))
+        Ok(Tree::from_parents(&parents).expect("grouped trees are valid by construction"))
     }
 
     /// The perfect k-ary tree over `leaves` = k^m leaves.

@@ -77,11 +77,14 @@ fn config(
     }
 }
 
-const TRAIN: Mode = Mode::Train(DropoutKey {
-    seed: 0,
-    step: 0,
-    first_row: 0,
-});
+const TRAIN: Mode = Mode::Train(
+    DropoutKey {
+        seed: 0,
+        step: 0,
+        first_row: 0,
+    },
+    None,
+);
 
 fn build(cfg: &ClassifierConfig) -> (VarMap, SequenceClassifier) {
     let varmap = VarMap::new();
@@ -249,7 +252,7 @@ fn dropout_masks_are_a_function_of_the_key_and_the_batch_row() {
                 step,
                 first_row,
             };
-            to_vec(&model.forward(x, None, Mode::Train(key)).unwrap())
+            to_vec(&model.forward(x, None, Mode::Train(key, None)).unwrap())
         };
         let whole = run(&x, 3, 7, 0);
         assert_eq!(whole, run(&x, 3, 7, 0), "same key, same masks: {cfg:?}");

@@ -140,7 +140,29 @@ fn myo_trees_follow_the_task() {
         }
     );
     assert!(err(&["--model", "myo", "--tree", "quad"]).contains("quad tree needs an image"));
-    assert!(err(&["--model", "myo", "--tree", "1-ary"]).contains("K-ary with K ≥ 2"));
+    let rows = ok(&[
+        "--task",
+        "smnist",
+        "--data-dir",
+        "d",
+        "--model",
+        "myo",
+        "--tree",
+        "4,7,4,7",
+    ]);
+    assert_eq!(
+        myo_tree(&rows),
+        TreeSpec::Levels {
+            leaves: 784,
+            arities: vec![4, 7, 4, 7]
+        }
+    );
+    for bad in ["1-ary", "4,1", "4,", "4,x"] {
+        assert!(
+            err(&["--model", "myo", "--tree", bad]).contains("K-ary or K1,K2,… with every K ≥ 2"),
+            "{bad}"
+        );
+    }
 }
 
 #[test]

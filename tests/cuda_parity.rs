@@ -112,7 +112,9 @@ fn cuda_training_step_matches_the_cpu_for_every_model() {
                 step: 0,
                 first_row: 0,
             };
-            let logp = m.forward(&x, Some(&lengths), Mode::Train(key)).unwrap();
+            let logp = m
+                .forward(&x, Some(&lengths), Mode::Train(key, None))
+                .unwrap();
             let loss = candle_nn::loss::nll(&logp, &y).unwrap();
             let grads = loss.backward().unwrap();
             let mut out = vec![("loss".to_string(), to_vec(&loss))];

@@ -81,13 +81,19 @@ fn same_file(a: &Path, b: &Path) {
     assert!(x == y, "{} and {} differ", a.display(), b.display());
 }
 
-/// S5 and Myo (LayerNorm) on 2 and 3 ranks of one thread each end with the checkpoint of one
+/// S5 and Myo, with LayerNorm and with BatchNorm (its batch statistics summed over the ranks,
+/// as over the threads), on 2 and 3 ranks of one thread each end with the checkpoint of one
 /// process with as many threads, byte for byte.
 #[test]
 fn ranks_train_as_one_process_with_as_many_shards() {
-    for model in [&["--model", "s5"][..], &["--model", "myo"]] {
+    for model in [
+        &["--model", "s5", "--norm", "layer"][..],
+        &["--model", "myo", "--norm", "layer"],
+        &["--model", "s5", "--norm", "batch"],
+        &["--model", "myo", "--norm", "batch"],
+    ] {
         for ranks in [2, 3] {
-            let name = format!("{}-{ranks}", model[1]);
+            let name = format!("{}-{}-{ranks}", model[1], model[3]);
             let (single, multi) = (
                 out(&format!("{name}-single")),
                 out(&format!("{name}-ranks")),
@@ -271,4 +277,22 @@ fn rank_pid(rank: usize) -> Option<i32> {
         }
     }
     None
+}
+
+/// BatchNorm sums its statistics over the ranks in the forward pass, so every rank needs part
+/// of every batch: 98 examples in batches of 16 end with a batch of 2, which 3 ranks cannot
+/// share; the run says so before it starts training.
+#[test]
+fn batch_norm_needs_every_rank_in_every_batch() {
+    let d = out("short-batch");
+    let mut c = mpirun(3);
+    let flags = flags(&["--model", "s5", "--norm", "batch", "--threads", "1"], &d);
+    c.args(flags.iter().map(|f| if f == "100" { "98" } else { f }));
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("BatchNorm across 3 ranks needs at least 3 examples in every batch"),
+        "{err}"
+    );
 }

@@ -28,12 +28,21 @@ fn listops(n: usize, seed: u64) -> Dataset {
 }
 
 fn model(layer: SeqLayerConfig, pooling: Pooling, dropout: f64) -> (VarMap, SequenceClassifier) {
+    model_with(layer, pooling, dropout, NormKind::Layer)
+}
+
+fn model_with(
+    layer: SeqLayerConfig,
+    pooling: Pooling,
+    dropout: f64,
+    norm: NormKind,
+) -> (VarMap, SequenceClassifier) {
     let cfg = ClassifierConfig {
         encoder: EncoderConfig::Embedding { vocab: VOCAB },
         d_model: 16,
         layers: 2,
         layer,
-        norm: NormKind::Layer,
+        norm,
         prenorm: true,
         activation: Activation::HalfGlu1,
         dropout,
@@ -120,6 +129,7 @@ fn training_on_listops_lowers_the_loss() {
             batch_size: 16,
             pad_to,
             shards: 2,
+            batch_norm: false,
         };
         let epochs = 12;
         let mut opt = optimizer(&m, &varmap, epochs * 4);
@@ -134,7 +144,7 @@ fn training_on_listops_lowers_the_loss() {
                 e as u64,
                 &Device::Cpu,
                 1 + e % 3,
-                &World::single(),
+                &std::sync::Arc::new(World::single()),
                 |n, loss, correct| {
                     assert!(loss.is_finite() && correct <= n);
                     seen += n;
@@ -165,10 +175,17 @@ fn sequences_longer_than_the_padding_are_errors() {
 }
 
 /// A batch cut into data-parallel shards (uneven: 6 + 5 + 5) takes the same step as the whole
-/// batch, dropout included: the same loss and correct count, and the same gradient (seen through an update that
-/// is linear in it: Adam with a large ε, so Δθ ≈ −lr·g).
+/// batch, dropout and BatchNorm included: the same loss and correct count, the same gradient
+/// (seen through an update that is linear in it: Adam with a large ε, so Δθ ≈ −lr·g) and the
+/// same BatchNorm running averages (statistics of each shard alone would move them apart).
 #[test]
 fn sharded_batches_take_the_same_step() {
+    for norm in [NormKind::Layer, NormKind::Batch] {
+        sharded_batch_takes_the_same_step(norm);
+    }
+}
+
+fn sharded_batch_takes_the_same_step(norm: NormKind) {
     let data = listops(16, 7);
     // Bidirectional: the reverse scan sees the padding, so shards must pad as the whole batch.
     let s5 = SeqLayerConfig::S5(S5Config {
@@ -181,7 +198,7 @@ fn sharded_batches_take_the_same_step() {
     let mut reports = Vec::new();
     for shards in [1, 3] {
         // With dropout: each shard draws the whole batch's masks for its rows.
-        let (varmap, m) = model(s5.clone(), Pooling::Mean, 0.3);
+        let (varmap, m) = model_with(s5.clone(), Pooling::Mean, 0.3, norm);
         let vars = vars_of(&varmap);
         let before: HashMap<String, Vec<f32>> = vars
             .iter()
@@ -204,6 +221,7 @@ fn sharded_batches_take_the_same_step() {
             batch_size: 16,
             pad_to: None,
             shards,
+            batch_norm: norm == NormKind::Batch,
         };
         train_epoch(
             &m,
@@ -213,31 +231,44 @@ fn sharded_batches_take_the_same_step() {
             0,
             &Device::Cpu,
             1,
-            &World::single(),
+            &std::sync::Arc::new(World::single()),
             |n, loss, c| reports.push((n, loss, c)),
         )
         .unwrap();
-        let mut delta = Vec::new();
+        // The trained parameters' update and BatchNorm's running averages, apart: the
+        // averages move far more in one step and would hide a difference in the gradient.
+        let (mut trained, mut running) = (Vec::new(), Vec::new());
         let mut names: Vec<_> = vars.keys().cloned().collect();
         names.sort();
         for k in names {
             let after: Vec<f32> = vars[&k].flatten_all().unwrap().to_vec1().unwrap();
-            delta.extend(after.iter().zip(&before[&k]).map(|(a, b)| (a - b) as f64));
+            let delta = after.iter().zip(&before[&k]).map(|(a, b)| (a - b) as f64);
+            if k.contains("running_") {
+                running.extend(delta)
+            } else {
+                trained.extend(delta)
+            }
         }
-        deltas.push(delta);
+        deltas.push([trained, running]);
     }
     assert_eq!(reports.len(), 2);
     assert_eq!((reports[0].0, reports[0].2), (reports[1].0, reports[1].2));
     assert!((reports[0].1 - reports[1].1).abs() < 1e-5 * reports[0].1.abs());
-    let scale = deltas[0].iter().fold(0f64, |m, v| m.max(v.abs()));
-    let diff = deltas[0]
-        .iter()
-        .zip(&deltas[1])
-        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-    assert!(
-        scale > 0.0 && diff < 1e-3 * scale,
-        "update differs: {diff:e} of {scale:e}"
-    );
+    assert_eq!(deltas[0][1].is_empty(), norm == NormKind::Layer);
+    for (what, whole, sharded) in [
+        ("update", &deltas[0][0], &deltas[1][0]),
+        ("running averages' change", &deltas[0][1], &deltas[1][1]),
+    ] {
+        let scale = whole.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let diff = whole
+            .iter()
+            .zip(sharded)
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            whole.is_empty() || (scale > 0.0 && diff < 1e-3 * scale),
+            "{norm:?}: {what} differs: {diff:e} of {scale:e}"
+        );
+    }
 }
 
 /// The losses are read back in groups (here every 4 batches), and the first non-finite one
@@ -262,6 +293,7 @@ fn a_non_finite_loss_stops_the_epoch_naming_its_step() {
         batch_size: 8,
         pad_to: None,
         shards: 1,
+        batch_norm: false,
     };
     let mut seen = Vec::new();
     let err = train_epoch(
@@ -272,7 +304,7 @@ fn a_non_finite_loss_stops_the_epoch_naming_its_step() {
         0,
         &Device::Cpu,
         4,
-        &World::single(),
+        &std::sync::Arc::new(World::single()),
         |n, l, _| seen.push((n, l)),
     )
     .unwrap_err()

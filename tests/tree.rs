@@ -78,7 +78,21 @@ fn perfect_and_ragged_trees_have_the_expected_levels() {
     assert_eq!(chain.parent(2), Some(3));
     let single = Tree::ragged(1, 3).unwrap();
     assert_eq!((single.len(), single.levels(), single.leaves()), (1, 1, 1));
+    // Arities per level, the last repeated: 4 pixels, a row of 28, 4 rows, 7 × 4 rows.
+    let rows = Tree::by_levels(784, &[4, 7, 4, 7]).unwrap();
+    assert_eq!(level_sizes(&rows), [784, 196, 28, 7, 1]);
+    assert_eq!(rows.children(784), 0..4);
+    assert_eq!(rows.children(784 + 196), 784..791);
+    assert_eq!(rows.children(rows.root()), 1008..1015);
+    assert_eq!(
+        level_sizes(&Tree::by_levels(100, &[2, 5]).unwrap()),
+        [100, 50, 10, 2, 1]
+    );
+    assert_eq!(Tree::by_levels(1000, &[4]), Tree::ragged(1000, 4));
+    assert!(Tree::by_levels(10, &[]).is_err());
+    assert!(Tree::by_levels(10, &[3, 1]).is_err());
     for t in [
+        rows,
         Tree::perfect(64, 4).unwrap(),
         Tree::ragged(1000, 4).unwrap(),
         chain,

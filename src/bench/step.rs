@@ -45,11 +45,14 @@ impl StepBench {
         };
         let y = Tensor::rand(0f32, self.model.classes as f32, b, device)?.to_dtype(DType::U32)?;
         let mode = |step: u64| {
-            Mode::Train(DropoutKey {
-                seed: 0,
-                step,
-                first_row: 0,
-            })
+            Mode::Train(
+                DropoutKey {
+                    seed: 0,
+                    step,
+                    first_row: 0,
+                },
+                None,
+            )
         };
         let mut step = 0;
         let whole = time_median(device, self.warmup, self.repeats, || {

@@ -109,13 +109,16 @@ pub enum Split {
 }
 
 /// The tree a Myo layer puts over the task's sequences.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum TreeShape {
     /// The quad tree of the image (its leaves in Morton order).
     Quad,
     /// A k-ary tree over the sequence, ragged when the length is not a power of k.
     Ragged { arity: usize },
+    /// Level k of the tree grouped by `arities[k]`, the last repeated up to the root (e.g.
+    /// 4,7,4,7 follows the rows of a 28 × 28 image in raster order).
+    Levels { arities: Vec<usize> },
     /// A chain: Myo as a state-space model (Myosotis §3.4).
     Chain,
 }
@@ -123,14 +126,23 @@ pub enum TreeShape {
 impl std::str::FromStr for TreeShape {
     type Err = String;
 
-    /// `quad`, `chain` or `K-ary` (K ≥ 2).
+    /// `quad`, `chain`, `K-ary` (K ≥ 2) or arities per level `K1,K2,…` (each ≥ 2).
     fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let expected = || format!("'{s}': expected quad, chain, K-ary or K1,K2,… with every K ≥ 2");
         Ok(match s {
             "quad" => TreeShape::Quad,
             "chain" => TreeShape::Chain,
+            _ if s.contains(',') => {
+                let arities = s
+                    .split(',')
+                    .map(|k| k.trim().parse().ok().filter(|&k: &usize| k >= 2))
+                    .collect::<Option<Vec<usize>>>()
+                    .ok_or_else(expected)?;
+                TreeShape::Levels { arities }
+            }
             _ => match s.strip_suffix("-ary").map(str::parse) {
                 Some(Ok(arity)) if arity >= 2 => TreeShape::Ragged { arity },
-                _ => return Err(format!("'{s}': expected quad, chain or K-ary with K ≥ 2")),
+                _ => return Err(expected()),
             },
         })
     }
@@ -334,7 +346,7 @@ impl Task {
     /// Myo's tree for the task's sequences.
     pub fn tree_spec(&self) -> Result<TreeSpec> {
         let len = self.max_len();
-        Ok(match (self.tree, self.pixels()) {
+        Ok(match (&self.tree, self.pixels()) {
             (TreeShape::Quad, Some(p)) => TreeSpec::Quad {
                 height: p.side,
                 width: p.side,
@@ -342,7 +354,11 @@ impl Task {
             (TreeShape::Quad, None) => {
                 bail!("task {}: a quad tree needs an image task", self.name)
             }
-            (TreeShape::Ragged { arity }, _) => TreeSpec::Ragged { leaves: len, arity },
+            (&TreeShape::Ragged { arity }, _) => TreeSpec::Ragged { leaves: len, arity },
+            (TreeShape::Levels { arities }, _) => TreeSpec::Levels {
+                leaves: len,
+                arities: arities.clone(),
+            },
             (TreeShape::Chain, _) => TreeSpec::Chain { len },
         })
     }

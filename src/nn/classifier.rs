@@ -12,10 +12,11 @@
 //! from a counter-based hash keyed by [`DropoutKey`], so a run with dropout is reproducible
 //! (resumed or sharded alike). [`Mode`] switches dropout and BatchNorm's batch statistics.
 
-use candle_core::{DType, Module, ModuleT, Result, Tensor, D};
-use candle_nn::{batch_norm, BatchNorm, BatchNormConfig, Embedding, Linear, VarBuilder};
+use candle_core::{DType, Module, Result, Tensor, D};
+use candle_nn::{Embedding, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
+use super::batch_norm::{BatchNorm, Shards};
 use crate::ops::dropout::{absorb, mix};
 use crate::ops::{dropout_keep, gelu};
 
@@ -185,28 +186,23 @@ enum Norm {
 impl Norm {
     /// (batch, length, H) normalised over H (BatchNorm: statistics over batch and length).
     fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        match self {
-            Norm::Batch(n) => n
-                .forward_t(&x.transpose(1, 2)?, mode.train())?
-                .transpose(1, 2),
-            Norm::Layer(n) => n.forward(x),
+        match (self, mode) {
+            (Norm::Batch(n), Mode::Train(_, shards)) => n.forward_train(x, shards),
+            (Norm::Batch(n), Mode::Eval) => n.forward_eval(x),
+            (Norm::Layer(n), _) => n.forward(x),
         }
     }
 }
 
 /// How a forward pass runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+#[derive(Clone, Copy)]
+pub enum Mode<'a> {
     /// Inference: no dropout; BatchNorm uses its running statistics.
     Eval,
-    /// Training: BatchNorm uses (and updates) batch statistics; dropout masks come from the key.
-    Train(DropoutKey),
-}
-
-impl Mode {
-    fn train(self) -> bool {
-        matches!(self, Mode::Train(_))
-    }
+    /// Training: dropout masks come from the key; BatchNorm uses (and updates) the statistics
+    /// of the batch, summed over its data-parallel shards when the forward computes one of them
+    /// (`None`: the forward has the whole batch).
+    Train(DropoutKey, Option<&'a Shards>),
 }
 
 /// What a training step's dropout masks are a function of. The mask entry of (dropout site,
@@ -232,7 +228,7 @@ impl DropoutKey {
 /// Dropout with one mask per (sample, feature), shared across the length; `site` numbers the
 /// dropout calls of one forward pass. The mask is made on x's device.
 fn dropout(x: &Tensor, p: f64, mode: Mode, site: u64) -> Result<Tensor> {
-    let Mode::Train(key) = mode else {
+    let Mode::Train(key, _) = mode else {
         return Ok(x.clone());
     };
     if p == 0.0 {
@@ -298,15 +294,7 @@ impl SequenceClassifier {
         for i in 0..cfg.layers {
             let vb = vb.pp(format!("layers.{i}"));
             let norm = match cfg.norm {
-                NormKind::Batch => Norm::Batch(batch_norm(
-                    h,
-                    BatchNormConfig {
-                        // candle weighs the batch by `momentum`
-                        momentum: 1.0 - cfg.bn_momentum,
-                        ..Default::default()
-                    },
-                    vb.pp("norm"),
-                )?),
+                NormKind::Batch => Norm::Batch(BatchNorm::new(h, cfg.bn_momentum, vb.pp("norm"))?),
                 NormKind::Layer => Norm::Layer(LayerNorm::new(h, vb.pp("norm"))?),
             };
             let seed = |s: u64| s.wrapping_add(i as u64);

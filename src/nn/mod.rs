@@ -2,6 +2,7 @@
 //! and minGRU, and the sequence classifier that stacks them. Each layer is
 //! `Layer::new(config, vb)` with a serialisable config, and implements `Module`.
 
+pub mod batch_norm;
 pub mod classifier;
 pub mod hippo;
 mod init;
@@ -10,6 +11,7 @@ pub mod myo;
 pub mod s5;
 pub mod ssm2d;
 
+pub use batch_norm::{ShardSum, Shards};
 pub use classifier::{
     Activation, ClassifierConfig, DropoutKey, EncoderConfig, Mode, NormKind, ParamGroup, Pooling,
     SeqLayerConfig, SequenceClassifier, BN_MOMENTUM,

@@ -46,6 +46,8 @@ use crate::tree::Tree;
 pub enum TreeSpec {
     /// k-ary over any number of leaves (perfect when a power of k): token sequences.
     Ragged { leaves: usize, arity: usize },
+    /// Level k grouped by `arities[k]`, the last repeated ([`Tree::by_levels`]).
+    Levels { leaves: usize, arities: Vec<usize> },
     /// The quad tree of a height × width image in Morton order.
     Quad { height: usize, width: usize },
     /// A chain (the SSM case, paper §3.4).
@@ -56,6 +58,10 @@ impl TreeSpec {
     pub fn build(&self) -> Result<Tree> {
         let t = match *self {
             TreeSpec::Ragged { leaves, arity } => Tree::ragged(leaves, arity),
+            TreeSpec::Levels {
+                leaves,
+                ref arities,
+            } => Tree::by_levels(leaves, arities),
             TreeSpec::Quad { height, width } => Tree::quad(height, width),
             TreeSpec::Chain { len } => Tree::chain(len),
         };

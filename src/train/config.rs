@@ -84,8 +84,7 @@ impl RunConfig {
         Ok(())
     }
 
-    /// How batches are cut; `shards` data-parallel parts in training only without BatchNorm
-    /// (whose batch statistics and running averages need the whole batch in one pass).
+    /// How batches are cut; `shards` data-parallel parts in training.
     pub fn batching(&self, shards: usize, training: bool) -> Batching {
         // Myo needs every sequence on the tree's leaves, or on every node of a chain.
         let pad_to = match &self.model.layer {
@@ -95,15 +94,11 @@ impl RunConfig {
             }),
             _ => None,
         };
-        let batch_norm = self.model.norm == NormKind::Batch;
         Batching {
             batch_size: self.batch_size,
             pad_to,
-            shards: if training && batch_norm {
-                1
-            } else {
-                shards.max(1)
-            },
+            shards: shards.max(1),
+            batch_norm: training && self.model.norm == NormKind::Batch,
         }
     }
 }
@@ -169,8 +164,9 @@ pub struct RunArgs {
     /// Myo block size d (1: scalar complex heads). [default: 1]
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// Myo's tree: quad (image tasks in Morton order), K-ary (e.g. 2-ary, 4-ary) or chain (Myo
-    /// as a state-space model). [default: the task's: quad for zmnist and zcifar, 2-ary for
+    /// Myo's tree: quad (image tasks in Morton order), K-ary (e.g. 2-ary, 4-ary), arities per
+    /// level K1,K2,… (the last repeated up to the root; 4,7,4,7 follows the rows of a 28 × 28
+    /// image in raster order) or chain (Myo as a state-space model). [default: the task's: quad for zmnist and zcifar, 2-ary for
     /// listops and pathx, 4-ary for the other images]
     #[arg(long)]
     pub tree: Option<TreeShape>,
@@ -322,8 +318,8 @@ impl RunArgs {
             bail!("--bn-momentum {bn_momentum}: expected a decay in [0, 1)");
         }
         let (mut task, data) = self.task_and_data()?;
-        if let Some(tree) = self.tree {
-            task.tree = tree;
+        if let Some(tree) = &self.tree {
+            task.tree = tree.clone();
         }
         let bidirectional = self
             .bidirectional

@@ -28,12 +28,24 @@ pub struct World {
     size: usize,
     local_rank: usize,
     timeout: Duration,
+    /// The thread that set up MPI and NCCL: the only one that calls them.
+    owner: std::thread::ThreadId,
     #[cfg(feature = "mpi")]
     mpi: Option<mpi_world::Mpi>,
     /// NCCL among the ranks' GPUs, once [`World::use_device`] has set it up.
     #[cfg(all(feature = "mpi", feature = "nccl"))]
     nccl: std::sync::OnceLock<super::nccl::Nccl>,
 }
+
+// SAFETY: MPI is initialised `Funneled` (only the thread that initialised it calls it), and NCCL
+// is set up on the same thread. Every MPI or NCCL call goes through a method that first checks,
+// with `World::on_owner`, that it runs on that thread and refuses otherwise, and `Mpi` finalises
+// MPI only when dropped there; so the handles may be shared with, and sent to, other threads
+// (a BatchNorm's statistics op holds the world in the graph of a training step).
+#[cfg(feature = "mpi")]
+unsafe impl Send for World {}
+#[cfg(feature = "mpi")]
+unsafe impl Sync for World {}
 
 impl std::fmt::Debug for World {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -49,6 +61,7 @@ impl World {
             size: 1,
             local_rank: 0,
             timeout: Duration::from_secs(300),
+            owner: std::thread::current().id(),
             #[cfg(feature = "mpi")]
             mpi: None,
             #[cfg(all(feature = "mpi", feature = "nccl"))]
@@ -73,6 +86,7 @@ impl World {
                 size,
                 local_rank,
                 timeout,
+                owner: std::thread::current().id(),
                 mpi: Some(mpi),
                 #[cfg(feature = "nccl")]
                 nccl: std::sync::OnceLock::new(),
@@ -127,6 +141,7 @@ impl World {
     /// Sets up the collectives for training on `device`: on a CUDA device with several ranks,
     /// NCCL (rank 0 makes the id and sends it over MPI). Elsewhere nothing.
     pub fn use_device(&self, device: &candle_core::Device) -> Result<()> {
+        self.on_owner()?;
         #[cfg(all(feature = "mpi", feature = "nccl"))]
         if self.size > 1 && device.is_cuda() && self.nccl.get().is_none() {
             let mut id = if self.is_root() {
@@ -153,6 +168,7 @@ impl World {
     /// The sum over every rank of `t` on the GPU (NCCL, in its own order, the same bits on
     /// every rank), or `None` when the ranks have no NCCL ([`World::use_device`]).
     pub fn device_sum(&self, t: &candle_core::Tensor) -> Result<Option<candle_core::Tensor>> {
+        self.on_owner()?;
         #[cfg(all(feature = "mpi", feature = "nccl"))]
         if let Some(nccl) = self.nccl.get() {
             return nccl.sum(t).map(Some);
@@ -187,6 +203,17 @@ impl World {
     }
 
     /// How long a collective waits for the other ranks.
+    /// Refuses a collective on a thread other than the one that set up MPI and NCCL.
+    fn on_owner(&self) -> Result<()> {
+        if self.size > 1 && std::thread::current().id() != self.owner {
+            anyhow::bail!(
+                "rank {}: a collective was called from a thread that did not set up MPI",
+                self.rank
+            );
+        }
+        Ok(())
+    }
+
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
@@ -212,6 +239,7 @@ impl World {
 
     /// Every rank's `values` (equal lengths), concatenated in rank order.
     fn all_gather<T: Value>(&self, values: &[T]) -> Result<Vec<T>> {
+        self.on_owner()?;
         #[cfg(feature = "mpi")]
         if let Some(mpi) = &self.mpi {
             return mpi.all_gather(values, self.rank, self.timeout);
@@ -221,6 +249,7 @@ impl World {
 
     /// Rank 0's `values` on every rank (equal lengths).
     pub fn broadcast<T: Value>(&self, values: &mut [T]) -> Result<()> {
+        self.on_owner()?;
         #[cfg(feature = "mpi")]
         if let Some(mpi) = &self.mpi {
             return mpi.broadcast(values, self.rank, self.timeout);
@@ -232,6 +261,7 @@ impl World {
     /// Waits until every rank gets here (the end of a run, before MPI's finalisation, which
     /// would wait without end for a rank that stopped answering).
     pub fn barrier(&self) -> Result<()> {
+        self.on_owner()?;
         #[cfg(feature = "mpi")]
         if let Some(mpi) = &self.mpi {
             mpi.barrier(self.rank, self.timeout);
@@ -283,7 +313,18 @@ mod mpi_world {
     /// MPI, initialised once for the process, and its world communicator.
     pub struct Mpi {
         world: SimpleCommunicator,
-        _universe: mpi::environment::Universe,
+        /// Dropping it finalises MPI, which only the thread that initialised it may do.
+        universe: std::mem::ManuallyDrop<mpi::environment::Universe>,
+        owner: std::thread::ThreadId,
+    }
+
+    impl Drop for Mpi {
+        fn drop(&mut self) {
+            if std::thread::current().id() == self.owner {
+                // SAFETY: not used again; dropped once, here.
+                unsafe { std::mem::ManuallyDrop::drop(&mut self.universe) }
+            }
+        }
     }
 
     impl Mpi {
@@ -298,7 +339,8 @@ mod mpi_world {
             Ok((
                 Mpi {
                     world,
-                    _universe: universe,
+                    universe: std::mem::ManuallyDrop::new(universe),
+                    owner: std::thread::current().id(),
                 },
                 rank,
                 size,

@@ -13,4 +13,5 @@ pub(crate) mod pause;
 pub mod plot;
 pub mod preset;
 pub mod run;
+pub mod shards;
 pub mod trainer;

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -21,7 +21,6 @@ use super::pause;
 use super::trainer::{evaluate, report_interval, train_epoch, Evaluation};
 use crate::data::dataset::Dataset;
 use crate::data::task::DataSource;
-use crate::nn::NormKind;
 use crate::nn::{ClassifierConfig, SequenceClassifier};
 
 /// What a finished run reports.
@@ -94,7 +93,7 @@ pub struct Exec {
     /// Data-parallel shards per training batch (see [`super::trainer::Batching::shards`]).
     pub shards: usize,
     /// The ranks training together ([`World::single`] for one process).
-    pub world: Rc<World>,
+    pub world: Arc<World>,
 }
 
 impl Exec {
@@ -103,7 +102,7 @@ impl Exec {
         Exec {
             device: device.clone(),
             shards: 1,
-            world: Rc::new(World::single()),
+            world: Arc::new(World::single()),
         }
     }
 
@@ -141,12 +140,12 @@ impl Exec {
         Ok(Exec {
             device: device.clone(),
             shards: n,
-            world: Rc::new(World::single()),
+            world: Arc::new(World::single()),
         })
     }
 
     /// This execution as one rank of `world`.
-    pub fn in_world(self, world: Rc<World>) -> Self {
+    pub fn in_world(self, world: Arc<World>) -> Self {
         Exec { world, ..self }
     }
 }
@@ -209,13 +208,6 @@ pub fn train(
             on_event(e)
         }
     };
-    if world.size() > 1 && cfg.model.norm == NormKind::Batch {
-        bail!(
-            "BatchNorm across {} ranks: its batch statistics are not yet reduced across ranks; \
-             train it on one rank, or use --norm layer",
-            world.size()
-        );
-    }
     let run = RunDir::at(out);
     let resume = start == Start::Resume;
     if root {
@@ -315,7 +307,7 @@ pub fn train(
             cfg.seed.wrapping_add(epoch as u64),
             device,
             report_interval(device),
-            world,
+            &exec.world,
             |samples, loss, correct| {
                 on_event(Event::Batch {
                     samples,

@@ -1,6 +1,8 @@
 //! The training loop: shuffled mini-batches, the classifier's log-likelihood, AdamW steps, and
 //! evaluation (loss and accuracy) over a split.
 
+use std::sync::Arc;
+
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Result, Tensor};
 use rand::rngs::StdRng;
@@ -10,8 +12,9 @@ use rayon::prelude::*;
 
 use super::dist::{part, World};
 use super::optim::Optimizer;
+use super::shards::{RankSum, ThreadGroup};
 use crate::data::dataset::Dataset;
-use crate::nn::{DropoutKey, Mode, SequenceClassifier};
+use crate::nn::{DropoutKey, Mode, SequenceClassifier, Shards};
 
 /// How a split is cut into batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,9 +25,12 @@ pub struct Batching {
     /// Data-parallel shards per batch (1: none): each shard's forward and backward run on its
     /// own rayon worker and the gradients are summed, in shard order (deterministic). Meant
     /// for the CPU with candle's own ops single-threaded (as `myo train` sets up), where one
-    /// shard per core beats parallelism inside each op. Not with BatchNorm in training (its
-    /// batch statistics would be per shard); [`crate::train::run`] uses 1 there.
+    /// shard per core beats parallelism inside each op.
     pub shards: usize,
+    /// The model has BatchNorm, whose batch statistics are summed over the shards (and ranks)
+    /// of a training batch: the shards then run together, each on a thread of its own, and
+    /// with several ranks each rank computes its part as one shard.
+    pub batch_norm: bool,
 }
 
 /// Runs `f(offset, part)` on `idx` cut into up to `shards` contiguous, nearly equal parts
@@ -48,6 +54,44 @@ fn sharded<T: Send>(
         .into_par_iter()
         .map(|(at, part)| f(at, part))
         .collect()
+}
+
+/// As [`sharded`], with each part on a thread of its own, all at the same time, so that the
+/// parts can meet at the sums of a [`ThreadGroup`]: `f` also gets its part's handle.
+fn sharded_together<T: Send>(
+    idx: &[usize],
+    shards: usize,
+    f: impl Fn(usize, &[usize], Option<&Shards>) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let k = shards.clamp(1, idx.len().max(1));
+    if k == 1 {
+        return Ok(vec![f(0, idx, None)?]);
+    }
+    let group = ThreadGroup::new(k);
+    let results: Vec<Result<T>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..k)
+            .map(|i| {
+                let (r, shard, group, f) = (part(idx.len(), i, k), group.shard(i), &group, &f);
+                scope.spawn(move || {
+                    let out = f(r.start, &idx[r], Some(&shard));
+                    if out.is_err() {
+                        group.fail(i);
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    // The first shard that failed has the error; the others only stopped for it.
+    if let Some(first) = group.failed() {
+        let mut results = results;
+        return Err(results.swap_remove(first).err().expect("the shard failed"));
+    }
+    results.into_iter().collect()
 }
 
 /// The number of `logp`'s rows whose argmax is `y`, as an f64 scalar on the device.
@@ -175,9 +219,20 @@ pub fn train_epoch(
     seed: u64,
     device: &Device,
     report_every: usize,
-    world: &World,
+    world: &Arc<World>,
     mut on_batch: impl FnMut(usize, f64, usize),
 ) -> Result<Evaluation> {
+    // Ranks sum BatchNorm's statistics in the forward pass: each must hold part of every batch.
+    let short = data.len() % batching.batch_size.max(1);
+    if batching.batch_norm && world.size() > 1 && (short > 0 && short < world.size()) {
+        candle_core::bail!(
+            "BatchNorm across {} ranks needs at least {} examples in every batch, but the last              batch of an epoch holds {short} ({} training examples in batches of {}): choose              another --batch-size or --max-train-samples",
+            world.size(),
+            world.size(),
+            data.len(),
+            batching.batch_size
+        );
+    }
     let mut order: Vec<usize> = (0..data.len()).collect();
     order.shuffle(&mut StdRng::seed_from_u64(seed));
     let (mut loss_sum, mut correct) = (0.0, 0usize);
@@ -209,20 +264,33 @@ pub fn train_epoch(
         let local = if mine.is_empty() {
             None
         } else {
-            let parts = sharded(&idx[mine.clone()], batching.shards, |at, part| {
+            let shard = |at: usize, part: &[usize], shards: Option<&Shards>| {
                 let (x, lengths, y) = data.batch(part, pad, device)?;
                 let key = DropoutKey {
                     seed,
                     step,
                     first_row: (mine.start + at) as u64,
                 };
-                let logp = model.forward(&x, Some(&lengths), Mode::Train(key))?;
+                let logp = model.forward(&x, Some(&lengths), Mode::Train(key, shards))?;
                 // This shard's share of the batch mean.
                 let loss =
                     (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
                 let grads = loss.backward()?;
                 Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
-            })?;
+            };
+            let mine_idx = &idx[mine.clone()];
+            let parts = match (batching.batch_norm, world.size()) {
+                (false, _) => sharded(mine_idx, batching.shards, |at, part| shard(at, part, None))?,
+                (true, 1) => sharded_together(mine_idx, batching.shards, shard)?,
+                // MPI is called from the main thread alone: one shard per rank.
+                (true, _) => {
+                    let ranks: Shards = Arc::new(RankSum {
+                        world: world.clone(),
+                        ranks: idx.len().min(world.size()),
+                    });
+                    vec![shard(0, mine_idx, Some(&ranks))?]
+                }
+            };
             let mut parts = parts.into_iter();
             let (mut value, mut right, mut grads): (Tensor, Tensor, GradStore) =
                 parts.next().expect("a part has at least one shard");

@@ -1,0 +1,157 @@
+//! BatchNorm over (batch, length, H), with the batch statistics of a batch that is computed in
+//! data-parallel shards (threads of one process, or ranks) summed over all of them.
+//!
+//! In training, y = (x − μ) / √(σ² + ε) · weight + bias with μ and σ² the mean and the biased
+//! variance of each channel over the batch and the length: over the whole batch, however it is
+//! cut. Each shard sums its own part, Σx, then Σ(x − μ)², and [`ShardSum`] adds the parts of all
+//! shards in a fixed order, so every shard normalises with the same μ and σ². The backward of
+//! that sum is the same sum of the shards' gradients (the loss is the sum of the shards' losses,
+//! each depending on every shard's x through μ and σ²), so the gradients are those of the
+//! whole batch in one pass. The running averages (running = m · running + (1 − m) · batch, the
+//! variance unbiased, as candle-nn's `BatchNorm`) are updated by one shard per process; the
+//! parameter names are candle-nn's, so checkpoints of either load into the other.
+
+use std::sync::Arc;
+
+use candle_core::{
+    backend::BackendStorage, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, Var,
+};
+use candle_nn::{Init, VarBuilder};
+
+/// The sum over every data-parallel shard of a batch of a tensor each shard computes: the same
+/// bits on every shard, whatever the shard.
+pub trait ShardSum: Send + Sync {
+    /// The element-wise sum of `t` over the shards (every shard calls it, in the same order).
+    fn sum(&self, t: &Tensor) -> Result<Tensor>;
+    /// Whether this shard updates state shared by the shards of its process (BatchNorm's
+    /// running averages): exactly one shard per process does.
+    fn leads(&self) -> bool;
+}
+
+/// A batch's shards as a forward pass sees them.
+pub type Shards = Arc<dyn ShardSum>;
+
+/// BatchNorm over the batch and the length of (batch, length, H).
+pub struct BatchNorm {
+    weight: Tensor,
+    bias: Tensor,
+    running_mean: Var,
+    running_var: Var,
+    /// The running averages' decay m.
+    decay: f64,
+    eps: f64,
+}
+
+impl BatchNorm {
+    /// `features` channels, running averages decaying by `decay` per step.
+    pub fn new(features: usize, decay: f64, vb: VarBuilder) -> Result<Self> {
+        let running_mean = vb.get_with_hints(features, "running_mean", Init::Const(0.))?;
+        let running_var = vb.get_with_hints(features, "running_var", Init::Const(1.))?;
+        Ok(BatchNorm {
+            weight: vb.get_with_hints(features, "weight", Init::Const(1.))?,
+            bias: vb.get_with_hints(features, "bias", Init::Const(0.))?,
+            running_mean: Var::from_tensor(&running_mean)?,
+            running_var: Var::from_tensor(&running_var)?,
+            decay,
+            eps: 1e-5,
+        })
+    }
+
+    /// Inference: the running statistics.
+    pub fn forward_eval(&self, x: &Tensor) -> Result<Tensor> {
+        let scale = (self.running_var.as_tensor() + self.eps)?.sqrt()?.recip()?;
+        let y = x.broadcast_sub(self.running_mean.as_tensor())?;
+        y.broadcast_mul(&(scale * &self.weight)?)?
+            .broadcast_add(&self.bias)
+    }
+
+    /// Training: the statistics of the whole batch, of which `x` is one shard's part (`None`:
+    /// `x` is the whole batch).
+    pub fn forward_train(&self, x: &Tensor, shards: Option<&Shards>) -> Result<Tensor> {
+        let h = x.dim(candle_core::D::Minus1)?;
+        let rows = x.elem_count() / h.max(1);
+        let xf = x.reshape((rows, h))?;
+        let across = |t: Tensor| match shards {
+            Some(s) => {
+                let total = s.sum(&t.detach())?;
+                t.apply_op2(&total, Summed(s.clone()))
+            }
+            None => Ok(t),
+        };
+        // Σx and the row count, summed over the shards in one collective; the count stays a
+        // tensor (reading it would make a GPU step wait for the host).
+        let count = Tensor::full(rows as f32, 1, x.device())?.to_dtype(x.dtype())?;
+        let first = across(Tensor::cat(&[&xf.sum(0)?, &count], 0)?)?;
+        let n = first.narrow(0, h, 1)?;
+        let mean = first.narrow(0, 0, h)?.broadcast_div(&n)?;
+        let centred = xf.broadcast_sub(&mean)?;
+        let var = across(centred.sqr()?.sum(0)?)?.broadcast_div(&n)?;
+        if shards.is_none_or(|s| s.leads()) {
+            let m = self.decay;
+            // candle-nn's unbiased running variance: n / (n − 1) times the batch's.
+            let unbiased = (&n / n.affine(1.0, -1.0)?)?;
+            let update = |running: &Var, batch: Tensor| -> Result<()> {
+                let next = ((running.as_tensor() * m)? + (batch.detach() * (1.0 - m))?)?;
+                running.set(&next)
+            };
+            update(&self.running_mean, mean.clone())?;
+            update(&self.running_var, var.broadcast_mul(&unbiased)?)?;
+        }
+        let scale = (var + self.eps)?.sqrt()?.recip()?;
+        centred
+            .broadcast_mul(&(scale * &self.weight)?)?
+            .broadcast_add(&self.bias)?
+            .reshape(x.shape())
+    }
+}
+
+/// `Summed(s).apply(local, total)` is `total` (the sum of `local` over the shards, computed
+/// beforehand); its backward sends the shards' summed gradient to `local`.
+struct Summed(Shards);
+
+impl CustomOp2 for Summed {
+    fn name(&self) -> &'static str {
+        "summed-over-shards"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        total: &CpuStorage,
+        layout: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        whole(layout)?;
+        Ok((total.try_clone(layout)?, layout.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        total: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        whole(layout)?;
+        Ok((total.try_clone(layout)?, layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(self.0.sum(grad)?), None))
+    }
+}
+
+/// Storage is cloned whole, so the sum must be all of it.
+fn whole(layout: &Layout) -> Result<()> {
+    if !layout.is_contiguous() || layout.start_offset() != 0 {
+        candle_core::bail!("summed-over-shards: the sum must be a whole contiguous tensor");
+    }
+    Ok(())
+}
