@@ -5,6 +5,11 @@
 #
 # Uses nvcc from PATH if present, else scripts/cuda-toolchain.sh. CUDA_COMPUTE_CAP defaults to
 # 90 (H100/H200).
+#
+# The NCCL smoke test (tests/cuda_nccl.rs, `--features nccl`) is built too when a libnccl can be
+# linked: NCCL_LIB=DIR (a folder with libnccl.so.2, e.g. nvidia/nccl/lib of pip's
+# nvidia-nccl-cu13 wheel) or one the linker finds. libnccl itself (~330 MB) is not packed: the
+# GPU machine's own is used, and the runner says when it has none.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -27,12 +32,32 @@ for line in sys.stdin:
         print(t["name"], m["executable"])')
 [ -n "$tests" ] || { echo "gpu-bundle: no test binaries were built" >&2; exit 1; }
 
+# NCCL: its own target folder (the nccl feature changes cudarc and so rebuilds candle).
+nccl_test=
+linker_dir=$(mktemp -d)
+if [ -n "${NCCL_LIB:-}" ] && [ -e "$NCCL_LIB/libnccl.so.2" ]; then
+  ln -s "$NCCL_LIB/libnccl.so.2" "$linker_dir/libnccl.so"
+fi
+if [ -e "$linker_dir/libnccl.so" ] || ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
+  nccl_test=$(LIBRARY_PATH="$linker_dir${LIBRARY_PATH:+:$LIBRARY_PATH}" cargo test --release \
+    --features cuda,nccl --target-dir "$target-nccl" --test cuda_nccl --no-run \
+    --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["executable"])')
+fi
+rm -rf "$linker_dir"
+[ -n "$nccl_test" ] || echo "gpu-bundle: no libnccl to link (set NCCL_LIB=DIR): the NCCL smoke test is left out" >&2
+
 out=$repo/gpu-bundle
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin"
 cp "$target/release/myo" "$stage/bin/myo"
 while read -r name exe; do cp "$exe" "$stage/bin/test-$name"; done <<<"$tests"
+[ -z "$nccl_test" ] || cp "$nccl_test" "$stage/bin/test-cuda_nccl"
 strip "$stage"/bin/*
 git describe --always --dirty >"$stage/COMMIT" 2>/dev/null || echo unknown >"$stage/COMMIT"
 echo "$CUDA_COMPUTE_CAP" >"$stage/COMPUTE_CAP"

@@ -76,6 +76,15 @@ status=0
 # MYO_GPU_TEST_FILTER: test-name filters passed to each.
 want tests && for t in "$bin"/test-${MYO_GPU_TESTS:-*}; do
   name=$(basename "$t")
+  # The NCCL test needs the machine's libnccl (the bundle does not carry it).
+  if [ "$name" = test-cuda_nccl ] && ldd "$t" | grep -q 'libnccl.* not found'; then
+    nccl=$(find /usr/lib /usr/local /opt /usr/lib64 -name 'libnccl.so.2*' -print -quit 2>/dev/null)
+    if [ -z "$nccl" ]; then
+      echo "- $name: skipped: no libnccl.so.2 on this machine" >>"$report/report.md"
+      continue
+    fi
+    export LD_LIBRARY_PATH="$(dirname "$nccl")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
   # shellcheck disable=SC2086
   "$t" ${MYO_GPU_TEST_FILTER:-} --test-threads=1 --nocapture >"$report/$name.log" 2>&1
   rc=$?
