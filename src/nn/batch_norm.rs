@@ -18,6 +18,8 @@ use candle_core::{
 };
 use candle_nn::{Init, VarBuilder};
 
+use crate::ops::{channel_add, channel_mul};
+
 /// The sum over every data-parallel shard of a batch of a tensor each shard computes: the same
 /// bits on every shard, whatever the shard.
 pub trait ShardSum: Send + Sync {
@@ -60,9 +62,8 @@ impl BatchNorm {
     /// Inference: the running statistics.
     pub fn forward_eval(&self, x: &Tensor) -> Result<Tensor> {
         let scale = (self.running_var.as_tensor() + self.eps)?.sqrt()?.recip()?;
-        let y = x.broadcast_sub(self.running_mean.as_tensor())?;
-        y.broadcast_mul(&(scale * &self.weight)?)?
-            .broadcast_add(&self.bias)
+        let y = channel_add(x, &self.running_mean.as_tensor().neg()?)?;
+        channel_add(&channel_mul(&y, &(scale * &self.weight)?)?, &self.bias)
     }
 
     /// Training: the statistics of the whole batch, of which `x` is one shard's part (`None`:
@@ -81,11 +82,14 @@ impl BatchNorm {
         // Σx and the row count, summed over the shards in one collective; the count stays a
         // tensor (reading it would make a GPU step wait for the host).
         let count = Tensor::full(rows as f32, 1, x.device())?.to_dtype(x.dtype())?;
-        let first = across(Tensor::cat(&[&xf.sum(0)?, &count], 0)?)?;
+        // Column sums as a product with a row of ones: one pass, and so is its backward.
+        let ones = Tensor::ones((1, rows), x.dtype(), x.device())?;
+        let column_sums = |t: &Tensor| ones.matmul(t)?.squeeze(0);
+        let first = across(Tensor::cat(&[&column_sums(&xf)?, &count], 0)?)?;
         let n = first.narrow(0, h, 1)?;
         let mean = first.narrow(0, 0, h)?.broadcast_div(&n)?;
-        let centred = xf.broadcast_sub(&mean)?;
-        let var = across(centred.sqr()?.sum(0)?)?.broadcast_div(&n)?;
+        let centred = channel_add(&xf, &mean.neg()?)?;
+        let var = across(column_sums(&centred.sqr()?)?)?.broadcast_div(&n)?;
         if shards.is_none_or(|s| s.leads()) {
             let m = self.decay;
             // candle-nn's unbiased running variance: n / (n − 1) times the batch's.
@@ -98,10 +102,11 @@ impl BatchNorm {
             update(&self.running_var, var.broadcast_mul(&unbiased)?)?;
         }
         let scale = (var + self.eps)?.sqrt()?.recip()?;
-        centred
-            .broadcast_mul(&(scale * &self.weight)?)?
-            .broadcast_add(&self.bias)?
-            .reshape(x.shape())
+        channel_add(
+            &channel_mul(&centred, &(scale * &self.weight)?)?,
+            &self.bias,
+        )?
+        .reshape(x.shape())
     }
 }
 
