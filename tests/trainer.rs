@@ -317,3 +317,30 @@ fn a_non_finite_loss_stops_the_epoch_naming_its_step() {
     );
     assert!(seen[0].1.is_finite());
 }
+
+/// The threads of a batch meet at each sum and leave with the parts added in shard order; a
+/// shard that fails releases the ones waiting for it with an error naming it.
+#[test]
+fn thread_shards_sum_in_order_and_a_failed_shard_releases_the_others() {
+    use myosotis::train::shards::ThreadGroup;
+    let part = |v: f32| candle_core::Tensor::new(&[v, 2.0 * v], &Device::Cpu).unwrap();
+    let group = ThreadGroup::new(3);
+    let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|i| {
+                let (shard, t) = (group.shard(i), part(1.0 + i as f32));
+                s.spawn(move || shard.sum(&t).unwrap().to_vec1().unwrap())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(sums, vec![vec![6.0, 12.0]; 3]);
+    let group = ThreadGroup::new(2);
+    let err = std::thread::scope(|s| {
+        let waiting = s.spawn(|| group.shard(0).sum(&part(1.0)));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        group.fail(1);
+        waiting.join().unwrap().unwrap_err().to_string()
+    });
+    assert!(err.contains("shard 1 of the batch failed"), "{err}");
+}

@@ -73,11 +73,15 @@ fn sharded_together<T: Send>(
             .map(|i| {
                 let (r, shard, group, f) = (part(idx.len(), i, k), group.shard(i), &group, &f);
                 scope.spawn(move || {
-                    let out = f(r.start, &idx[r], Some(&shard));
-                    if out.is_err() {
+                    // A shard that fails or panics releases the others from their sums
+                    // (the scope waits for every thread before a panic goes on).
+                    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        f(r.start, &idx[r], Some(&shard))
+                    }));
+                    if !matches!(out, Ok(Ok(_))) {
                         group.fail(i);
                     }
-                    out
+                    out.unwrap_or_else(|p| std::panic::resume_unwind(p))
                 })
             })
             .collect();
