@@ -111,47 +111,29 @@ fn myo_trees_follow_the_task() {
     assert_eq!(range(&myo("zmnist")), [0.1, 10.0]);
     assert_eq!(range(&myo("listops")), [0.1, 10.0]);
     // --tree overrides the task's.
-    let chain = ok(&[
-        "--task",
-        "zmnist",
-        "--data-dir",
-        "d",
-        "--model",
-        "myo",
-        "--tree",
-        "chain",
-    ]);
-    assert_eq!(myo_tree(&chain), TreeSpec::Chain { len: 784 });
-    let binary = ok(&[
-        "--task",
-        "smnist",
-        "--data-dir",
-        "d",
-        "--model",
-        "myo",
-        "--tree",
-        "2-ary",
-    ]);
+    let with_tree = |task: &str, tree: &str| {
+        myo_tree(&ok(&[
+            "--task",
+            task,
+            "--data-dir",
+            "d",
+            "--model",
+            "myo",
+            "--tree",
+            tree,
+        ]))
+    };
+    assert_eq!(with_tree("zmnist", "chain"), TreeSpec::Chain { len: 784 });
     assert_eq!(
-        myo_tree(&binary),
+        with_tree("smnist", "2-ary"),
         TreeSpec::Ragged {
             leaves: 784,
             arity: 2
         }
     );
     assert!(err(&["--model", "myo", "--tree", "quad"]).contains("quad tree needs an image"));
-    let rows = ok(&[
-        "--task",
-        "smnist",
-        "--data-dir",
-        "d",
-        "--model",
-        "myo",
-        "--tree",
-        "4,7,4,7",
-    ]);
     assert_eq!(
-        myo_tree(&rows),
+        with_tree("smnist", "4,7,4,7"),
         TreeSpec::Levels {
             leaves: 784,
             arities: vec![4, 7, 4, 7]
