@@ -110,6 +110,23 @@ fn myo_trees_follow_the_task() {
     assert_eq!(range(&myo("smnist")), [0.3, 30.0]);
     assert_eq!(range(&myo("zmnist")), [0.1, 10.0]);
     assert_eq!(range(&myo("listops")), [0.1, 10.0]);
+    // The blocks run over every tree node (the paper's layer) unless --all-nodes false.
+    let all_nodes = |extra: &[&str]| {
+        let mut flags = vec!["--task", "smnist", "--data-dir", "d", "--model", "myo"];
+        flags.extend(extra);
+        match &ok(&flags).model.layer {
+            SeqLayerConfig::Myo(m) => m.all_nodes,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(all_nodes(&[]));
+    assert!(all_nodes(&["--all-nodes"]));
+    assert!(all_nodes(&["--all-nodes", "true"]));
+    assert!(!all_nodes(&["--all-nodes", "false"]));
+    assert!(
+        err(&["--model", "myo", "--tree", "chain", "--all-nodes", "false"])
+            .contains("--all-nodes false: a chain has one leaf")
+    );
     // --tree overrides the task's.
     let with_tree = |task: &str, tree: &str| {
         myo_tree(&ok(&[

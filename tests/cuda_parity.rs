@@ -1,5 +1,6 @@
 //! One training step of every model kind on CUDA against the same step on the CPU: the same
-//! weights and batch, then the loss and every parameter's gradient within 1e-3 of the CPU's
+//! weights and batch, then the loss, every parameter's gradient and every variable after the
+//! step (BatchNorm's running averages move in the forward pass) within 1e-3 of the CPU's
 //! (relative to the tensor's largest entry; f32 throughout, and the GPU contracts a·b + c into
 //! fused multiply-adds where the CPU does not). Compiled with `--features cuda`; skipped, with a
 //! message, when no CUDA device can be opened.
@@ -19,32 +20,44 @@ const TOL: f64 = 1e-3;
 /// Sequence length: a 5 × 8 image for the 2-D SSM, 40 tree leaves for Myo.
 const LEN: usize = 40;
 
-fn layers() -> Vec<(&'static str, SeqLayerConfig)> {
+/// Each model kind with the norm it trains with.
+fn layers() -> Vec<(&'static str, SeqLayerConfig, NormKind)> {
+    let default_myo = MyoConfig::new(
+        0,
+        8,
+        TreeSpec::Ragged {
+            leaves: LEN,
+            arity: 4,
+        },
+    );
     let myo = |block| MyoConfig {
         coupling: Coupling::Hermitian,
         block,
-        ..MyoConfig::new(
-            0,
-            8,
-            TreeSpec::Ragged {
-                leaves: LEN,
-                arity: 4,
-            },
-        )
+        ..default_myo.clone()
     };
+    let s5 = SeqLayerConfig::S5(S5Config {
+        state: 16,
+        blocks: 2,
+        bidirectional: true,
+        ..S5Config::default()
+    });
     vec![
+        ("S5", s5.clone(), NormKind::Layer),
+        // The ListOps and LRA-Image presets' norm (its batch sums are a custom op).
+        ("S5 with BatchNorm", s5, NormKind::Batch),
+        ("Myo d = 1", SeqLayerConfig::Myo(myo(1)), NormKind::Layer),
+        // The default layer: skew couplings with the position phase, the heads' own solve.
         (
-            "S5",
-            SeqLayerConfig::S5(S5Config {
-                state: 16,
-                blocks: 2,
-                bidirectional: true,
-                ..S5Config::default()
-            }),
+            "Myo d = 1, skew",
+            SeqLayerConfig::Myo(default_myo.clone()),
+            NormKind::Layer,
         ),
-        ("Myo d = 1", SeqLayerConfig::Myo(myo(1))),
-        ("Myo d = 2", SeqLayerConfig::Myo(myo(2))),
-        ("minGRU", SeqLayerConfig::MinGru(MinGruConfig::default())),
+        ("Myo d = 2", SeqLayerConfig::Myo(myo(2)), NormKind::Layer),
+        (
+            "minGRU",
+            SeqLayerConfig::MinGru(MinGruConfig::default()),
+            NormKind::Layer,
+        ),
         (
             "2-D SSM",
             SeqLayerConfig::Ssm2d(Ssm2dConfig {
@@ -55,18 +68,19 @@ fn layers() -> Vec<(&'static str, SeqLayerConfig)> {
                 directions: 4,
                 seed: 0,
             }),
+            NormKind::Layer,
         ),
     ]
 }
 
 /// A small classifier around `layer` on `dev`, initialised from fixed seeds.
-fn model(layer: &SeqLayerConfig, dev: &Device) -> (VarMap, SequenceClassifier) {
+fn model(layer: &SeqLayerConfig, norm: NormKind, dev: &Device) -> (VarMap, SequenceClassifier) {
     let cfg = ClassifierConfig {
         encoder: EncoderConfig::Linear { features: 1 },
         d_model: 16,
         layers: 2,
         layer: layer.clone(),
-        norm: NormKind::Layer,
+        norm,
         prenorm: true,
         activation: Activation::HalfGlu2,
         dropout: 0.0,
@@ -97,9 +111,9 @@ fn cuda_training_step_matches_the_cpu_for_every_model() {
         labels: (0..batch as u32).map(|i| i % 10).collect(),
     };
     let idx: Vec<usize> = (0..batch).collect();
-    for (name, layer) in layers() {
-        let (cpu_vars, cpu_model) = model(&layer, &Device::Cpu);
-        let (gpu_vars, gpu_model) = model(&layer, &gpu);
+    for (name, layer, norm) in layers() {
+        let (cpu_vars, cpu_model) = model(&layer, norm, &Device::Cpu);
+        let (gpu_vars, gpu_model) = model(&layer, norm, &gpu);
         // The CPU's weights on the GPU.
         for (k, v) in cpu_vars.data().lock().unwrap().iter() {
             let g = gpu_vars.data().lock().unwrap()[k].clone();
@@ -123,6 +137,8 @@ fn cuda_training_step_matches_the_cpu_for_every_model() {
             names.sort();
             for k in names {
                 let g = grads.get(&data[&k]).map(to_vec).unwrap_or_default();
+                // BatchNorm's running averages change in the forward pass.
+                out.push((format!("{k} after the step"), to_vec(data[&k].as_tensor())));
                 out.push((k, g));
             }
             out

@@ -187,10 +187,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub per_level: bool,
     /// Myo: run the blocks over all tree nodes in BFS order (paper §3.2), so the virtual nodes
-    /// carry features from layer to layer, instead of over the leaves with learned constant
-    /// inputs on the virtual nodes (a third more positions; slower to learn on zMNIST).
-    #[arg(long)]
-    pub all_nodes: bool,
+    /// carry features from layer to layer; false: over the leaves, with learned constant inputs
+    /// at the virtual nodes (a quarter fewer positions on a 4-ary tree, half on a binary one;
+    /// 1.7 and 1.9 points lower on sMNIST and zMNIST: docs/experiments.md). [default: true]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub all_nodes: Option<bool>,
     /// S5 HiPPO-N blocks J. [default: state size / 8]
     #[arg(long)]
     pub blocks: Option<usize>,
@@ -356,8 +357,13 @@ impl RunArgs {
                         })?,
                     },
                     position_phase: !self.uniform_phase,
-                    // A chain's one leaf cannot hold a sequence: it sits on every node.
-                    all_nodes: self.all_nodes || task.tree == TreeShape::Chain,
+                    all_nodes: match (self.all_nodes, task.tree == TreeShape::Chain) {
+                        (Some(false), true) => bail!(
+                            "--all-nodes false: a chain has one leaf, so the sequence sits on \
+                             every node of it"
+                        ),
+                        (a, _) => a.unwrap_or(true),
+                    },
                     block: self.block_size.unwrap_or(1),
                     seed: self.seed,
                     ..defaults
