@@ -21,9 +21,9 @@ mod cuda {
     pub fn build() -> Result<(), Box<dyn std::error::Error>> {
         cudaforge::KernelBuilder::new()
             .source_dir("kernels")
-            // The shared header: cudaforge recompiles a .cu when its own hash or a watched
+            // The shared headers: cudaforge recompiles a .cu when its own hash or a watched
             // file changes.
-            .watch(["kernels/values.cuh"])
+            .watch(["kernels/values.cuh", "kernels/rows.cuh"])
             .arg("-std=c++17")
             .arg("-O3")
             // No --use_fast_math: f32 division stays IEEE and subnormals are kept, so a pivot is

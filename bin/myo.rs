@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use myosotis::bench::{copy_bandwidth, HeadBench, ScanBench, StepBench, TreeBench};
+use myosotis::bench::{copy_bandwidth, HeadBench, ScanBench, StepArgs, TreeBench};
 use myosotis::data::listops::{self, ListOpsConfig, Splits};
 use myosotis::device::{describe, parse_device};
 use myosotis::train::config::RunArgs;
@@ -119,8 +119,9 @@ enum BenchCmd {
     /// The Myo layer's solve (scalar complex heads, unit diagonal, skew couplings) in the
     /// model's (batch, node, head) layout; the reference is the general tree solve.
     Heads(Kernel<HeadBench>),
-    /// A training step (forward, loss, backward) of the model `myo train` would build from the
-    /// same flags, on random inputs of the task's shape; also the time in its sequence layers.
+    /// A training step (forward, loss, backward, AdamW) of the model `myo train` would build
+    /// from the same flags, on random inputs of the task's shape: its time, the time in its
+    /// sequence layers, and the tensor ops each part executes.
     Step(Box<StepArgs>),
     /// The device's copy bandwidth (bytes read + written per second).
     Copy {
@@ -130,24 +131,6 @@ enum BenchCmd {
         #[arg(long, default_value_t = 64)]
         mega_elems: usize,
     },
-}
-
-#[derive(Args)]
-struct StepArgs {
-    #[command(flatten)]
-    run: RunArgs,
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// CPU threads (see `myo train --threads`).
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
-    #[arg(long, default_value_t = 7)]
-    repeats: usize,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 /// A kernel benchmark, where it runs and how it prints.
@@ -171,18 +154,6 @@ fn emit<R: serde::Serialize + std::fmt::Display>(report: &R, json: bool) -> Resu
         print!("{report}");
     }
     Ok(())
-}
-
-/// Keeps large freed blocks in the heap for reuse. By default glibc serves every tensor of
-/// 32 MiB or more with a fresh `mmap`, so each op's output is page-faulted and zeroed by the
-/// kernel again on every call; in a training or benchmark loop that costs more than the op.
-fn keep_large_allocations() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only adjusts allocator parameters; called before any other thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
-    }
 }
 
 /// Shows a run's [`Event`]s: a progress bar per epoch with the running loss and accuracy, and
@@ -271,7 +242,7 @@ impl Progress {
 }
 
 fn main() {
-    keep_large_allocations();
+    myosotis::device::keep_large_allocations();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
@@ -318,25 +289,7 @@ fn run(cli: Cli, world: Arc<World>) -> Result<()> {
                 emit(&r.context("head-solve benchmark failed")?, k.json)?;
             }
             BenchCmd::Step(a) => {
-                let device = parse_device(&a.device)?;
-                Exec::for_process(&device, Some(a.threads))?;
-                // Only the task's shape is used: no data is read.
-                let mut run = a.run;
-                if run.data_dir.is_none() && !run.hub && run.task != "listops" {
-                    run.data_dir = Some("(not read)".into());
-                }
-                let cfg = run.resolve()?;
-                let bench = StepBench {
-                    len: cfg.task.max_len(),
-                    model: cfg.model,
-                    batch: cfg.batch_size,
-                    warmup: a.warmup,
-                    repeats: a.repeats,
-                };
-                emit(
-                    &bench.run(&device).context("step benchmark failed")?,
-                    a.json,
-                )?;
+                emit(&a.run().context("step benchmark failed")?, a.json)?;
             }
             BenchCmd::Copy { device, mega_elems } => {
                 let dev = parse_device(&device)?;

@@ -7,8 +7,6 @@
 
 #define DROPOUT_THREADS 256
 
-typedef unsigned long long u64;
-
 // SplitMix64's finaliser.
 __device__ __forceinline__ u64 dropout_mix(u64 z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

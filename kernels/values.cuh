@@ -8,6 +8,21 @@
 // has no <stdint.h>.
 typedef long long i64;
 
+typedef unsigned long long u64;
+
+// The type a storage type T computes in: f32, or f64 for f64.
+template <typename T> struct AccOf {
+    typedef float F;
+};
+template <> struct AccOf<double> {
+    typedef double F;
+};
+
+// An f64 passed to a kernel as its bits (kernel arguments are pointers, int or u64).
+__device__ __forceinline__ double f64_from_bits(u64 bits) {
+    return __longlong_as_double((long long)bits);
+}
+
 __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
 __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }

@@ -60,6 +60,20 @@ cp "$target/release/myo" "$stage/bin/myo"
 while read -r name exe; do cp "$exe" "$stage/bin/test-$name"; done <<<"$tests"
 [ -z "$nccl_test" ] || cp "$nccl_test" "$stage/bin/test-cuda_nccl"
 strip "$stage"/bin/*
+
+# The CUPTI tracer of the profile section (kernels per step, GPU-busy fraction), built against
+# the CUPTI of the CUDA 13.0 wheels; its libcupti.so.13 travels with it.
+cupti=${MYO_CUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/myosotis}/cupti-13.0
+if [ ! -e "$cupti/nvidia/cu13/lib/libcupti.so.13" ]; then
+  mkdir -p "$cupti"
+  python3 -m pip download -q --no-deps -d "$cupti" nvidia-cuda-cupti==13.0.85
+  unzip -qo "$cupti"/nvidia_cuda_cupti-*.whl -d "$cupti"
+fi
+mkdir -p "$stage/lib"
+gcc -O2 -shared -fPIC -Wall -I "$cupti/nvidia/cu13/include" -I "$(dirname "$(command -v nvcc)")/../include" \
+  scripts/cupti-trace.c -o "$stage/lib/libcupti-trace.so" -L "$cupti/nvidia/cu13/lib" -l:libcupti.so.13
+cp "$cupti/nvidia/cu13/lib/libcupti.so.13" "$stage/lib/"
+cp scripts/cupti-summary.py "$stage/bin/"
 git describe --always --dirty >"$stage/COMMIT" 2>/dev/null || echo unknown >"$stage/COMMIT"
 echo "$CUDA_COMPUTE_CAP" >"$stage/COMPUTE_CAP"
 

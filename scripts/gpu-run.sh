@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runner packed into gpu-bundle/ by scripts/gpu-bundle.sh; runs on the GPU machine:
 #   bash gpu-bundle/run.sh [REPORT_DIR [SECTIONS]]
-# SECTIONS: a comma-separated subset of tests,sanitizer,train,bench (default: all of them; a
-# device call that cannot fit them all runs them in two calls with two report directories).
+# SECTIONS: a comma-separated subset of tests,sanitizer,train,bench,profile (default: all of
+# them; a device call that cannot fit them all runs them in two calls with two report
+# directories).
 # Unpacks the binaries, finds the CUDA 13 libraries, and checks and records in one call: the
 # CUDA tests (kernels against the CPU twin and f64, CPU–CUDA parity of one training step of
 # every model), compute-sanitizer's memcheck and racecheck over a scan and a tree test, short
@@ -12,11 +13,14 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
-sections=${2:-tests,sanitizer,train,bench}
+sections=${2:-tests,sanitizer,train,bench,profile}
 want() { [[ ",$sections," == *",$1,"* ]]; }
 work=$(mktemp -d)
 tar -C "$work" -xJf "$here/bundle.tar.xz"
 bin=$work/bin
+# MYO: another myo binary for the train, bench and profile sections (an earlier build, to
+# compare).
+myo=${MYO:-$bin/myo}
 
 # The libraries the binaries link: driver, cuBLAS(Lt), cuRAND, NVRTC, cudart.
 libdirs=()
@@ -108,7 +112,7 @@ if want sanitizer && [ -n "$sanitizer" ]; then
     # The tests with small inputs (the others spend minutes in the CPU's dense f64 solves):
     # every kernel forward and backward, the tree solve in shared memory (staged), and in the
     # global workspace (Path-X's tree), d = 1 and d = 3, and the fused AdamW step.
-    for t in "test-cuda_scan cuda_half_precision" \
+    for t in "test-cuda_scan cuda_half_precision" "test-cuda_fused" \
       "test-cuda_tree_solve cuda_public_backward cuda_singular_pivot cuda_large_trees" \
       "test-cuda_head_solve cuda_head_solve" "test-cuda_parity cuda_optimizer"; do
       # shellcheck disable=SC2086
@@ -126,7 +130,7 @@ fi
 # for 20 steps on the CPU; steps/s from each run's own clock (metrics.jsonl: steps and
 # seconds at the last training record, evaluation included).
 data=$work/data
-want train && "$bin/myo" data strokes --out "$data/strokes" --train 3200 --test 500 >/dev/null
+want train && "$myo" data strokes --out "$data/strokes" --train 3200 --test 500 >/dev/null
 last_train() { grep '"split":"train"' "$1/metrics.jsonl" | tail -1; }
 field() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1"; }
 want train && {
@@ -152,11 +156,11 @@ want train && for r in "${runs[@]}"; do
   tag=$(echo "$model-$task" | tr -c 'a-z0-9=\n' '_')
   out=$work/runs/$tag
   # shellcheck disable=SC2086
-  timeout 100 "$bin/myo" train $flags --device cuda --epochs 2 --max-train-samples 3200 \
+  timeout 100 "$myo" train $flags --device cuda --epochs 2 --max-train-samples 3200 \
     --max-eval-samples 500 --out "$out" --overwrite >"$report/train-$tag.log" 2>&1
   rc=$?
   # shellcheck disable=SC2086
-  timeout 60 "$bin/myo" train $flags --device cpu --epochs 1 --max-train-samples 640 \
+  timeout 60 "$myo" train $flags --device cpu --epochs 1 --max-train-samples 640 \
     --max-eval-samples 32 --out "$out-cpu" --overwrite >"$report/train-$tag-cpu.log" 2>&1
   if [ $rc -ne 0 ] || [ ! -f "$out/metrics.jsonl" ]; then
     status=1
@@ -183,7 +187,7 @@ if want bench; then
   echo "## Benchmarks (median; GB/s = bytes that must move / time)"
   echo
   echo '```'
-  "$bin/myo" bench copy --device cuda --mega-elems 256 2>&1
+  "$myo" bench copy --device cuda --mega-elems 256 2>&1
 } >>"$report/report.md"
 shapes=(
   "--batch 8 --channels 1536 --len 4096"
@@ -207,31 +211,90 @@ tree_shapes=(
 )
 for s in "${shapes[@]}"; do
   # shellcheck disable=SC2086
-  "$bin/myo" bench scan --device cuda $s >>"$report/report.md" 2>&1 || status=1
+  "$myo" bench scan --device cuda $s >>"$report/report.md" 2>&1 || status=1
   # shellcheck disable=SC2086
-  "$bin/myo" bench scan --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
+  "$myo" bench scan --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
 done
 for s in "${tree_shapes[@]}"; do
   # shellcheck disable=SC2086
-  "$bin/myo" bench tree --device cuda $s >>"$report/report.md" 2>&1 || status=1
+  "$myo" bench tree --device cuda $s >>"$report/report.md" 2>&1 || status=1
   # shellcheck disable=SC2086
-  "$bin/myo" bench tree --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
+  "$myo" bench tree --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
 done
 # The Myo layer's own solve at zMNIST's shape, and at a larger batch and head count.
 for s in "" "--backward" "--batch 64 --heads 256" "--batch 64 --heads 256 --backward"; do
   # shellcheck disable=SC2086
-  "$bin/myo" bench heads --device cuda $s >>"$report/report.md" 2>&1 || status=1
+  "$myo" bench heads --device cuda $s >>"$report/report.md" 2>&1 || status=1
   # shellcheck disable=SC2086
-  "$bin/myo" bench heads --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
+  "$myo" bench heads --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
 done
 # A training step (forward, loss, backward; no optimiser) of the models `myo train` builds by
 # default, at two batch sizes: a time that hardly grows with the batch is launch-bound.
 for s in "--model s5" "--model myo" "--model s5 --batch-size 256" "--model myo --batch-size 256"; do
   # shellcheck disable=SC2086
-  "$bin/myo" bench step --device cuda $s >>"$report/report.md" 2>&1 || status=1
+  "$myo" bench step --device cuda $s >>"$report/report.md" 2>&1 || status=1
 done
 echo '```' >>"$report/report.md"
 fi
+# The training step at the default size and at the presets: time (myo bench step), tensor ops
+# and our launches per step (the bench's own count), and from a CUPTI trace of 10 more steps
+# (scripts/cupti-trace.c) the kernels per step and the GPU-busy fraction: the kernels' GPU
+# time per step over the untraced step's median time.
+if want profile; then
+{
+  echo
+  echo "## Training step profile (forward, loss, backward, AdamW; CUPTI kernel trace)"
+  echo
+  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy | CPU (16 threads) steps/s |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+} >>"$report/report.md"
+profiles=(
+  "s5|default|--model s5|cpu"
+  "myo|default|--model myo|cpu"
+  "s5|smnist preset|--model s5 --task smnist --preset smnist|cpu"
+  "myo|smnist preset|--model myo --task smnist --preset smnist|cpu"
+  "s5|listops preset|--model s5 --task listops --preset listops|"
+  "myo|listops preset|--model myo --task listops --preset listops|"
+  "s5|scifar preset|--model s5 --task scifar --preset scifar|"
+  "myo|scifar preset|--model myo --task scifar --preset scifar|"
+  "s5|pathx preset|--model s5 --task pathx --preset pathx|"
+  "myo|pathx preset|--model myo --task pathx --preset pathx|"
+)
+for r in "${profiles[@]}"; do
+  IFS='|' read -r model size flags cpu <<<"$r"
+  tag=$(echo "$model-$size" | tr -c 'a-z0-9=\n' '_')
+  json=$report/step-$tag.json
+  # shellcheck disable=SC2086
+  if ! timeout 240 "$myo" bench step $flags --device cuda --json >"$json" 2>"$report/step-$tag.log"; then
+    status=1
+    echo "| $model | $size | failed: $(tail -1 "$report/step-$tag.log") | | | | | | | |" >>"$report/report.md"
+    continue
+  fi
+  read -r ms ops ours < <(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1])); o = r["ops"]
+print(r["step"]["median_ms"], sum(o[k]["tensors"] for k in ("forward", "backward", "optimiser")),
+      sum(o[k]["our_launches"] or 0 for k in ("forward", "backward", "optimiser")))' "$json")
+  batch=$(sed -n 's/.*batch \([0-9]*\).*/\1/p' <<<"$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shape"])' "$json")")
+  trace=$work/trace-$tag.csv
+  # shellcheck disable=SC2086
+  CUDA_INJECTION64_PATH=$work/lib/libcupti-trace.so MYO_CUPTI_TRACE=$trace LD_LIBRARY_PATH=$work/lib:$LD_LIBRARY_PATH \
+    timeout 240 "$myo" bench step $flags --device cuda --warmup 1 --repeats 1 --profile-steps 10 >/dev/null 2>>"$report/step-$tag.log"
+  python3 "$bin/cupti-summary.py" "$trace" --steps 10 --step-ms "$ms" --top 25 >"$report/profile-$tag.txt" 2>&1
+  kernels=$(awk '/^steps /{print $3}' "$report/profile-$tag.txt")
+  busy=$(sed -n 's/.*busy of the timed step *\([0-9.]*\)%.*/\1%/p' "$report/profile-$tag.txt")
+  cpu_sps=
+  if [ -n "$cpu" ]; then
+    # shellcheck disable=SC2086
+    cpu_ms=$(timeout 300 "$myo" bench step $flags --device cpu --threads 16 --warmup 1 --repeats 3 --json 2>/dev/null |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["step"]["median_ms"])' 2>/dev/null)
+    cpu_sps=$( [ -n "$cpu_ms" ] && awk -v t="$cpu_ms" 'BEGIN { printf "%.1f", 1000 / t }')
+  fi
+  awk -v m="$model" -v s="$size" -v t="$ms" -v b="$batch" -v o="$ops" -v u="$ours" -v k="${kernels:-?}" -v y="${busy:-?}" -v c="${cpu_sps:--}" \
+    'BEGIN { printf "| %s | %s | %.2f | %.1f | %.0f | %s | %s | %s | %s | %s |\n", m, s, t, 1000 / t, b * 1000 / t, o, u, k, y, c }' >>"$report/report.md"
+done
+fi
+
 cat "$report/report.md"
 rm -rf "$work"
 exit $status

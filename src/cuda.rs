@@ -14,6 +14,7 @@ use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor, 
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use crate::ops::plan::{DeviceLimits, KernelArg, LaunchPlan};
@@ -53,6 +54,24 @@ pub const ADAMW: Module = Module {
 pub const DROPOUT: Module = Module {
     name: "myosotis_dropout",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/dropout.ptx")),
+};
+
+/// `kernels/gelu.cu`.
+pub const GELU: Module = Module {
+    name: "myosotis_gelu",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/gelu.ptx")),
+};
+
+/// `kernels/layer_norm.cu`.
+pub const LAYER_NORM: Module = Module {
+    name: "myosotis_layer_norm",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),
+};
+
+/// `kernels/channel.cu`.
+pub const CHANNEL: Module = Module {
+    name: "myosotis_channel",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/channel.ptx")),
 };
 
 /// Element types our kernels are instantiated for.
@@ -127,6 +146,14 @@ pub fn take_status(dev: &CudaDevice) -> Result<i32> {
         }
         Ok(v)
     })
+}
+
+/// Launches of our kernels so far, on every device (candle's own kernels are not counted).
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// How many of our kernels [`launch`] has launched in this process.
+pub fn launches() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
 }
 
 /// Executes `plan` on `dev` in `dtype` with `inputs` (contiguous, all of that dtype, in the
@@ -222,6 +249,7 @@ fn run<T: CudaElem>(
             shared_mem_bytes: plan.shared_bytes as u32,
         };
         unsafe { b.launch(cfg) }.w()?;
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
         Ok(())
     })?;
     Ok(outputs
@@ -266,4 +294,44 @@ impl BufferCopy {
         let view = slice_at::<f32>((s, layout))?;
         self.dev.cuda_stream().memcpy_dtod(&view, &mut self.dst).w()
     }
+}
+
+/// Executes `plan` on tensors: `inputs` (made contiguous; all of `dtype`, on one CUDA device)
+/// in the plan's input order, and returns its outputs as tensors of `shapes` (no gradient).
+pub fn launch_tensors(
+    module: Module,
+    plan: &LaunchPlan,
+    dtype: DType,
+    inputs: &[&Tensor],
+    shapes: &[&[usize]],
+) -> Result<Vec<Tensor>> {
+    let inputs: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.contiguous())
+        .collect::<Result<_>>()?;
+    let guards: Vec<_> = inputs.iter().map(|t| t.storage_and_layout()).collect();
+    let mut storages = Vec::with_capacity(guards.len());
+    for (s, l) in &guards {
+        match &**s {
+            candle_core::Storage::Cuda(s) => storages.push((s, *l)),
+            _ => bail!("{}: every input must be on the CUDA device", plan.kernel),
+        }
+    }
+    let Some((first, _)) = storages.first() else {
+        bail!("internal error: {} launched without inputs", plan.kernel)
+    };
+    let dev = first.device().clone();
+    let outs = launch(&dev, module, plan, dtype, &storages)?;
+    Ok(outs
+        .into_iter()
+        .zip(shapes)
+        .map(|(s, shape)| {
+            Tensor::from_storage(
+                candle_core::Storage::Cuda(s),
+                *shape,
+                candle_core::op::BackpropOp::none(),
+                false,
+            )
+        })
+        .collect())
 }

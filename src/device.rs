@@ -31,3 +31,15 @@ pub fn parse_device(s: &str) -> Result<Device> {
         candle_core::Error::Msg(format!("cannot open CUDA device {ordinal} ('{s}'): {e}"))
     })
 }
+
+/// Keeps large freed blocks in the heap for reuse. By default glibc serves every tensor of
+/// 32 MiB or more with a fresh `mmap`, so each op's output is page-faulted and zeroed by the
+/// kernel again on every call; in a training or benchmark loop that costs more than the op.
+pub fn keep_large_allocations() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only adjusts allocator parameters; called before any other thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}

@@ -26,7 +26,7 @@ mod kernels;
 mod step;
 
 pub use kernels::{HeadBench, ScanBench, TreeBench};
-pub use step::{StepBench, StepReport};
+pub use step::{StepArgs, StepBench, StepReport};
 
 /// Median and minimum of repeated timings, in milliseconds per call.
 #[derive(Debug, Clone, Copy, Serialize)]

@@ -1,17 +1,103 @@
-//! The benchmark of a whole training step.
+//! The benchmark of a whole training step: its time, and what it executes.
 
 use super::*;
+use crate::device::parse_device;
+use crate::train::config::RunArgs;
+use crate::train::optim::{OptimConfig, Optimizer};
+use crate::train::run::Exec;
+use candle_core::backprop::GradStore;
 
-/// A training step of a whole [`SequenceClassifier`] (forward, loss, backward; no optimiser
-/// update) on random inputs of a task's shape, with the part spent in its sequence layers.
+/// `myo bench step`'s flags: a run's definition (only its shapes are used: no data is read) and
+/// where and how to time its step.
+#[derive(clap::Args, Debug)]
+pub struct StepArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// CPU threads (see `myo train --threads`).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 7)]
+    pub repeats: usize,
+    /// Then run N steps, a forward, a backward and an optimiser step, each after a 200 ms
+    /// pause, for a profiler (scripts/cupti-summary.py).
+    #[arg(long, default_value_t = 0)]
+    pub profile_steps: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl StepArgs {
+    /// Resolves the run for its shapes (a task other than the built-in ListOps is not read),
+    /// sets up the device and runs the benchmark.
+    pub fn run(&self) -> anyhow::Result<StepReport> {
+        let device = parse_device(&self.device)?;
+        Exec::for_process(&device, Some(self.threads))?;
+        let mut run = self.run.clone();
+        if run.data_dir.is_none() && !run.hub && run.task != "listops" {
+            run.data_dir = Some("(not read)".into());
+        }
+        let cfg = run.resolve()?;
+        let bench = StepBench {
+            len: cfg.task.max_len(),
+            model: cfg.model,
+            optim: cfg.optim,
+            batch: cfg.batch_size,
+            warmup: self.warmup,
+            repeats: self.repeats,
+            profile_steps: self.profile_steps,
+        };
+        Ok(bench.run(&device)?)
+    }
+}
+
+/// A training step of a whole [`SequenceClassifier`] (forward, loss, backward, AdamW) on random
+/// inputs of a task's shape, with the part spent in its sequence layers, and the tensor
+/// operations each part executes.
 #[derive(Debug, Clone)]
 pub struct StepBench {
     pub model: ClassifierConfig,
+    pub optim: OptimConfig,
     pub batch: usize,
     /// Sequence length (the tree's leaves for Myo).
     pub len: usize,
     pub warmup: usize,
     pub repeats: usize,
+    /// After the timings, run this many steps back to back, then one forward, one backward
+    /// and one optimiser step, each window of GPU work after 200 ms of idling, for a
+    /// profiler's trace (`scripts/cupti-summary.py` reads the four windows). 0: none.
+    pub profile_steps: usize,
+}
+
+/// What one part of a step executes: tensors made (every candle op's output, views included;
+/// on the CPU and on CUDA alike) and, on CUDA, launches of our own kernels among them.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct OpCount {
+    pub tensors: usize,
+    pub our_launches: Option<u64>,
+}
+
+/// [`OpCount`]s of a training step's parts.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct StepOps {
+    /// Forward pass and loss.
+    pub forward: OpCount,
+    pub backward: OpCount,
+    /// The AdamW step.
+    pub optimiser: OpCount,
+    /// Forward + backward of one sequence layer alone (included in the two above, once per
+    /// layer).
+    pub per_layer: OpCount,
+}
+
+impl StepOps {
+    pub fn total(&self) -> usize {
+        self.forward.tensors + self.backward.tensors + self.optimiser.tensors
+    }
 }
 
 /// What a [`StepBench`] measured, in milliseconds per step.
@@ -21,12 +107,73 @@ pub struct StepReport {
     /// The layer and shape in one line.
     pub shape: String,
     pub config: serde_json::Value,
-    /// Forward + loss + backward of the whole model.
+    /// Forward + loss + backward + AdamW of the whole model.
     pub step: Timing,
     /// Forward + backward of one sequence layer alone (on its input shape), times the layers.
     pub layers: Timing,
     /// Forward alone of the whole model.
     pub forward: Timing,
+    pub ops: StepOps,
+}
+
+/// A reading of candle's process-wide tensor counter: it numbers every tensor it makes
+/// (`TensorId`), so two readings differ by the tensors made in between, plus one (the probe).
+fn tensors_made() -> Result<usize> {
+    let probe = Tensor::zeros((), DType::U8, &Device::Cpu)?;
+    let id = format!("{:?}", probe.id());
+    id.trim_start_matches("TensorId(")
+        .trim_end_matches(')')
+        .parse()
+        .map_err(|_| candle_core::Error::Msg(format!("cannot read a tensor count from {id}")))
+}
+
+/// Launches of our CUDA kernels so far (`None` without the `cuda` feature or off CUDA).
+fn our_launches(device: &Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        return Some(crate::cuda::launches());
+    }
+    let _ = device;
+    None
+}
+
+/// Counts what `f` executes.
+fn count<R>(device: &Device, f: impl FnOnce() -> Result<R>) -> Result<(R, OpCount)> {
+    let (t0, l0) = (tensors_made()?, our_launches(device));
+    let r = f()?;
+    let (t1, l1) = (tensors_made()?, our_launches(device));
+    let ops = OpCount {
+        tensors: t1 - t0 - 1,
+        our_launches: l0.zip(l1).map(|(a, b)| b - a),
+    };
+    Ok((r, ops))
+}
+
+/// The model, its optimiser and a batch of random inputs.
+struct Setup {
+    model: SequenceClassifier,
+    opt: Optimizer,
+    x: Tensor,
+    y: Tensor,
+    step: u64,
+}
+
+impl Setup {
+    fn forward(&mut self) -> Result<Tensor> {
+        self.step += 1;
+        let key = DropoutKey {
+            seed: 0,
+            step: self.step,
+            first_row: 0,
+        };
+        let logp = self.model.forward(&self.x, None, Mode::Train(key, None))?;
+        candle_nn::loss::nll(&logp, &self.y)
+    }
+
+    fn step(&mut self) -> Result<()> {
+        let grads = self.forward()?.backward()?;
+        self.opt.step(&grads)
+    }
 }
 
 impl StepBench {
@@ -34,6 +181,8 @@ impl StepBench {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
         let model = SequenceClassifier::new(self.model.clone(), vb)?;
+        let vars = varmap.data().lock().expect("varmap").clone();
+        let opt = Optimizer::new(self.optim.clone(), &vars, |n| model.param_group(n))?;
         let (b, l, h) = (self.batch, self.len, self.model.d_model);
         let x = match self.model.encoder {
             EncoderConfig::Linear { features } => {
@@ -44,31 +193,25 @@ impl StepBench {
             }
         };
         let y = Tensor::rand(0f32, self.model.classes as f32, b, device)?.to_dtype(DType::U32)?;
-        let mode = |step: u64| {
-            Mode::Train(
-                DropoutKey {
-                    seed: 0,
-                    step,
-                    first_row: 0,
-                },
-                None,
-            )
+        let mut s = Setup {
+            model,
+            opt,
+            x,
+            y,
+            step: 0,
         };
-        let mut step = 0;
-        let whole = time_median(device, self.warmup, self.repeats, || {
-            step += 1;
-            let logp = model.forward(&x, None, mode(step))?;
-            candle_nn::loss::nll(&logp, &y)?.backward().map(drop)
-        })?;
+        let whole = time_median(device, self.warmup, self.repeats, || s.step())?;
         let forward = time_median(device, self.warmup, self.repeats, || {
-            model.forward(&x, None, Mode::Eval).map(drop)
+            s.model.forward(&s.x, None, Mode::Eval).map(drop)
         })?;
         // One sequence layer on its own input: all tree nodes for Myo over all nodes.
-        let width = model.positions(l);
+        let width = s.model.positions(l);
         let z = Var::from_tensor(&Tensor::randn(0f32, 1., (b, width, h), device)?)?;
         let one = time_median(device, self.warmup, self.repeats, || {
-            let out = model.layer_forward(0, z.as_tensor())?;
-            out.sqr()?.sum_all()?.backward().map(drop)
+            s.model
+                .layer_forward(0, z.as_tensor())?
+                .backward()
+                .map(drop)
         })?;
         let times = self.model.layers as f64;
         let layers = Timing {
@@ -76,41 +219,87 @@ impl StepBench {
             min_ms: one.min_ms * times,
             ..one
         };
-        let kind = match &self.model.layer {
-            SeqLayerConfig::S5(c) => format!(
-                "S5 P {}{}",
-                c.state,
-                if c.bidirectional {
-                    " bidirectional"
-                } else {
-                    ""
-                }
-            ),
-            SeqLayerConfig::Myo(c) => format!(
-                "Myo heads {} d {} {:?} over {}",
-                c.heads,
-                c.block,
-                c.coupling,
-                if c.all_nodes {
-                    "all nodes"
-                } else {
-                    "the leaves"
-                }
-            ),
-            SeqLayerConfig::Ssm2d(_) => "2-D SSM".into(),
-            SeqLayerConfig::MinGru(_) => "minGRU".into(),
+
+        let (loss, fwd) = count(device, || s.forward())?;
+        let (grads, bwd) = count(device, || loss.backward())?;
+        let ((), opt) = count(device, || s.opt.step(&grads))?;
+        let (out, layer_fwd) = count(device, || s.model.layer_forward(0, z.as_tensor()))?;
+        let (_, layer_bwd) = count(device, || out.backward())?;
+        let ops = StepOps {
+            forward: fwd,
+            backward: bwd,
+            optimiser: opt,
+            per_layer: OpCount {
+                tensors: layer_fwd.tensors + layer_bwd.tensors,
+                our_launches: layer_fwd
+                    .our_launches
+                    .zip(layer_bwd.our_launches)
+                    .map(|(a, b)| a + b),
+            },
         };
+        if self.profile_steps > 0 {
+            self.profile(device, &mut s)?;
+        }
         Ok(StepReport {
             device: describe(device),
             shape: format!(
-                "{kind}, {} layers, H {h}, batch {b}, length {l} ({width} positions)",
+                "{}, {} layers, H {h}, batch {b}, length {l} ({width} positions)",
+                describe_layer(&self.model.layer),
                 self.model.layers
             ),
             config: serde_json::to_value(&self.model).unwrap_or_default(),
             step: whole,
             layers,
             forward,
+            ops,
         })
+    }
+
+    /// The four windows of work a profiler's trace is cut into (see `profile_steps`).
+    fn profile(&self, device: &Device, s: &mut Setup) -> Result<()> {
+        let pause = || -> Result<()> {
+            device.synchronize()?;
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            Ok(())
+        };
+        pause()?;
+        for _ in 0..self.profile_steps {
+            s.step()?;
+        }
+        pause()?;
+        let loss = s.forward()?;
+        pause()?;
+        let grads: GradStore = loss.backward()?;
+        pause()?;
+        s.opt.step(&grads)?;
+        device.synchronize()
+    }
+}
+
+fn describe_layer(layer: &SeqLayerConfig) -> String {
+    match layer {
+        SeqLayerConfig::S5(c) => format!(
+            "S5 P {}{}",
+            c.state,
+            if c.bidirectional {
+                " bidirectional"
+            } else {
+                ""
+            }
+        ),
+        SeqLayerConfig::Myo(c) => format!(
+            "Myo heads {} d {} {:?} over {}",
+            c.heads,
+            c.block,
+            c.coupling,
+            if c.all_nodes {
+                "all nodes"
+            } else {
+                "the leaves"
+            }
+        ),
+        SeqLayerConfig::Ssm2d(_) => "2-D SSM".into(),
+        SeqLayerConfig::MinGru(_) => "minGRU".into(),
     }
 }
 
@@ -118,14 +307,38 @@ impl std::fmt::Display for StepReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "step  device={}  {}", self.device, self.shape)?;
         for (what, t) in [
-            ("forward + backward", self.step),
+            ("whole step        ", self.step),
             ("  in the layers   ", self.layers),
-            ("forward           ", self.forward),
+            ("forward (eval)    ", self.forward),
         ] {
             writeln!(
                 f,
                 "  {what}  median {:>9.2} ms  (min {:.2}, {} samples)",
                 t.median_ms, t.min_ms, t.repeats
+            )?;
+        }
+        let o = &self.ops;
+        writeln!(
+            f,
+            "  tensor ops per step  {} = forward + loss {}, backward {}, optimiser {}; one \
+             layer's forward + backward {}",
+            o.total(),
+            o.forward.tensors,
+            o.backward.tensors,
+            o.optimiser.tensors,
+            o.per_layer.tensors
+        )?;
+        if let (Some(fw), Some(bw), Some(op), Some(la)) = (
+            o.forward.our_launches,
+            o.backward.our_launches,
+            o.optimiser.our_launches,
+            o.per_layer.our_launches,
+        ) {
+            writeln!(
+                f,
+                "  our kernel launches  {} = forward {fw}, backward {bw}, optimiser {op}; one \
+                 layer {la}",
+                fw + bw + op
             )?;
         }
         Ok(())

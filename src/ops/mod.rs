@@ -1,6 +1,7 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
-//! `head_solve/`, `dropout/`, `adamw/`: the candle `CustomOp` glue, the CPU twin of the CUDA
-//! kernel, the launch plans); the small fused CPU ops are one file each.
+//! `head_solve/`, `dropout/`, `adamw/`, `gelu/`, `layer_norm/`, `channel/`: the candle
+//! `CustomOp` glue, the CPU twin of the CUDA kernel, the launch plans); `rows` is the row
+//! layout LayerNorm and the channel ops share; the CPU-only transpose is one file.
 
 pub mod adamw;
 pub mod channel;
@@ -9,6 +10,7 @@ pub mod gelu;
 pub mod head_solve;
 pub mod layer_norm;
 pub mod plan;
+pub mod rows;
 pub mod scan;
 pub mod transpose;
 pub mod tree_solve;

@@ -4,7 +4,7 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|layer_norm|channel]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 mod adamw;
@@ -12,6 +12,7 @@ mod adamw;
 mod common;
 mod dropout;
 mod exec;
+mod fused;
 mod head_solve;
 mod scan;
 mod tree_solve;
@@ -61,6 +62,14 @@ fn every_kernel_entry_point_is_tested() {
         ("head_reduce", complex, &wide),
         ("dropout_keep", real, &all),
         ("adamw_step", real, &wide),
+        ("gelu_fwd", real, &all),
+        ("gelu_bwd", real, &all),
+        ("layer_norm_fwd", real, &wide),
+        ("layer_norm_bwd", real, &wide),
+        ("layer_norm_sums", real, &wide),
+        ("channel_fwd", real, &wide),
+        ("channel_bwd", real, &wide),
+        ("channel_sums", real, &wide),
     ];
     let mut planned: Vec<String> = stems
         .iter()
@@ -86,6 +95,7 @@ fn kernel_constants_match_the_plans() {
         std::fs::read_to_string(format!("{}/kernels/{f}", env!("CARGO_MANIFEST_DIR"))).unwrap()
     };
     let (scan, tree) = (read("scan.cu"), read("tree_solve.cu"));
+    use myosotis::ops::rows;
     use myosotis::ops::scan::{SEGMENTS, SEG_LEN, TILE};
     for (src, name, value) in [
         (&scan, "SCAN_TILE", TILE),
@@ -111,6 +121,13 @@ fn kernel_constants_match_the_plans() {
             "DROPOUT_THREADS",
             myosotis::ops::dropout::cuda::THREADS as usize,
         ),
+        (
+            &read("gelu.cu"),
+            "GELU_THREADS",
+            rows::ELEMENT_THREADS as usize,
+        ),
+        (&read("rows.cuh"), "ROWS_THREADS", rows::THREADS as usize),
+        (&read("rows.cuh"), "ROWS_LANES", rows::LANES),
     ] {
         let line = format!("#define {name} {value}");
         assert!(src.contains(&line), "kernels/*.cu lacks `{line}`");

@@ -1,6 +1,5 @@
-//! The launch of `kernels/adamw.cu`: its plan (a pure function, executed by the CUDA launch
-//! below and by the host harness in `tests/kernels_on_cpu`) and, with the `cuda` feature, its
-//! execution on candle's stream.
+//! The launch of `kernels/adamw.cu`: its plan (a pure function, executed by the CUDA launch,
+//! `crate::cuda::launch_tensors`, and by the host harness in `tests/kernels_on_cpu`).
 
 use candle_core::{DType, Result};
 
@@ -33,40 +32,4 @@ pub fn step_plan(n: usize, scaled: bool, dtype: DType) -> Result<LaunchPlan> {
         tables: vec![],
         workspace_bytes: 0,
     })
-}
-
-#[cfg(feature = "cuda")]
-pub(super) use launch::launch_step;
-
-#[cfg(feature = "cuda")]
-mod launch {
-    use candle_core::op::BackpropOp;
-    use candle_core::{bail, CudaDevice, DType, Result, Storage, Tensor};
-
-    use crate::cuda::{self, ADAMW};
-    use crate::ops::plan::LaunchPlan;
-
-    pub(in crate::ops::adamw) fn launch_step(
-        dev: &CudaDevice,
-        plan: &LaunchPlan,
-        dtype: DType,
-        inputs: &[&Tensor],
-        shape: &[usize],
-    ) -> Result<Tensor> {
-        let inputs: Vec<Tensor> = inputs
-            .iter()
-            .map(|t| t.contiguous())
-            .collect::<Result<_>>()?;
-        let guards: Vec<_> = inputs.iter().map(|t| t.storage_and_layout()).collect();
-        let mut storages = Vec::with_capacity(guards.len());
-        for (s, l) in &guards {
-            match &**s {
-                Storage::Cuda(s) => storages.push((s, *l)),
-                _ => bail!("adamw_step: every input must be on the CUDA device"),
-            }
-        }
-        let mut out = cuda::launch(dev, ADAMW, plan, dtype, &storages)?;
-        let out = Storage::Cuda(out.remove(0));
-        Ok(Tensor::from_storage(out, shape, BackpropOp::none(), false))
-    }
 }

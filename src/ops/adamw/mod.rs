@@ -85,12 +85,14 @@ pub fn adamw_step(
     shape.extend_from_slice(theta.dims());
     match theta.device() {
         #[cfg(feature = "cuda")]
-        Device::Cuda(dev) => {
+        Device::Cuda(_) => {
             let plan = cuda::step_plan(theta.elem_count(), scale.is_some(), dtype)?;
             let mut inputs = vec![theta, m, v, g];
             inputs.extend(scale);
             inputs.push(hyper);
-            cuda::launch_step(dev, &plan, dtype, &inputs, &shape)
+            let out =
+                crate::cuda::launch_tensors(crate::cuda::ADAMW, &plan, dtype, &inputs, &[&shape]);
+            Ok(out?.remove(0))
         }
         device => match dtype {
             DType::F32 => Tensor::from_vec(

@@ -18,6 +18,9 @@ fn main() {
             "src/head_solve.cpp",
             "src/dropout.cpp",
             "src/adamw.cpp",
+            "src/gelu.cpp",
+            "src/layer_norm.cpp",
+            "src/channel.cpp",
         ])
         .opt_level(2)
         // The arithmetic of the CPU twins: no fused multiply-adds.

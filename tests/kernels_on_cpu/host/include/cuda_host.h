@@ -90,6 +90,11 @@ inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 inline float __expf(float x) { return expf(x); }
+inline double __longlong_as_double(long long x) {
+    double d;
+    memcpy(&d, &x, sizeof d);
+    return d;
+}
 inline float __logf(float x) { return logf(x); }
 
 // ---- 16-bit floating-point storage types

@@ -1,4 +1,5 @@
-//! LayerNorm over the last dimension with an exact backward, fused on the CPU:
+//! LayerNorm over the last dimension with an exact backward, one fused op forward and one
+//! backward on the CPU and on CUDA (`kernels/layer_norm.cu`, whose twin is the arithmetic here):
 //!
 //!   x̂ = (x − μ) / √(σ² + ε),   y = x̂ ⊙ w + b,
 //!   ∂x = (ĝ − mean(ĝ) − x̂ ⊙ mean(ĝ ⊙ x̂)) / √(σ² + ε),   ĝ = ∂y ⊙ w,
@@ -6,8 +7,10 @@
 //!
 //! candle-nn's fused LayerNorm has no backward, and the same norm in plain candle ops costs
 //! seven passes forward and about fifteen backward over (batch, length, H); this op makes one
-//! pass forward and one backward (μ and σ are recomputed from x, nothing is stored). On other
-//! devices, and for f16/bf16, [`layer_norm`] composes the norm from candle ops.
+//! pass forward and one backward (μ and σ are recomputed from x, nothing is stored; the
+//! backward's column sums ∂w, ∂b add one small launch on CUDA). Sums follow the row layout of
+//! [`super::rows`]. For f16/bf16, on other devices, and for rows too wide for the kernel's
+//! shared memory (see [`cuda::supports`]), [`layer_norm`] composes the norm from candle ops.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -17,9 +20,12 @@ use candle_core::{
 use num_traits::{Float, NumAssign};
 use rayon::prelude::*;
 
+use super::rows::{column_sums, lane_sum};
 use super::value::contiguous;
 
-/// Rows per rayon task.
+pub mod cuda;
+
+/// Rows per rayon task of the forward.
 const ROWS_PER_TASK: usize = 64;
 
 /// `(x − mean) / sqrt(var + eps) * weight + bias` over the last dimension of `x`; `weight` and
@@ -37,7 +43,12 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
             bail!("layer_norm: {name} differs from the input in dtype or device");
         }
     }
-    if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
+    let fused = match x.device() {
+        Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
+        Device::Cuda(_) => cuda::supports(h, x.dtype()),
+        _ => false,
+    };
+    if fused {
         x.contiguous()?.apply_op3(
             &weight.contiguous()?,
             &bias.contiguous()?,
@@ -65,12 +76,9 @@ struct LayerNormOp {
 #[inline(always)]
 fn moments<F: Float>(row: &[F], eps: F) -> (F, F) {
     let n = F::from(row.len()).expect("row length");
-    let mean = row.iter().fold(F::zero(), |s, &v| s + v) / n;
-    let var = row
-        .iter()
-        .fold(F::zero(), |s, &v| s + (v - mean) * (v - mean))
-        / n;
-    (mean, (var + eps).sqrt().recip())
+    let mean = lane_sum(row.len(), |i| row[i]) / n;
+    let var = lane_sum(row.len(), |i| (row[i] - mean) * (row[i] - mean)) / n;
+    (mean, F::one() / (var + eps).sqrt())
 }
 
 impl LayerNormOp {
@@ -98,45 +106,23 @@ impl LayerNormOp {
         let eps = F::from(self.eps).expect("eps");
         let hf = F::from(h).expect("h");
         let mut out = vec![F::zero(); x.len() + 2 * h];
-        let (dx, _) = out.split_at_mut(x.len());
-        let partials: Vec<(Vec<F>, Vec<F>)> = dx
-            .par_chunks_mut(h * ROWS_PER_TASK)
-            .zip(x.par_chunks(h * ROWS_PER_TASK))
-            .zip(g.par_chunks(h * ROWS_PER_TASK))
-            .map(|((dxs, xs), gs)| {
-                let (mut dw, mut db) = (vec![F::zero(); h], vec![F::zero(); h]);
-                let mut xhat = vec![F::zero(); h];
-                for ((dxr, xr), gr) in dxs
-                    .chunks_exact_mut(h)
-                    .zip(xs.chunks_exact(h))
-                    .zip(gs.chunks_exact(h))
-                {
-                    let (mean, rstd) = moments(xr, eps);
-                    let (mut sg, mut sgx) = (F::zero(), F::zero());
-                    for i in 0..h {
-                        xhat[i] = (xr[i] - mean) * rstd;
-                        let gh = gr[i] * w[i];
-                        sg += gh;
-                        sgx += gh * xhat[i];
-                        dw[i] += gr[i] * xhat[i];
-                        db[i] += gr[i];
-                    }
-                    let (mg, mgx) = (sg / hf, sgx / hf);
-                    for i in 0..h {
-                        dxr[i] = (gr[i] * w[i] - mg - xhat[i] * mgx) * rstd;
-                    }
-                }
-                (dw, db)
-            })
-            .collect();
-        debug_assert_eq!(partials.len(), rows.div_ceil(ROWS_PER_TASK));
-        let tail = &mut out[x.len()..];
-        for (dw, db) in partials {
+        let (dx, tail) = out.split_at_mut(x.len());
+        let sums = column_sums(rows, h, 2 * h, dx, |r, dxr, acc| {
+            let (xr, gr) = (&x[r * h..(r + 1) * h], &g[r * h..(r + 1) * h]);
+            let (mean, rstd) = moments(xr, eps);
+            let (dw, db) = acc.split_at_mut(h);
+            let xhat = |i: usize| (xr[i] - mean) * rstd;
             for i in 0..h {
-                tail[i] += dw[i];
-                tail[h + i] += db[i];
+                dw[i] += gr[i] * xhat(i);
+                db[i] += gr[i];
             }
-        }
+            let mg = lane_sum(h, |i| gr[i] * w[i]) / hf;
+            let mgx = lane_sum(h, |i| gr[i] * w[i] * xhat(i)) / hf;
+            for i in 0..h {
+                dxr[i] = (gr[i] * w[i] - mg - xhat(i) * mgx) * rstd;
+            }
+        });
+        tail.copy_from_slice(&sums);
         out
     }
 }
@@ -171,6 +157,25 @@ impl CustomOp3 for LayerNormOp {
         Ok((out, lx.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sw: &candle_core::CudaStorage,
+        lw: &Layout,
+        sb: &candle_core::CudaStorage,
+        lb: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let h = lw.shape().elem_count();
+        let rows = lx.shape().elem_count() / h.max(1);
+        let plan = cuda::forward_plan(rows, h, self.eps, sx.dtype())?;
+        let inputs = [(sx, lx), (sw, lw), (sb, lb)];
+        let dev = sx.device();
+        let mut y = crate::cuda::launch(dev, crate::cuda::LAYER_NORM, &plan, sx.dtype(), &inputs)?;
+        Ok((y.remove(0), lx.shape().clone()))
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -181,6 +186,23 @@ impl CustomOp3 for LayerNormOp {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let h = w.dim(0)?;
         let rows = x.elem_count() / h.max(1);
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            use crate::cuda::{launch_tensors, LAYER_NORM};
+            let [rows_plan, sums] = cuda::backward_plans(rows, h, self.eps, x.dtype())?;
+            let g = g.to_dtype(x.dtype())?;
+            let part_shape = [rows_plan.outputs[1]];
+            let mut dx_part = launch_tensors(
+                LAYER_NORM,
+                &rows_plan,
+                x.dtype(),
+                &[x, w, &g],
+                &[x.dims(), &part_shape],
+            )?;
+            let part = dx_part.pop().expect("two outputs");
+            let dwb = launch_tensors(LAYER_NORM, &sums, x.dtype(), &[&part], &[&[2, h]])?;
+            return Ok((dx_part.pop(), Some(dwb[0].get(0)?), Some(dwb[0].get(1)?)));
+        }
         let g = g.contiguous()?;
         let (sx, lx) = x.storage_and_layout();
         let (sw, lw) = w.storage_and_layout();

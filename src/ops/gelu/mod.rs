@@ -1,11 +1,12 @@
-//! GELU in its tanh form (candle's `gelu`, jax's `approximate=True`), fused on the CPU:
+//! GELU in its tanh form (candle's `gelu`, jax's `approximate=True`), one fused op forward and
+//! one backward on the CPU and on CUDA (`kernels/gelu.cu`, whose twin is the arithmetic here):
 //!
 //!   gelu(x) = ½ x (1 + tanh z),   z = √(2/π) (x + 0.044715 x³),
 //!   gelu′(x) = ½ (1 + tanh z) + ½ x (1 − tanh² z) √(2/π) (1 + 3 · 0.044715 x²).
 //!
 //! candle's backward of `gelu` takes about a dozen passes over the tensor (two `powf`, a
 //! `tanh`, …); this op takes one forward and one backward, with tanh z = 1 − 2 / (1 + e^{2z}).
-//! On other devices, and for f16/bf16, [`gelu`] is candle's own.
+//! On the CPU in f16/bf16, and on other devices, [`gelu`] is candle's own.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -16,14 +17,24 @@ use rayon::prelude::*;
 
 use super::value::contiguous;
 
+pub mod cuda;
+
 /// Elements per rayon task.
 const PER_TASK: usize = 1 << 14;
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const CUBIC: f64 = 0.044_715;
 
-/// GELU (tanh approximation) with a fused backward on the CPU.
+/// GELU (tanh approximation), fused forward and backward.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
-    if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
+    let fused = match x.device() {
+        Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
+        Device::Cuda(_) => matches!(
+            x.dtype(),
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16
+        ),
+        _ => false,
+    };
+    if fused {
         x.contiguous()?.apply_op1(GeluOp)
     } else {
         x.gelu()
@@ -84,7 +95,32 @@ impl CustomOp1 for GeluOp {
         Ok((out, l.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let plan = cuda::forward_plan(l.shape().elem_count(), s.dtype())?;
+        let mut out =
+            crate::cuda::launch(s.device(), crate::cuda::GELU, &plan, s.dtype(), &[(s, l)])?;
+        Ok((out.remove(0), l.shape().clone()))
+    }
+
     fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            let plan = cuda::backward_plan(x.elem_count(), x.dtype())?;
+            let g = g.to_dtype(x.dtype())?;
+            let mut dx = crate::cuda::launch_tensors(
+                crate::cuda::GELU,
+                &plan,
+                x.dtype(),
+                &[x, &g],
+                &[x.dims()],
+            )?;
+            return Ok(Some(dx.remove(0)));
+        }
         let g = g.contiguous()?;
         let (sx, lx) = x.storage_and_layout();
         let (sg, lg) = g.storage_and_layout();

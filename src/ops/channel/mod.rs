@@ -1,12 +1,15 @@
-//! Per-channel bias and scale over the last dimension, with a fused backward on the CPU:
+//! Per-channel bias and scale over the last dimension, one fused op forward and one backward
+//! on the CPU and on CUDA (`kernels/channel.cu`, whose twin is the arithmetic here):
 //!
 //!   add: y = x + b,   ∂x = g,       ∂b = Σ_rows g;
 //!   mul: y = x ⊙ d,   ∂x = g ⊙ d,   ∂d = Σ_rows g ⊙ x.
 //!
 //! With candle's `broadcast_add`/`broadcast_mul` the parameter's gradient is a reduction over
 //! the leading (batch, length) dimensions, which candle's CPU backend walks element by element
-//! with strided indexing; here it is one pass of row sums. On other devices, and for f16/bf16,
-//! these are candle's broadcast ops.
+//! with strided indexing, and on CUDA it is several launches; here it is one pass of row sums
+//! in the row layout of [`super::rows`] (plus one small launch adding the blocks' partial sums
+//! on CUDA). For f16/bf16, on other devices, and for rows too wide for the kernel's shared
+//! memory (see [`cuda::supports`]), these are candle's broadcast ops.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -16,9 +19,12 @@ use candle_core::{
 use num_traits::{Float, NumAssign};
 use rayon::prelude::*;
 
+use super::rows::column_sums;
 use super::value::contiguous;
 
-/// Rows per rayon task.
+pub mod cuda;
+
+/// Rows per rayon task of the forward.
 const ROWS_PER_TASK: usize = 128;
 
 /// `x + b` with `b` of shape (H), H the last dimension of `x`.
@@ -45,10 +51,13 @@ fn apply(x: &Tensor, p: &Tensor, kind: Kind) -> Result<Tensor> {
             p.dims()
         );
     }
-    let fused = x.device().is_cpu()
-        && matches!(x.dtype(), DType::F32 | DType::F64)
-        && p.dtype() == x.dtype()
-        && p.device().is_cpu();
+    let fused = p.dtype() == x.dtype()
+        && p.device().same_device(x.device())
+        && match x.device() {
+            Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
+            Device::Cuda(_) => cuda::supports(h, x.dtype()),
+            _ => false,
+        };
     match (fused, kind) {
         (true, _) => x.contiguous()?.apply_op2(&p.contiguous()?, ChannelOp(kind)),
         (false, Kind::Add) => x.broadcast_add(p),
@@ -85,48 +94,26 @@ impl ChannelOp {
         g: &[F],
     ) -> (Option<Vec<F>>, Vec<F>) {
         let h = p.len();
-        let rows_sum = |parts: Vec<Vec<F>>| {
-            parts.into_iter().fold(vec![F::zero(); h], |mut acc, v| {
-                acc.iter_mut().zip(v).for_each(|(a, v)| *a += v);
-                acc
-            })
-        };
+        let rows = x.len() / h.max(1);
         match self.0 {
             Kind::Add => {
-                let parts = g
-                    .par_chunks(h * ROWS_PER_TASK)
-                    .map(|gs| {
-                        let mut s = vec![F::zero(); h];
-                        for gr in gs.chunks_exact(h) {
-                            s.iter_mut().zip(gr).for_each(|(s, &g)| *s += g);
-                        }
-                        s
-                    })
-                    .collect();
-                (None, rows_sum(parts))
+                let dp = column_sums(rows, h, h, &mut [], |r, _, acc| {
+                    for (a, &g) in acc.iter_mut().zip(&g[r * h..(r + 1) * h]) {
+                        *a += g;
+                    }
+                });
+                (None, dp)
             }
             Kind::Mul => {
                 let mut dx = vec![F::zero(); x.len()];
-                let parts = dx
-                    .par_chunks_mut(h * ROWS_PER_TASK)
-                    .zip(x.par_chunks(h * ROWS_PER_TASK))
-                    .zip(g.par_chunks(h * ROWS_PER_TASK))
-                    .map(|((dxs, xs), gs)| {
-                        let mut s = vec![F::zero(); h];
-                        for ((dxr, xr), gr) in dxs
-                            .chunks_exact_mut(h)
-                            .zip(xs.chunks_exact(h))
-                            .zip(gs.chunks_exact(h))
-                        {
-                            for i in 0..h {
-                                dxr[i] = gr[i] * p[i];
-                                s[i] += gr[i] * xr[i];
-                            }
-                        }
-                        s
-                    })
-                    .collect();
-                (Some(dx), rows_sum(parts))
+                let dp = column_sums(rows, h, h, &mut dx, |r, dxr, acc| {
+                    let (xr, gr) = (&x[r * h..(r + 1) * h], &g[r * h..(r + 1) * h]);
+                    for i in 0..h {
+                        acc[i] += gr[i] * xr[i];
+                        dxr[i] = gr[i] * p[i];
+                    }
+                });
+                (Some(dx), dp)
             }
         }
     }
@@ -159,6 +146,35 @@ impl ChannelOp {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl ChannelOp {
+    /// The backward's two launches: ∂x (mul) with the blocks' partial sums of ∂p, then ∂p.
+    fn cuda_bwd(
+        &self,
+        x: &Tensor,
+        p: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        use crate::cuda::{launch_tensors, CHANNEL};
+        let h = p.elem_count();
+        let mul = self.0 == Kind::Mul;
+        let [rows_plan, sums] = cuda::backward_plans(x.elem_count() / h, h, mul, x.dtype())?;
+        let part_shape = [*rows_plan.outputs.last().expect("partials")];
+        let shapes: Vec<&[usize]> = match mul {
+            true => vec![x.dims(), &part_shape],
+            false => vec![&part_shape],
+        };
+        let mut outs = launch_tensors(CHANNEL, &rows_plan, x.dtype(), &[x, p, g], &shapes)?;
+        let part = outs.pop().expect("partials");
+        let dp = launch_tensors(CHANNEL, &sums, x.dtype(), &[&part], &[p.dims()])?.remove(0);
+        let dx = match outs.pop() {
+            Some(dx) => dx,
+            None => g.clone(),
+        };
+        Ok((Some(dx), Some(dp)))
+    }
+}
+
 impl CustomOp2 for ChannelOp {
     fn name(&self) -> &'static str {
         match self.0 {
@@ -186,6 +202,27 @@ impl CustomOp2 for ChannelOp {
         Ok((out, lx.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sp: &candle_core::CudaStorage,
+        lp: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (n, h) = (lx.shape().elem_count(), lp.shape().elem_count());
+        let plan = cuda::forward_plan(n, h, self.0 == Kind::Mul, sx.dtype())?;
+        let inputs = [(sx, lx), (sp, lp)];
+        let mut y = crate::cuda::launch(
+            sx.device(),
+            crate::cuda::CHANNEL,
+            &plan,
+            sx.dtype(),
+            &inputs,
+        )?;
+        Ok((y.remove(0), lx.shape().clone()))
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -193,6 +230,10 @@ impl CustomOp2 for ChannelOp {
         _y: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            return self.cuda_bwd(x, p, &g.to_dtype(x.dtype())?);
+        }
         let g = g.contiguous()?;
         match x.dtype() {
             DType::F32 => self.bwd_tensors::<f32>(x, p, &g),

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Kernels per training step and the GPU-busy fraction, from a trace of scripts/cupti-trace.c.
+
+`myo bench step --profile-steps K` ends with four windows of GPU work, each after an idle
+pause of 200 ms: K whole training steps back to back, then one forward pass, one backward pass
+and one optimiser step, each alone. This script splits the trace at pauses longer than
+--gap-ms and reads the last four windows:
+
+    cupti-summary.py TRACE --steps K [--step-ms T] [--top N]
+
+Per window: kernels (and memcpy/memset) per step, the sum of their GPU times per step, and
+busy = that sum over the window's span (first start to last end). With --step-ms (the bench's
+median step time without the tracer) busy is also given against it. --top lists the kernels
+that launch most often in the K steps.
+"""
+import argparse
+import collections
+import sys
+
+
+def read(path):
+    events = []
+    with open(path) as f:
+        for line in f:
+            parts = line.rstrip("\n").split(",", 3)
+            if len(parts) == 4 and parts[0] in "KMS":
+                events.append((int(parts[1]), int(parts[2]), parts[0], parts[3]))
+    events.sort()
+    return events
+
+
+def windows(events, gap_ns):
+    out, cur, last_end = [], [], 0
+    for e in events:
+        if cur and e[0] - last_end > gap_ns:
+            out.append(cur)
+            cur = []
+        last_end = max(last_end, e[1]) if cur else e[1]
+        cur.append(e)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("trace")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--step-ms", type=float)
+    p.add_argument("--gap-ms", type=float, default=100.0)
+    p.add_argument("--top", type=int, default=12)
+    a = p.parse_args()
+    events = read(a.trace)
+    ws = windows(events, a.gap_ms * 1e6)
+    if len(ws) < 4:
+        sys.exit(f"cupti-summary: {a.trace} has {len(ws)} windows of GPU work, expected 4 at its end")
+    labels = ["steps", "forward", "backward", "optimiser"]
+    for label, w, n in zip(labels, ws[-4:], [a.steps, 1, 1, 1]):
+        kernels = [e for e in w if e[2] == "K"]
+        copies = [e for e in w if e[2] != "K"]
+        busy_ns = sum(e[1] - e[0] for e in kernels)
+        span_ns = max(e[1] for e in w) - w[0][0]
+        line = (
+            f"{label:9s} kernels/step {len(kernels) / n:7.1f}  memcpy+memset/step "
+            f"{len(copies) / n:5.1f}  kernel time/step {busy_ns / n / 1e6:8.3f} ms  "
+            f"span/step {span_ns / n / 1e6:8.3f} ms  busy {100 * busy_ns / max(span_ns, 1):5.1f}%"
+        )
+        if label == "steps" and a.step_ms:
+            line += f"  busy of the timed step {100 * busy_ns / n / 1e6 / a.step_ms:5.1f}%"
+        print(line)
+    counts = collections.Counter(e[3] for e in ws[-4] if e[2] == "K")
+    if a.top:
+        print(f"most launched kernels per step (of {len(counts)} kinds):")
+        for name, c in counts.most_common(a.top):
+            print(f"  {c / a.steps:7.1f}  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()

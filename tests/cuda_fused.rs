@@ -1,0 +1,115 @@
+//! The fused GELU, LayerNorm and channel ops on CUDA against their CPU twins (f32 and f64, up
+//! to the GPU's fused multiply-adds) and in f16/bf16 (GELU) against the f32 CPU op, forward and
+//! gradients, on awkward shapes. Compiled with `--features cuda` (CI compiles them); each test
+//! prints why it is skipped when no CUDA device can be opened.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use candle_core::{DType, Device, Tensor, Var};
+use common::*;
+use myosotis::ops::{channel_add, channel_mul, gelu, layer_norm};
+
+const SHAPES: [(usize, usize); 6] = [(1, 1), (3, 5), (9, 33), (50, 128), (1000, 3), (4100, 96)];
+
+/// The op's output and the gradients of Σ g ⊙ op(inputs), on `dev` in `dtype`.
+fn run(
+    op: &dyn Fn(&[Tensor]) -> Tensor,
+    inputs: &[(Vec<f64>, Vec<usize>)],
+    g: &[f64],
+    dev: &Device,
+    dtype: DType,
+) -> Vec<Vec<f64>> {
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|(v, s)| Var::from_tensor(&tensor(v, s, dtype, dev)).unwrap())
+        .collect();
+    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let y = op(&ts);
+    let gt = tensor(g, y.dims(), dtype, dev);
+    let grads = (&y * gt).unwrap().sum_all().unwrap().backward().unwrap();
+    let mut out = vec![to_vec(&y)];
+    out.extend(
+        vars.iter()
+            .map(|v| to_vec(grads.get(v).expect("a gradient"))),
+    );
+    out
+}
+
+fn check(
+    name: &str,
+    op: &dyn Fn(&[Tensor]) -> Tensor,
+    widths: &dyn Fn(usize, usize) -> Vec<Vec<usize>>,
+) {
+    let Some(gpu) = gpu(name) else { return };
+    let (mut rng, _) = seeded_rng(name, 31);
+    for (rows, h) in SHAPES {
+        let shapes = widths(rows, h);
+        let inputs: Vec<(Vec<f64>, Vec<usize>)> = shapes
+            .iter()
+            .map(|s| (uniform(&mut rng, s.iter().product(), -2.0, 2.0), s.clone()))
+            .collect();
+        let g = uniform(&mut rng, rows * h, -1.0, 1.0);
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let want = run(op, &inputs, &g, &Device::Cpu, dtype);
+            let got = run(op, &inputs, &g, &gpu, dtype);
+            for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                // Relative to values of order one: a width-1 norm's gradient is zero on the CPU
+                // and the GPU's fused multiply-add leaves rounding there.
+                let scale = b.iter().fold(0f64, |m, v| m.max(v.abs()));
+                let e = rel_err(a, b) * (scale + 1e-30) / scale.max(1.0);
+                assert!(
+                    e < tol,
+                    "{name} {dtype:?} {rows} x {h}: output {k} differs by {e:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_gelu() {
+    check("cuda_gelu", &|t| gelu(&t[0]).unwrap(), &|r, h| {
+        vec![vec![r, h]]
+    });
+    // f16/bf16 on CUDA against f32 on the CPU.
+    let Some(gpu) = gpu("cuda_gelu") else { return };
+    let (mut rng, _) = seeded_rng("cuda_gelu_half", 32);
+    let x = uniform(&mut rng, 5000, -5.0, 5.0);
+    let g = uniform(&mut rng, 5000, -1.0, 1.0);
+    let op = |t: &[Tensor]| gelu(&t[0]).unwrap();
+    for (dtype, tol) in [(DType::F16, 4e-3), (DType::BF16, 2e-2)] {
+        let xr = to_vec(&tensor(&x, &[5000], dtype, &Device::Cpu));
+        let gr = to_vec(&tensor(&g, &[5000], dtype, &Device::Cpu));
+        let inputs = [(xr, vec![5000])];
+        let want = run(&op, &inputs, &gr, &Device::Cpu, DType::F32);
+        let got = run(&op, &inputs, &gr, &gpu, dtype);
+        for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+            let e = rel_err(a, b);
+            assert!(e < tol, "gelu {dtype:?}: output {k} differs by {e:e}");
+        }
+    }
+}
+
+#[test]
+fn cuda_layer_norm() {
+    check(
+        "cuda_layer_norm",
+        &|t| layer_norm(&t[0], &t[1], &t[2], 1e-5).unwrap(),
+        &|r, h| vec![vec![r, h], vec![h], vec![h]],
+    );
+}
+
+#[test]
+fn cuda_channel_ops() {
+    check(
+        "cuda_channel_add",
+        &|t| channel_add(&t[0], &t[1]).unwrap(),
+        &|r, h| vec![vec![r, h], vec![h]],
+    );
+    check(
+        "cuda_channel_mul",
+        &|t| channel_mul(&t[0], &t[1]).unwrap(),
+        &|r, h| vec![vec![r, h], vec![h]],
+    );
+}
