@@ -74,6 +74,12 @@ pub const CHANNEL: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/channel.ptx")),
 };
 
+/// `kernels/s5_discretize.cu`.
+pub const S5_DISCRETIZE: Module = Module {
+    name: "myosotis_s5_discretize",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/s5_discretize.ptx")),
+};
+
 /// Element types our kernels are instantiated for.
 pub trait CudaElem: CudaDType + DeviceRepr + WithDType {}
 impl CudaElem for f32 {}

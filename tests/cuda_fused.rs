@@ -1,4 +1,4 @@
-//! The fused GELU, LayerNorm and channel ops on CUDA against their CPU twins (f32 and f64, up
+//! The fused GELU, LayerNorm, channel and S5 discretisation ops on CUDA against their CPU twins (f32 and f64, up
 //! to the GPU's fused multiply-adds) and in f16/bf16 (GELU) against the f32 CPU op, forward and
 //! gradients, on awkward shapes. Compiled with `--features cuda` (CI compiles them); each test
 //! prints why it is skipped when no CUDA device can be opened.
@@ -8,7 +8,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
-use myosotis::ops::{channel_add, channel_mul, gelu, layer_norm};
+use myosotis::ops::{channel_add, channel_mul, gelu, layer_norm, s5_discretize, S5Discretization};
 
 const SHAPES: [(usize, usize); 6] = [(1, 1), (3, 5), (9, 33), (50, 128), (1000, 3), (4100, 96)];
 
@@ -112,4 +112,50 @@ fn cuda_channel_ops() {
         &|t| channel_mul(&t[0], &t[1]).unwrap(),
         &|r, h| vec![vec![r, h], vec![h]],
     );
+}
+
+#[test]
+fn cuda_s5_discretize() {
+    let Some(gpu) = gpu("cuda_s5_discretize") else {
+        return;
+    };
+    let (mut rng, _) = seeded_rng("cuda_s5_discretize", 33);
+    for (p, h) in [(1, 1), (3, 5), (16, 130), (384, 512)] {
+        for (bilinear, clip_eigs) in [(false, false), (false, true), (true, false), (true, true)] {
+            let how = S5Discretization {
+                bilinear,
+                clip_eigs,
+            };
+            let mut re = uniform(&mut rng, p, -2.0, -0.05);
+            re[0] = 0.25;
+            let inputs = [
+                (re, vec![p]),
+                (uniform(&mut rng, p, -3.0, 3.0), vec![p]),
+                (uniform(&mut rng, p, -6.0, -1.0), vec![p]),
+                (uniform(&mut rng, p * h * 2, -1.0, 1.0), vec![p, h, 2]),
+            ];
+            let g = uniform(&mut rng, 2 * p + 2 * p * h, -1.0, 1.0);
+            let op = |t: &[Tensor]| {
+                let (gate, bmat) = s5_discretize(&t[0], &t[1], &t[2], &t[3], how).unwrap();
+                Tensor::cat(
+                    &[gate.flatten_all().unwrap(), bmat.flatten_all().unwrap()],
+                    0,
+                )
+                .unwrap()
+            };
+            // f32: ∂λ sums H products with cancellation, added with fused multiply-adds on the
+            // GPU and without on the CPU (1.9e-5 seen at H = 512).
+            for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-4)] {
+                let want = run(&op, &inputs, &g, &Device::Cpu, dtype);
+                let got = run(&op, &inputs, &g, &gpu, dtype);
+                for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let e = rel_err(a, b);
+                    assert!(
+                        e < tol,
+                        "s5_discretize {dtype:?} P {p} H {h} {how:?}: output {k} differs by {e:e}"
+                    );
+                }
+            }
+        }
+    }
 }

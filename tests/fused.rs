@@ -1,4 +1,5 @@
-//! The fused CPU ops behind the layers (layer_norm, gelu, channel_add/mul, swap_dims12):
+//! The fused CPU ops behind the layers (layer_norm, gelu, channel_add/mul, swap_dims12,
+//! s5_discretize):
 //! forward against independent f64 loops, backward against central finite differences of the
 //! op itself (f64) and against candle autograd through the same computation in plain candle
 //! ops (f32), on shapes that do and do not fill the ops' row tiles.
@@ -7,7 +8,10 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use common::{rel_err, seeded_rng, tensor, to_vec};
-use myosotis::ops::{channel_add, channel_mul, gelu, layer_norm, layer_norm_composed, swap_dims12};
+use myosotis::ops::{
+    channel_add, channel_mul, gelu, layer_norm, layer_norm_composed, s5_discretize,
+    s5_discretize_reference, swap_dims12, S5Discretization,
+};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -248,4 +252,92 @@ fn swap_dims12_matches_transpose_on_views() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("4-D"), "{e}");
+}
+
+/// S5's parameters (λ_re < 0, λ_im, log Δ, B̃) of `p` states and `h` channels; with `clip`
+/// some λ_re at and above the clip's bound −10⁻⁴.
+fn s5_params(rng: &mut StdRng, p: usize, h: usize, clip: bool) -> Vec<(Vec<f64>, Vec<usize>)> {
+    let mut re: Vec<f64> = (0..p).map(|_| rng.random_range(-2.0..-0.05)).collect();
+    if clip && p >= 3 {
+        re[0] = 0.3;
+        re[1] = -1e-4f32 as f64;
+    }
+    vec![
+        (re, vec![p]),
+        (
+            (0..p).map(|_| rng.random_range(-3.0..3.0)).collect(),
+            vec![p],
+        ),
+        (
+            (0..p).map(|_| rng.random_range(-6.0..-1.0)).collect(),
+            vec![p],
+        ),
+        (randn(rng, p * h * 2), vec![p, h, 2]),
+    ]
+}
+
+/// Λ̄ and B̄ side by side, one tensor, for gradient checks of both outputs at once.
+fn s5_both(ts: &[Tensor], how: S5Discretization, fused: bool) -> Tensor {
+    let f = if fused {
+        s5_discretize
+    } else {
+        s5_discretize_reference
+    };
+    let (gate, b_mat) = f(&ts[0], &ts[1], &ts[2], &ts[3], how).unwrap();
+    Tensor::cat(
+        &[gate.flatten_all().unwrap(), b_mat.flatten_all().unwrap()],
+        0,
+    )
+    .unwrap()
+}
+
+#[test]
+fn s5_discretize_matches_candle_ops_and_finite_differences() {
+    let (mut rng, _) = seeded_rng("s5_discretize", 108);
+    for &(p, h) in &[(1, 1), (3, 5), (16, 130), (64, 33)] {
+        for (bilinear, clip_eigs) in [(false, false), (false, true), (true, false), (true, true)] {
+            let how = S5Discretization {
+                bilinear,
+                clip_eigs,
+            };
+            let what = format!("s5_discretize P {p} H {h} {how:?}");
+            let inputs = s5_params(&mut rng, p, h, clip_eigs);
+            // Forward: the same arithmetic as the candle ops, so the same f32 values.
+            let ts: Vec<Tensor> = inputs
+                .iter()
+                .map(|(v, s)| tensor(v, s, DType::F32, &Device::Cpu))
+                .collect();
+            let (fused, reference) = (s5_both(&ts, how, true), s5_both(&ts, how, false));
+            assert_eq!(to_vec(&fused), to_vec(&reference), "{what}: forward");
+            // Backward: candle autograd through the same ops (f64), and finite differences.
+            let vars: Vec<Var> = inputs
+                .iter()
+                .map(|(v, s)| Var::from_tensor(&tensor(v, s, DType::F64, &Device::Cpu)).unwrap())
+                .collect();
+            let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+            let r = tensor(
+                &randn(&mut rng, 2 * p + 2 * p * h),
+                &[2 * p + 2 * p * h],
+                DType::F64,
+                &Device::Cpu,
+            );
+            let grads = |fused: bool| {
+                let g = (s5_both(&ts, how, fused) * &r).unwrap().sum_all().unwrap();
+                let g = g.backward().unwrap();
+                vars.iter()
+                    .map(|v| to_vec(g.get(v.as_tensor()).expect("gradient")))
+                    .collect::<Vec<_>>()
+            };
+            for (k, (a, b)) in grads(true).iter().zip(grads(false)).enumerate() {
+                let e = rel_err(a, &b);
+                assert!(
+                    e < 1e-12,
+                    "{what}: input {k} gradient vs candle autograd: {e:e}"
+                );
+            }
+            if p * h <= 64 && !clip_eigs {
+                check_fd(&what, &inputs, |ts| s5_both(ts, how, true), &mut rng);
+            }
+        }
+    }
 }

@@ -22,8 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hippo::{block_init, block_states};
 use super::init::{init_param, layer_rng, normal, params, trunc_normal};
-use crate::complex::C;
-use crate::ops::{channel_mul, linear_scan, ScanOptions};
+use crate::ops::{channel_mul, linear_scan, s5_discretize, S5Discretization, ScanOptions};
 
 /// How the continuous system is discretised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -217,50 +216,33 @@ impl S5 {
         &self.cfg
     }
 
-    /// The discretised Λ̄ (P) and B̄ (P, H).
-    pub fn discretize(&self) -> Result<(C, C)> {
-        let re = if self.cfg.clip_eigs {
-            self.lambda_re.minimum(-1e-4)?
-        } else {
-            self.lambda_re.clone()
+    /// The discretised Λ̄ as the scan's (P, 2) gate and B̄ as the (H, 2P) matrix whose columns
+    /// interleave (re, im), so that one matmul writes B̄u in the scan's (…, P, 2) layout
+    /// ([`s5_discretize`]: one op forward and one backward).
+    pub fn discretize(&self) -> Result<(Tensor, Tensor)> {
+        let how = S5Discretization {
+            bilinear: self.cfg.discretization == Discretization::Bilinear,
+            clip_eigs: self.cfg.clip_eigs,
         };
-        let lambda = C::new(re, self.lambda_im.clone());
-        let step = self.log_step.exp()?;
-        let b = C::new(
-            self.b.narrow(2, 0, 1)?.squeeze(2)?,
-            self.b.narrow(2, 1, 1)?.squeeze(2)?,
-        );
-        match self.cfg.discretization {
-            Discretization::Zoh => {
-                let lbar = lambda.scale(&step)?.exp()?;
-                let coef = lbar.add_real(-1.0)?.div(&lambda)?;
-                Ok((lbar.clone(), b.mul_col(&coef)?))
-            }
-            Discretization::Bilinear => {
-                let half = lambda.scale(&(&step * 0.5)?)?;
-                let bl = C::one_like(&step)?.sub(&half)?.recip()?;
-                let lbar = bl.mul(&half.add_real(1.0)?)?;
-                Ok((lbar, b.mul_col(&bl.scale(&step)?)?))
-            }
-        }
+        s5_discretize(
+            &self.lambda_re,
+            &self.lambda_im,
+            &self.log_step,
+            &self.b,
+            how,
+        )
     }
 }
 
 impl Module for S5 {
     fn forward(&self, u: &Tensor) -> Result<Tensor> {
         let (batch, len, h) = u.dims3()?;
-        let (lbar, bbar) = self.discretize()?;
-        let p = lbar.re.dim(0)?;
-        // B̄ as an (H, 2P) matrix whose columns interleave (re, im), so that one matmul writes
-        // B̄u straight into the scan's (batch, length, P, 2) layout.
-        let b_mat = Tensor::stack(&[&bbar.re, &bbar.im], 2)?
-            .transpose(0, 1)?
-            .reshape((h, 2 * p))?;
+        let (gate, b_mat) = self.discretize()?;
+        let p = gate.dim(0)?;
         let bu = u
             .reshape((batch * len, h))?
             .matmul(&b_mat)?
             .reshape((batch, len, p, 2))?;
-        let gate = Tensor::stack(&[&lbar.re, &lbar.im], 1)?;
         let fwd = ScanOptions {
             complex: true,
             reverse: false,

@@ -1,7 +1,7 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
-//! `head_solve/`, `dropout/`, `adamw/`, `gelu/`, `layer_norm/`, `channel/`: the candle
-//! `CustomOp` glue, the CPU twin of the CUDA kernel, the launch plans); `rows` is the row
-//! layout LayerNorm and the channel ops share; the CPU-only transpose is one file.
+//! `head_solve/`, `dropout/`, `adamw/`, `gelu/`, `layer_norm/`, `channel/`, `s5_discretize/`:
+//! the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch plans); `rows` is
+//! the row layout LayerNorm and the channel ops share; the CPU-only transpose is one file.
 
 pub mod adamw;
 pub mod channel;
@@ -11,6 +11,7 @@ pub mod head_solve;
 pub mod layer_norm;
 pub mod plan;
 pub mod rows;
+pub mod s5_discretize;
 pub mod scan;
 pub mod transpose;
 pub mod tree_solve;
@@ -22,6 +23,7 @@ pub use dropout::dropout_keep;
 pub use gelu::gelu;
 pub use head_solve::{head_solve, head_solve_backward, HeadSolveGrads};
 pub use layer_norm::{layer_norm, layer_norm_composed};
+pub use s5_discretize::{s5_discretize, s5_discretize_reference, S5Discretization};
 pub use scan::{
     linear_scan, linear_scan_backward, linear_scan_reference, GateShape, ScanGrads, ScanOptions,
 };

@@ -4,7 +4,7 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|layer_norm|channel]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|layer_norm|channel|s5]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 mod adamw;
@@ -14,6 +14,7 @@ mod dropout;
 mod exec;
 mod fused;
 mod head_solve;
+mod s5_discretize;
 mod scan;
 mod tree_solve;
 
@@ -70,6 +71,8 @@ fn every_kernel_entry_point_is_tested() {
         ("channel_fwd", real, &wide),
         ("channel_bwd", real, &wide),
         ("channel_sums", real, &wide),
+        ("s5_discretize_fwd", real, &wide),
+        ("s5_discretize_bwd", real, &wide),
     ];
     let mut planned: Vec<String> = stems
         .iter()
@@ -128,6 +131,11 @@ fn kernel_constants_match_the_plans() {
         ),
         (&read("rows.cuh"), "ROWS_THREADS", rows::THREADS as usize),
         (&read("rows.cuh"), "ROWS_LANES", rows::LANES),
+        (
+            &read("s5_discretize.cu"),
+            "S5D_THREADS",
+            myosotis::ops::s5_discretize::THREADS,
+        ),
     ] {
         let line = format!("#define {name} {value}");
         assert!(src.contains(&line), "kernels/*.cu lacks `{line}`");

@@ -21,6 +21,7 @@ fn main() {
             "src/gelu.cpp",
             "src/layer_norm.cpp",
             "src/channel.cpp",
+            "src/s5_discretize.cpp",
         ])
         .opt_level(2)
         // The arithmetic of the CPU twins: no fused multiply-adds.

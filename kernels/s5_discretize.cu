@@ -1,0 +1,149 @@
+// S5's parameters to the discretised system (S5, §2 and Appendix: ZOH and bilinear), forward
+// and backward, one block per state p, the block's threads over the H input channels:
+//   λ = (re, im), re clipped to ≤ −10⁻⁴ with clip_eigs;  Δ = e^{log Δ};
+//   ZOH:       Λ̄ = e^{λΔ},                   k = (Λ̄ − 1) / λ;
+//   bilinear:  Λ̄ = (1 + λΔ/2) / (1 − λΔ/2),  k = Δ / (1 − λΔ/2);
+//   B̄[p, j] = B[p, j] · k_p.
+// Input `params` is (3, P): rows λ_re, λ_im, log Δ; `b` is (P, H, 2). The forward writes
+// [Λ̄ as (P, 2) | B̄ as the (H, 2P) matrix whose row j is (re, im) of B̄[·, j]], the layout the
+// scan and the input projection's matmul take. The backward takes the gradient of that output
+// and writes [∂params (3, P) | ∂b (P, H, 2)], with g_k = Σ_j conj(B[p, j]) ∂B̄[p, j] added per
+// thread (j ≡ thread mod S5D_THREADS) and then over the threads in order. The CPU twin is
+// src/ops/s5_discretize/mod.rs; its forward is also the arithmetic of the same formulas in
+// candle ops, operation for operation.
+#include "values.cuh"
+
+#define S5D_THREADS 128
+
+template <typename F> struct S5Step {
+    Cx<F> lam, lbar, k, bl; // bl: 1 / (1 − λΔ/2) (bilinear only)
+    F dt, mask;             // mask: ∂re_clipped / ∂re
+};
+
+template <typename F> __device__ __forceinline__ Cx<F> s5d_mul(Cx<F> a, Cx<F> b) {
+    return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
+}
+
+template <typename F> __device__ __forceinline__ Cx<F> s5d_recip(Cx<F> a) {
+    const F n = a.re * a.re + a.im * a.im;
+    return {a.re / n, -a.im / n};
+}
+
+template <typename F>
+__device__ __forceinline__ S5Step<F> s5d_step(F re, F im, F log_dt, int bilinear, int clip) {
+    S5Step<F> s;
+    const F bound = F(-1e-4);
+    s.mask = F(1);
+    if (clip) {
+        s.mask = re < bound ? F(1) : re == bound ? F(0.5) : F(0);
+        re = re < bound ? re : bound;
+    }
+    s.lam = {re, im};
+    s.dt = exp(log_dt);
+    if (bilinear) {
+        const F hs = s.dt * F(0.5);
+        const Cx<F> half = {re * hs, im * hs};
+        s.bl = s5d_recip(Cx<F>{F(1) - half.re, F(0) - half.im});
+        s.lbar = s5d_mul(s.bl, Cx<F>{half.re + F(1), half.im});
+        s.k = {s.bl.re * s.dt, s.bl.im * s.dt};
+    } else {
+        const F ar = re * s.dt, ai = im * s.dt;
+        const F m = exp(ar);
+        s.lbar = {m * cos(ai), m * sin(ai)};
+        s.k = s5d_mul(Cx<F>{s.lbar.re + F(-1), s.lbar.im}, s5d_recip(s.lam));
+        s.bl = {F(0), F(0)};
+    }
+    return s;
+}
+
+template <typename T>
+__device__ void s5_discretize_fwd(const T *params, const T *b, T *out, int p_count, int h,
+                                  int bilinear, int clip) {
+    typedef typename AccOf<T>::F F;
+    const int p = blockIdx.x;
+    const S5Step<F> s = s5d_step(to_acc(params[p]), to_acc(params[p_count + p]),
+                                 to_acc(params[2 * p_count + p]), bilinear, clip);
+    if (threadIdx.x == 0) {
+        store_s(out + 2 * p, s.lbar.re);
+        store_s(out + 2 * p + 1, s.lbar.im);
+    }
+    T *bmat = out + 2 * (i64)p_count;
+    for (int j = threadIdx.x; j < h; j += blockDim.x) {
+        const i64 e = ((i64)p * h + j) * 2;
+        const Cx<F> v = s5d_mul(Cx<F>{to_acc(b[e]), to_acc(b[e + 1])}, s.k);
+        const i64 o = (i64)j * 2 * p_count + 2 * p;
+        store_s(bmat + o, v.re);
+        store_s(bmat + o + 1, v.im);
+    }
+}
+
+template <typename T>
+__device__ void s5_discretize_bwd(const T *params, const T *b, const T *g, T *out, int p_count,
+                                  int h, int bilinear, int clip) {
+    typedef typename AccOf<T>::F F;
+    __shared__ F part_re[S5D_THREADS], part_im[S5D_THREADS];
+    const int p = blockIdx.x;
+    const S5Step<F> s = s5d_step(to_acc(params[p]), to_acc(params[p_count + p]),
+                                 to_acc(params[2 * p_count + p]), bilinear, clip);
+    const T *gbar = g + 2 * (i64)p_count;
+    T *db = out + 3 * (i64)p_count;
+    const Cx<F> kc = {s.k.re, -s.k.im};
+    Cx<F> gk = {F(0), F(0)};
+    for (int j = threadIdx.x; j < h; j += blockDim.x) {
+        const i64 e = ((i64)p * h + j) * 2, o = (i64)j * 2 * p_count + 2 * p;
+        const Cx<F> gv = {to_acc(gbar[o]), to_acc(gbar[o + 1])};
+        const Cx<F> bc = {to_acc(b[e]), -to_acc(b[e + 1])};
+        const Cx<F> t = s5d_mul(bc, gv);
+        gk = {gk.re + t.re, gk.im + t.im};
+        const Cx<F> d = s5d_mul(kc, gv);
+        store_s(db + e, d.re);
+        store_s(db + e + 1, d.im);
+    }
+    part_re[threadIdx.x] = gk.re;
+    part_im[threadIdx.x] = gk.im;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    gk = {F(0), F(0)};
+    for (int t = 0; t < S5D_THREADS; ++t) gk = {gk.re + part_re[t], gk.im + part_im[t]};
+    const Cx<F> gl = {to_acc(g[2 * p]), to_acc(g[2 * p + 1])};
+    // ∂Λ̄/∂λ, ∂k/∂λ (holomorphic) and ∂Λ̄/∂Δ, ∂k/∂Δ.
+    Cx<F> dl_dlam, dk_dlam, dl_ddt, dk_ddt;
+    if (bilinear) {
+        const Cx<F> bl2 = s5d_mul(s.bl, s.bl);
+        dl_dlam = {bl2.re * s.dt, bl2.im * s.dt};
+        dk_dlam = {bl2.re * (s.dt * s.dt * F(0.5)), bl2.im * (s.dt * s.dt * F(0.5))};
+        dl_ddt = s5d_mul(bl2, s.lam);
+        dk_ddt = bl2;
+    } else {
+        dl_dlam = {s.lbar.re * s.dt, s.lbar.im * s.dt};
+        dk_dlam = s5d_mul(Cx<F>{dl_dlam.re - s.k.re, dl_dlam.im - s.k.im}, s5d_recip(s.lam));
+        dl_ddt = s5d_mul(s.lam, s.lbar);
+        dk_ddt = s.lbar;
+    }
+    // g_λ = conj(∂Λ̄/∂λ) g_Λ̄ + conj(∂k/∂λ) g_k;  g_Δ = Re(conj(∂Λ̄/∂Δ) g_Λ̄ + conj(∂k/∂Δ) g_k).
+    const Cx<F> a = s5d_mul(Cx<F>{dl_dlam.re, -dl_dlam.im}, gl);
+    const Cx<F> c = s5d_mul(Cx<F>{dk_dlam.re, -dk_dlam.im}, gk);
+    const F g_dt =
+        (dl_ddt.re * gl.re + dl_ddt.im * gl.im) + (dk_ddt.re * gk.re + dk_ddt.im * gk.im);
+    store_s(out + p, (a.re + c.re) * s.mask);
+    store_s(out + p_count + p, a.im + c.im);
+    store_s(out + 2 * p_count + p, g_dt * s.dt);
+}
+
+#define S5D_KERNELS(SUFFIX, T)                                                                  \
+    extern "C" __global__ void __launch_bounds__(S5D_THREADS)                                   \
+        s5_discretize_fwd_##SUFFIX(const T *params, const T *b, T *out, int p_count, int h,     \
+                                   int bilinear, int clip) {                                    \
+        s5_discretize_fwd<T>(params, b, out, p_count, h, bilinear, clip);                       \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(S5D_THREADS)                                   \
+        s5_discretize_bwd_##SUFFIX(const T *params, const T *b, const T *g, T *out,             \
+                                   int p_count, int h, int bilinear, int clip) {                \
+        s5_discretize_bwd<T>(params, b, g, out, p_count, h, bilinear, clip);                    \
+    }
+
+// The instantiations (parameters train in f32; f64 for the tests): kernel-name suffix and
+// type. The host harness in tests/kernels_on_cpu registers the same list.
+#define S5D_DTYPES(X) X(f32, float) X(f64, double)
+
+S5D_DTYPES(S5D_KERNELS)

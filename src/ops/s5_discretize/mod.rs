@@ -1,0 +1,477 @@
+//! S5's parameters to its discretised system in one op, forward and backward, on the CPU and on
+//! CUDA (`kernels/s5_discretize.cu`, whose twin is the arithmetic here):
+//!
+//!   λ = (λ_re, λ_im), λ_re clipped to ≤ −10⁻⁴ with clip_eigs;  Δ = e^{log Δ};
+//!   ZOH:       Λ̄ = e^{λΔ},                   k = (Λ̄ − 1) / λ;
+//!   bilinear:  Λ̄ = (1 + λΔ/2) / (1 − λΔ/2),  k = Δ / (1 − λΔ/2);
+//!   B̄[p, j] = B̃[p, j] · k_p,
+//!
+//! returned as the scan's gate Λ̄ (P, 2) and B̄ as the (H, 2P) matrix whose row j interleaves
+//! (re, im) of B̄[·, j], so that one matmul writes B̄u in the scan's layout. The same formulas
+//! in candle ops ([`s5_discretize_reference`]) are some thirty ops forward and a hundred
+//! backward; the forward here computes them operation for operation (the same values on the
+//! CPU), and the backward is the chain rule written out:
+//!
+//!   g_B̃ = conj(k) g_B̄,   g_k = Σ_j conj(B̃_j) g_B̄_j,
+//!   g_λ = conj(∂Λ̄/∂λ) g_Λ̄ + conj(∂k/∂λ) g_k,   g_Δ = Re(conj(∂Λ̄/∂Δ) g_Λ̄ + conj(∂k/∂Δ) g_k),
+//!   ZOH: ∂Λ̄/∂λ = ΔΛ̄, ∂k/∂λ = (ΔΛ̄ − k)/λ, ∂Λ̄/∂Δ = λΛ̄, ∂k/∂Δ = Λ̄;
+//!   bilinear (b = 1/(1 − λΔ/2)): ∂Λ̄/∂λ = b²Δ, ∂k/∂λ = b²Δ²/2, ∂Λ̄/∂Δ = b²λ, ∂k/∂Δ = b²,
+//!
+//! then ∂log Δ = g_Δ Δ, and ∂λ_re = Re g_λ where the clip passes it (half at the bound, as
+//! candle's `minimum`). f16/bf16 and other devices use the reference.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    bail, CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Storage, Tensor,
+};
+use num_traits::Float;
+use rayon::prelude::*;
+
+use super::value::contiguous;
+use crate::complex::C;
+
+pub mod cuda;
+
+/// Threads per block of the kernels (S5D_THREADS): the backward adds g_k over the channels
+/// j ≡ t mod THREADS per thread t, then over the threads in order.
+pub const THREADS: usize = 128;
+
+/// How S5 discretises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct S5Discretization {
+    pub bilinear: bool,
+    pub clip_eigs: bool,
+}
+
+/// (Λ̄ as (P, 2), B̄ as the (H, 2P) matrix) from λ_re, λ_im, log Δ (P) and B̃ (P, H, 2).
+pub fn s5_discretize(
+    lambda_re: &Tensor,
+    lambda_im: &Tensor,
+    log_step: &Tensor,
+    b: &Tensor,
+    how: S5Discretization,
+) -> Result<(Tensor, Tensor)> {
+    let (p, h, two) = b.dims3()?;
+    for (name, t) in [
+        ("lambda_re", lambda_re),
+        ("lambda_im", lambda_im),
+        ("log_step", log_step),
+    ] {
+        if t.dims() != [p] || two != 2 {
+            bail!(
+                "s5_discretize: {name} has shape {:?} and B {:?}, expected (P) and (P, H, 2)",
+                t.dims(),
+                b.dims()
+            );
+        }
+    }
+    let fused = matches!(b.dtype(), DType::F32 | DType::F64)
+        && (b.device().is_cpu() || b.device().is_cuda());
+    if !fused {
+        return s5_discretize_reference(lambda_re, lambda_im, log_step, b, how);
+    }
+    let params = Tensor::stack(&[lambda_re, lambda_im, log_step], 0)?;
+    let out = params.apply_op2(&b.contiguous()?, S5DiscretizeOp { p, h, how })?;
+    Ok((
+        out.narrow(0, 0, 2 * p)?.reshape((p, 2))?,
+        out.narrow(0, 2 * p, 2 * p * h)?.reshape((h, 2 * p))?,
+    ))
+}
+
+/// The same in candle ops (any device and float dtype): the tests' reference.
+pub fn s5_discretize_reference(
+    lambda_re: &Tensor,
+    lambda_im: &Tensor,
+    log_step: &Tensor,
+    b: &Tensor,
+    how: S5Discretization,
+) -> Result<(Tensor, Tensor)> {
+    let (p, h, _) = b.dims3()?;
+    let re = if how.clip_eigs {
+        lambda_re.minimum(-1e-4)?
+    } else {
+        lambda_re.clone()
+    };
+    let lambda = C::new(re, lambda_im.clone());
+    let step = log_step.exp()?;
+    let b = C::from_pairs(b)?;
+    let (lbar, bbar) = if how.bilinear {
+        let half = lambda.scale(&(&step * 0.5)?)?;
+        let bl = C::one_like(&step)?.sub(&half)?.recip()?;
+        (bl.mul(&half.add_real(1.0)?)?, b.mul_col(&bl.scale(&step)?)?)
+    } else {
+        let lbar = lambda.scale(&step)?.exp()?;
+        let coef = lbar.add_real(-1.0)?.div(&lambda)?;
+        (lbar.clone(), b.mul_col(&coef)?)
+    };
+    let b_mat = Tensor::stack(&[&bbar.re, &bbar.im], 2)?
+        .transpose(0, 1)?
+        .reshape((h, 2 * p))?;
+    Ok((lbar.to_pairs()?, b_mat))
+}
+
+/// A complex scalar of the twin.
+#[derive(Clone, Copy)]
+struct Cx<F> {
+    re: F,
+    im: F,
+}
+
+fn mul<F: Float>(a: Cx<F>, b: Cx<F>) -> Cx<F> {
+    Cx {
+        re: a.re * b.re - a.im * b.im,
+        im: a.re * b.im + a.im * b.re,
+    }
+}
+
+fn recip<F: Float>(a: Cx<F>) -> Cx<F> {
+    let n = a.re * a.re + a.im * a.im;
+    Cx {
+        re: a.re / n,
+        im: -a.im / n,
+    }
+}
+
+fn conj<F: Float>(a: Cx<F>) -> Cx<F> {
+    Cx {
+        re: a.re,
+        im: -a.im,
+    }
+}
+
+/// One state's discretisation: λ (clipped), Λ̄, k, b (bilinear), Δ and the clip's slope.
+struct Step<F> {
+    lam: Cx<F>,
+    lbar: Cx<F>,
+    k: Cx<F>,
+    bl: Cx<F>,
+    dt: F,
+    mask: F,
+}
+
+fn step<F: Float>(re: F, im: F, log_dt: F, how: S5Discretization) -> Step<F> {
+    let c = |v: f64| F::from(v).expect("constant");
+    let (zero, one) = (F::zero(), F::one());
+    let bound = c(-1e-4);
+    let (mut re, mut mask) = (re, one);
+    if how.clip_eigs {
+        mask = if re < bound {
+            one
+        } else if re == bound {
+            c(0.5)
+        } else {
+            zero
+        };
+        re = if re < bound { re } else { bound };
+    }
+    let lam = Cx { re, im };
+    let dt = log_dt.exp();
+    if how.bilinear {
+        let hs = dt * c(0.5);
+        let half = Cx {
+            re: re * hs,
+            im: im * hs,
+        };
+        let bl = recip(Cx {
+            re: one - half.re,
+            im: zero - half.im,
+        });
+        let lbar = mul(
+            bl,
+            Cx {
+                re: half.re + one,
+                im: half.im,
+            },
+        );
+        let k = Cx {
+            re: bl.re * dt,
+            im: bl.im * dt,
+        };
+        Step {
+            lam,
+            lbar,
+            k,
+            bl,
+            dt,
+            mask,
+        }
+    } else {
+        let (ar, ai) = (re * dt, im * dt);
+        let m = ar.exp();
+        let lbar = Cx {
+            re: m * ai.cos(),
+            im: m * ai.sin(),
+        };
+        let k = mul(
+            Cx {
+                re: lbar.re + c(-1.0),
+                im: lbar.im,
+            },
+            recip(lam),
+        );
+        Step {
+            lam,
+            lbar,
+            k,
+            bl: Cx { re: zero, im: zero },
+            dt,
+            mask,
+        }
+    }
+}
+
+struct S5DiscretizeOp {
+    p: usize,
+    h: usize,
+    how: S5Discretization,
+}
+
+impl S5DiscretizeOp {
+    fn step_of<F: Float>(&self, params: &[F], p: usize) -> Step<F> {
+        step(
+            params[p],
+            params[self.p + p],
+            params[2 * self.p + p],
+            self.how,
+        )
+    }
+
+    /// [Λ̄ (P, 2) | B̄ (H, 2P)].
+    fn fwd_t<F: Float + Send + Sync>(&self, params: &[F], b: &[F]) -> Vec<F> {
+        let (np, h) = (self.p, self.h);
+        let mut out = vec![F::zero(); 2 * np + 2 * np * h];
+        let steps: Vec<Step<F>> = (0..np).map(|p| self.step_of(params, p)).collect();
+        let (gate, bmat) = out.split_at_mut(2 * np);
+        for (p, s) in steps.iter().enumerate() {
+            gate[2 * p] = s.lbar.re;
+            gate[2 * p + 1] = s.lbar.im;
+        }
+        bmat.par_chunks_mut(2 * np)
+            .enumerate()
+            .for_each(|(j, row)| {
+                for (p, s) in steps.iter().enumerate() {
+                    let e = (p * h + j) * 2;
+                    let v = mul(
+                        Cx {
+                            re: b[e],
+                            im: b[e + 1],
+                        },
+                        s.k,
+                    );
+                    row[2 * p] = v.re;
+                    row[2 * p + 1] = v.im;
+                }
+            });
+        out
+    }
+
+    /// [∂params (3, P) | ∂B̃ (P, H, 2)] from the gradient of the forward's output.
+    fn bwd_t<F: Float + Send + Sync>(&self, params: &[F], b: &[F], g: &[F]) -> Vec<F> {
+        let (np, h) = (self.p, self.h);
+        let gbar = &g[2 * np..];
+        let per_p: Vec<([F; 3], Vec<F>)> = (0..np)
+            .into_par_iter()
+            .map(|p| {
+                let s = self.step_of(params, p);
+                let mut db = vec![F::zero(); 2 * h];
+                let mut lanes = [Cx {
+                    re: F::zero(),
+                    im: F::zero(),
+                }; THREADS];
+                for j in 0..h {
+                    let (e, o) = ((p * h + j) * 2, j * 2 * np + 2 * p);
+                    let gv = Cx {
+                        re: gbar[o],
+                        im: gbar[o + 1],
+                    };
+                    let t = mul(
+                        conj(Cx {
+                            re: b[e],
+                            im: b[e + 1],
+                        }),
+                        gv,
+                    );
+                    let l = &mut lanes[j % THREADS];
+                    *l = Cx {
+                        re: l.re + t.re,
+                        im: l.im + t.im,
+                    };
+                    let d = mul(conj(s.k), gv);
+                    db[2 * j] = d.re;
+                    db[2 * j + 1] = d.im;
+                }
+                let gk = lanes.iter().fold(
+                    Cx {
+                        re: F::zero(),
+                        im: F::zero(),
+                    },
+                    |a, l| Cx {
+                        re: a.re + l.re,
+                        im: a.im + l.im,
+                    },
+                );
+                (
+                    self.param_grads(
+                        &s,
+                        Cx {
+                            re: g[2 * p],
+                            im: g[2 * p + 1],
+                        },
+                        gk,
+                    ),
+                    db,
+                )
+            })
+            .collect();
+        let mut out = vec![F::zero(); 3 * np + 2 * np * h];
+        for (p, (d, db)) in per_p.into_iter().enumerate() {
+            for (r, v) in d.into_iter().enumerate() {
+                out[r * np + p] = v;
+            }
+            out[3 * np + p * 2 * h..3 * np + (p + 1) * 2 * h].copy_from_slice(&db);
+        }
+        out
+    }
+
+    /// (∂λ_re, ∂λ_im, ∂log Δ) of one state from g_Λ̄ and g_k.
+    fn param_grads<F: Float>(&self, s: &Step<F>, gl: Cx<F>, gk: Cx<F>) -> [F; 3] {
+        let half = F::from(0.5).expect("constant");
+        let scale = |a: Cx<F>, x: F| Cx {
+            re: a.re * x,
+            im: a.im * x,
+        };
+        let (dl_dlam, dk_dlam, dl_ddt, dk_ddt) = if self.how.bilinear {
+            let bl2 = mul(s.bl, s.bl);
+            (
+                scale(bl2, s.dt),
+                scale(bl2, s.dt * s.dt * half),
+                mul(bl2, s.lam),
+                bl2,
+            )
+        } else {
+            let dl = scale(s.lbar, s.dt);
+            let dk = mul(
+                Cx {
+                    re: dl.re - s.k.re,
+                    im: dl.im - s.k.im,
+                },
+                recip(s.lam),
+            );
+            (dl, dk, mul(s.lam, s.lbar), s.lbar)
+        };
+        let a = mul(conj(dl_dlam), gl);
+        let c = mul(conj(dk_dlam), gk);
+        let g_dt =
+            (dl_ddt.re * gl.re + dl_ddt.im * gl.im) + (dk_ddt.re * gk.re + dk_ddt.im * gk.im);
+        [(a.re + c.re) * s.mask, a.im + c.im, g_dt * s.dt]
+    }
+}
+
+impl CustomOp2 for S5DiscretizeOp {
+    fn name(&self) -> &'static str {
+        "s5-discretize"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sp: &CpuStorage,
+        lp: &Layout,
+        sb: &CpuStorage,
+        lb: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let out = match sb.dtype() {
+            DType::F32 => {
+                CpuStorage::F32(self.fwd_t::<f32>(contiguous(sp, lp)?, contiguous(sb, lb)?))
+            }
+            DType::F64 => {
+                CpuStorage::F64(self.fwd_t::<f64>(contiguous(sp, lp)?, contiguous(sb, lb)?))
+            }
+            dt => bail!("s5_discretize: dtype {dt:?} is not fused"),
+        };
+        Ok((out, Shape::from(2 * self.p + 2 * self.p * self.h)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sp: &candle_core::CudaStorage,
+        lp: &Layout,
+        sb: &candle_core::CudaStorage,
+        lb: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let plan = cuda::forward_plan(self.p, self.h, self.how, sb.dtype())?;
+        let module = crate::cuda::S5_DISCRETIZE;
+        let mut out = crate::cuda::launch(
+            sb.device(),
+            module,
+            &plan,
+            sb.dtype(),
+            &[(sp, lp), (sb, lb)],
+        )?;
+        Ok((out.remove(0), Shape::from(plan.outputs[0])))
+    }
+
+    fn bwd(
+        &self,
+        params: &Tensor,
+        b: &Tensor,
+        _out: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = g.to_dtype(b.dtype())?.contiguous()?;
+        let packed = match b.device() {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => {
+                let plan = cuda::backward_plan(self.p, self.h, self.how, b.dtype())?;
+                let shape = [plan.outputs[0]];
+                crate::cuda::launch_tensors(
+                    crate::cuda::S5_DISCRETIZE,
+                    &plan,
+                    b.dtype(),
+                    &[params, b, &g],
+                    &[&shape],
+                )?
+                .remove(0)
+            }
+            _ => {
+                let (sp, lp) = params.storage_and_layout();
+                let (sb, lb) = b.storage_and_layout();
+                let (sg, lg) = g.storage_and_layout();
+                let (Storage::Cpu(sp), Storage::Cpu(sb), Storage::Cpu(sg)) = (&*sp, &*sb, &*sg)
+                else {
+                    bail!("s5_discretize backward: tensors are not all on the CPU")
+                };
+                match b.dtype() {
+                    DType::F32 => Tensor::from_vec(
+                        self.bwd_t::<f32>(
+                            contiguous(sp, lp)?,
+                            contiguous(sb, lb)?,
+                            contiguous(sg, lg)?,
+                        ),
+                        3 * self.p + 2 * self.p * self.h,
+                        &Device::Cpu,
+                    )?,
+                    DType::F64 => Tensor::from_vec(
+                        self.bwd_t::<f64>(
+                            contiguous(sp, lp)?,
+                            contiguous(sb, lb)?,
+                            contiguous(sg, lg)?,
+                        ),
+                        3 * self.p + 2 * self.p * self.h,
+                        &Device::Cpu,
+                    )?,
+                    dt => bail!("s5_discretize backward: dtype {dt:?} is not fused"),
+                }
+            }
+        };
+        let np = 3 * self.p;
+        Ok((
+            Some(packed.narrow(0, 0, np)?.reshape((3, self.p))?),
+            Some(
+                packed
+                    .narrow(0, np, 2 * self.p * self.h)?
+                    .reshape(b.dims())?,
+            ),
+        ))
+    }
+}

@@ -1,0 +1,75 @@
+//! `s5_discretize_*` of kernels/s5_discretize.cu through the harness: bit for bit against the
+//! CPU twin (the op's CPU path, its gradients through candle's autograd), forward and backward,
+//! ZOH and bilinear, with and without the eigenvalue clip.
+
+use candle_core::{DType, Device, Tensor, Var};
+use myosotis::ops::s5_discretize::cuda::{backward_plan, forward_plan};
+use myosotis::ops::{s5_discretize, S5Discretization};
+
+use crate::assert_same;
+use crate::common::{seeded_rng, tensor, to_vec, uniform};
+use crate::exec::{round_to, run_in_every_order};
+
+#[test]
+fn s5_kernels_match_the_cpu_twin() {
+    let (mut rng, seed) = seeded_rng("s5_discretize_kernels", 24);
+    for dtype in [DType::F32, DType::F64] {
+        // P = 1, a P over the block's 128 threads' channels, H below, at and above 128.
+        for (p, h) in [(1, 1), (3, 5), (5, 128), (2, 300)] {
+            for (bilinear, clip_eigs) in
+                [(false, false), (false, true), (true, false), (true, true)]
+            {
+                let how = S5Discretization {
+                    bilinear,
+                    clip_eigs,
+                };
+                let what = format!("s5_discretize {dtype:?} P {p} H {h} {how:?}");
+                let mut re = uniform(&mut rng, p, -2.0, -0.05);
+                if clip_eigs {
+                    re[0] = 0.25;
+                }
+                let (im, log_dt) = (
+                    uniform(&mut rng, p, -3.0, 3.0),
+                    uniform(&mut rng, p, -6.0, -1.0),
+                );
+                let params: Vec<f64> =
+                    round_to(&[re.clone(), im.clone(), log_dt.clone()].concat(), dtype);
+                let b = round_to(&uniform(&mut rng, p * h * 2, -1.0, 1.0), dtype);
+                let g = round_to(&uniform(&mut rng, 2 * p + 2 * p * h, -1.0, 1.0), dtype);
+                let fwd = forward_plan(p, h, how, dtype).unwrap();
+                let out = run_in_every_order(&fwd, dtype, &[&params, &b], seed)
+                    .outputs
+                    .remove(0);
+                let bwd = backward_plan(p, h, how, dtype).unwrap();
+                let grads = run_in_every_order(&bwd, dtype, &[&params, &b, &g], seed)
+                    .outputs
+                    .remove(0);
+                // The twin.
+                let var = |v: &[f64], s: &[usize]| {
+                    Var::from_tensor(&tensor(v, s, dtype, &Device::Cpu)).unwrap()
+                };
+                let vars = [
+                    var(&params[..p], &[p]),
+                    var(&params[p..2 * p], &[p]),
+                    var(&params[2 * p..], &[p]),
+                    var(&b, &[p, h, 2]),
+                ];
+                let t = |k: usize| vars[k].as_tensor();
+                let (gate, bmat) = s5_discretize(t(0), t(1), t(2), t(3), how).unwrap();
+                let both = Tensor::cat(
+                    &[gate.flatten_all().unwrap(), bmat.flatten_all().unwrap()],
+                    0,
+                )
+                .unwrap();
+                assert_same(&out, &to_vec(&both), &format!("{what}: forward"));
+                let gt = tensor(&g, &[g.len()], dtype, &Device::Cpu);
+                let store = (both * gt).unwrap().sum_all().unwrap().backward().unwrap();
+                let twin: Vec<f64> = vars
+                    .iter()
+                    .flat_map(|v| to_vec(store.get(v.as_tensor()).expect("gradient")))
+                    .collect();
+                assert_same(&grads, &twin, &format!("{what}: backward"));
+            }
+        }
+    }
+}
