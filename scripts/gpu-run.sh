@@ -245,7 +245,7 @@ if want profile; then
   echo
   echo "## Training step profile (forward, loss, backward, AdamW; CUPTI kernel trace)"
   echo
-  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy | CPU (16 threads) steps/s |"
+  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy | CPU bench, one shard, 16 threads: steps/s |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
 } >>"$report/report.md"
 profiles=(

@@ -218,7 +218,7 @@ impl S5 {
 
     /// The discretised Λ̄ as the scan's (P, 2) gate and B̄ as the (H, 2P) matrix whose columns
     /// interleave (re, im), so that one matmul writes B̄u in the scan's (…, P, 2) layout
-    /// ([`s5_discretize`]: one op forward and one backward).
+    /// ([`s5_discretize()`]: one op forward and one backward).
     pub fn discretize(&self) -> Result<(Tensor, Tensor)> {
         let how = S5Discretization {
             bilinear: self.cfg.discretization == Discretization::Bilinear,
