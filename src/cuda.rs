@@ -80,6 +80,12 @@ pub const S5_DISCRETIZE: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/s5_discretize.ptx")),
 };
 
+/// `kernels/s5_readout.cu`.
+pub const S5_READOUT: Module = Module {
+    name: "myosotis_s5_readout",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/s5_readout.ptx")),
+};
+
 /// Element types our kernels are instantiated for.
 pub trait CudaElem: CudaDType + DeviceRepr + WithDType {}
 impl CudaElem for f32 {}

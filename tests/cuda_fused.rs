@@ -8,7 +8,9 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
-use myosotis::ops::{channel_add, channel_mul, gelu, layer_norm, s5_discretize, S5Discretization};
+use myosotis::ops::{
+    channel_add, channel_mul, gelu, layer_norm, s5_discretize, s5_readout, S5Discretization,
+};
 
 const SHAPES: [(usize, usize); 6] = [(1, 1), (3, 5), (9, 33), (50, 128), (1000, 3), (4100, 96)];
 
@@ -155,6 +157,30 @@ fn cuda_s5_discretize() {
                         "s5_discretize {dtype:?} P {p} H {h} {how:?}: output {k} differs by {e:e}"
                     );
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_s5_readout() {
+    let Some(gpu) = gpu("cuda_s5_readout") else {
+        return;
+    };
+    let (mut rng, _) = seeded_rng("cuda_s5_readout", 34);
+    for (h, p, dirs) in [(1, 1, 1), (3, 5, 2), (512, 384, 2)] {
+        for conj_sym in [false, true] {
+            let inputs = [(
+                uniform(&mut rng, h * dirs * p * 2, -1.0, 1.0),
+                vec![h, dirs * p, 2],
+            )];
+            let g = uniform(&mut rng, h * dirs * p * 2, -1.0, 1.0);
+            let op = |t: &[Tensor]| s5_readout(&t[0], dirs, conj_sym).unwrap();
+            for dtype in [DType::F64, DType::F32] {
+                let want = run(&op, &inputs, &g, &Device::Cpu, dtype);
+                let got = run(&op, &inputs, &g, &gpu, dtype);
+                // A relayout times ±1 or ±2: exact.
+                assert_eq!(got, want, "s5_readout {dtype:?} H {h} P {p} dirs {dirs}");
             }
         }
     }

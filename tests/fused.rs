@@ -1,5 +1,5 @@
 //! The fused CPU ops behind the layers (layer_norm, gelu, channel_add/mul, swap_dims12,
-//! s5_discretize):
+//! s5_discretize, s5_readout):
 //! forward against independent f64 loops, backward against central finite differences of the
 //! op itself (f64) and against candle autograd through the same computation in plain candle
 //! ops (f32), on shapes that do and do not fill the ops' row tiles.
@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use common::{rel_err, seeded_rng, tensor, to_vec};
 use myosotis::ops::{
     channel_add, channel_mul, gelu, layer_norm, layer_norm_composed, s5_discretize,
-    s5_discretize_reference, swap_dims12, S5Discretization,
+    s5_discretize_reference, s5_readout, swap_dims12, S5Discretization,
 };
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -337,6 +337,38 @@ fn s5_discretize_matches_candle_ops_and_finite_differences() {
             }
             if p * h <= 64 && !clip_eigs {
                 check_fd(&what, &inputs, |ts| s5_both(ts, how, true), &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+fn s5_readout_matches_the_layout_and_finite_differences() {
+    let (mut rng, _) = seeded_rng("s5_readout", 109);
+    for &(h, p, dirs) in &[(1, 1, 1), (3, 5, 2), (64, 16, 1), (7, 33, 2)] {
+        for conj_sym in [false, true] {
+            let what = format!("s5_readout H {h} P {p} dirs {dirs} conj_sym {conj_sym}");
+            let c = randn(&mut rng, h * dirs * p * 2);
+            let ct = tensor(&c, &[h, dirs * p, 2], DType::F64, &Device::Cpu);
+            let r = to_vec(&s5_readout(&ct, dirs, conj_sym).unwrap());
+            let s = if conj_sym { 2.0 } else { 1.0 };
+            for d in 0..dirs {
+                for q in 0..2 * p {
+                    for j in 0..h {
+                        let v = c[((j * dirs + d) * p + q / 2) * 2 + q % 2];
+                        let want = if q % 2 == 1 { -s * v } else { s * v };
+                        assert_eq!(r[(d * 2 * p + q) * h + j], want, "{what}");
+                    }
+                }
+            }
+            if h * p * dirs <= 64 {
+                let inputs = [(c.clone(), vec![h, dirs * p, 2])];
+                check_fd(
+                    &what,
+                    &inputs,
+                    |ts| s5_readout(&ts[0], dirs, conj_sym).unwrap(),
+                    &mut rng,
+                );
             }
         }
     }

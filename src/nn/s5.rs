@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 
 use super::hippo::{block_init, block_states};
 use super::init::{init_param, layer_rng, normal, params, trunc_normal};
-use crate::ops::{channel_mul, linear_scan, s5_discretize, S5Discretization, ScanOptions};
+use crate::ops::{
+    channel_mul, linear_scan, s5_discretize, s5_readout, S5Discretization, ScanOptions,
+};
 
 /// How the continuous system is discretised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -255,16 +257,12 @@ impl Module for S5 {
             };
             states.push(linear_scan(&gate, &bu, None, bwd)?);
         }
-        // Re(C̃ x) = Σ_p C_re x_re − C_im x_im: with C̃ stored (H, P, 2) and x (…, P, 2), one
-        // matmul per direction against C̃ viewed as (H, 2P) with its imaginary columns negated
-        // (and × 2 with conj_sym).
-        let scale = if self.cfg.conj_sym { 2.0 } else { 1.0 };
-        let signs = Tensor::new(&[scale, -scale], u.device())?.to_dtype(u.dtype())?;
-        let c = self.c.broadcast_mul(&signs)?;
+        // Re(C̃ x) (× 2 with conj_sym): one matmul per direction with its (2P, H) readout matrix.
+        let r = s5_readout(&self.c, states.len(), self.cfg.conj_sym)?;
         let mut y = channel_mul(u, &self.d)?;
         for (i, x) in states.iter().enumerate() {
-            let c_mat = c.narrow(1, i * p, p)?.reshape((h, 2 * p))?;
-            let yi = x.reshape((batch * len, 2 * p))?.matmul(&c_mat.t()?)?;
+            let r_i = r.narrow(0, i * 2 * p, 2 * p)?;
+            let yi = x.reshape((batch * len, 2 * p))?.matmul(&r_i)?;
             y = (y + yi.reshape((batch, len, h))?)?;
         }
         Ok(y)

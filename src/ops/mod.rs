@@ -1,7 +1,8 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
-//! `head_solve/`, `dropout/`, `adamw/`, `gelu/`, `layer_norm/`, `channel/`, `s5_discretize/`:
-//! the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch plans); `rows` is
-//! the row layout LayerNorm and the channel ops share; the CPU-only transpose is one file.
+//! `head_solve/`, `dropout/`, `adamw/`, `gelu/`, `layer_norm/`, `channel/`, `s5_discretize/`,
+//! `s5_readout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch
+//! plans); `rows` is the row layout LayerNorm and the channel ops share; the CPU-only transpose
+//! is one file.
 
 pub mod adamw;
 pub mod channel;
@@ -12,6 +13,7 @@ pub mod layer_norm;
 pub mod plan;
 pub mod rows;
 pub mod s5_discretize;
+pub mod s5_readout;
 pub mod scan;
 pub mod transpose;
 pub mod tree_solve;
@@ -24,6 +26,7 @@ pub use gelu::gelu;
 pub use head_solve::{head_solve, head_solve_backward, HeadSolveGrads};
 pub use layer_norm::{layer_norm, layer_norm_composed};
 pub use s5_discretize::{s5_discretize, s5_discretize_reference, S5Discretization};
+pub use s5_readout::s5_readout;
 pub use scan::{
     linear_scan, linear_scan_backward, linear_scan_reference, GateShape, ScanGrads, ScanOptions,
 };

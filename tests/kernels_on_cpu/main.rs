@@ -15,6 +15,7 @@ mod exec;
 mod fused;
 mod head_solve;
 mod s5_discretize;
+mod s5_readout;
 mod scan;
 mod tree_solve;
 
@@ -73,6 +74,8 @@ fn every_kernel_entry_point_is_tested() {
         ("channel_sums", real, &wide),
         ("s5_discretize_fwd", real, &wide),
         ("s5_discretize_bwd", real, &wide),
+        ("s5_readout_fwd", real, &wide),
+        ("s5_readout_bwd", real, &wide),
     ];
     let mut planned: Vec<String> = stems
         .iter()
@@ -135,6 +138,11 @@ fn kernel_constants_match_the_plans() {
             &read("s5_discretize.cu"),
             "S5D_THREADS",
             myosotis::ops::s5_discretize::THREADS,
+        ),
+        (
+            &read("s5_readout.cu"),
+            "S5R_THREADS",
+            rows::ELEMENT_THREADS as usize,
         ),
     ] {
         let line = format!("#define {name} {value}");

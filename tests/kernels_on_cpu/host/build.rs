@@ -22,6 +22,7 @@ fn main() {
             "src/layer_norm.cpp",
             "src/channel.cpp",
             "src/s5_discretize.cpp",
+            "src/s5_readout.cpp",
         ])
         .opt_level(2)
         // The arithmetic of the CPU twins: no fused multiply-adds.
