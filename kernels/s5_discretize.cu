@@ -20,17 +20,9 @@ template <typename F> struct S5Step {
     F dt, mask;             // mask: ∂re_clipped / ∂re
 };
 
-template <typename F> __device__ __forceinline__ Cx<F> s5d_mul(Cx<F> a, Cx<F> b) {
-    return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
-}
-
-template <typename F> __device__ __forceinline__ Cx<F> s5d_recip(Cx<F> a) {
-    const F n = a.re * a.re + a.im * a.im;
-    return {a.re / n, -a.im / n};
-}
-
 template <typename F>
 __device__ __forceinline__ S5Step<F> s5d_step(F re, F im, F log_dt, int bilinear, int clip) {
+    typedef ComplexOps<F> CO;
     S5Step<F> s;
     const F bound = F(-1e-4);
     s.mask = F(1);
@@ -43,14 +35,14 @@ __device__ __forceinline__ S5Step<F> s5d_step(F re, F im, F log_dt, int bilinear
     if (bilinear) {
         const F hs = s.dt * F(0.5);
         const Cx<F> half = {re * hs, im * hs};
-        s.bl = s5d_recip(Cx<F>{F(1) - half.re, F(0) - half.im});
-        s.lbar = s5d_mul(s.bl, Cx<F>{half.re + F(1), half.im});
+        s.bl = CO::inv(Cx<F>{F(1) - half.re, F(0) - half.im});
+        s.lbar = CO::mul(s.bl, Cx<F>{half.re + F(1), half.im});
         s.k = {s.bl.re * s.dt, s.bl.im * s.dt};
     } else {
         const F ar = re * s.dt, ai = im * s.dt;
         const F m = exp(ar);
         s.lbar = {m * cos(ai), m * sin(ai)};
-        s.k = s5d_mul(Cx<F>{s.lbar.re + F(-1), s.lbar.im}, s5d_recip(s.lam));
+        s.k = CO::mul(Cx<F>{s.lbar.re + F(-1), s.lbar.im}, CO::inv(s.lam));
         s.bl = {F(0), F(0)};
     }
     return s;
@@ -60,6 +52,7 @@ template <typename T>
 __device__ void s5_discretize_fwd(const T *params, const T *b, T *out, int p_count, int h,
                                   int bilinear, int clip) {
     typedef typename AccOf<T>::F F;
+    typedef ComplexOps<F> CO;
     const int p = blockIdx.x;
     const S5Step<F> s = s5d_step(to_acc(params[p]), to_acc(params[p_count + p]),
                                  to_acc(params[2 * p_count + p]), bilinear, clip);
@@ -70,7 +63,7 @@ __device__ void s5_discretize_fwd(const T *params, const T *b, T *out, int p_cou
     T *bmat = out + 2 * (i64)p_count;
     for (int j = threadIdx.x; j < h; j += blockDim.x) {
         const i64 e = ((i64)p * h + j) * 2;
-        const Cx<F> v = s5d_mul(Cx<F>{to_acc(b[e]), to_acc(b[e + 1])}, s.k);
+        const Cx<F> v = CO::mul(Cx<F>{to_acc(b[e]), to_acc(b[e + 1])}, s.k);
         const i64 o = (i64)j * 2 * p_count + 2 * p;
         store_s(bmat + o, v.re);
         store_s(bmat + o + 1, v.im);
@@ -81,21 +74,20 @@ template <typename T>
 __device__ void s5_discretize_bwd(const T *params, const T *b, const T *g, T *out, int p_count,
                                   int h, int bilinear, int clip) {
     typedef typename AccOf<T>::F F;
+    typedef ComplexOps<F> CO;
     __shared__ F part_re[S5D_THREADS], part_im[S5D_THREADS];
     const int p = blockIdx.x;
     const S5Step<F> s = s5d_step(to_acc(params[p]), to_acc(params[p_count + p]),
                                  to_acc(params[2 * p_count + p]), bilinear, clip);
     const T *gbar = g + 2 * (i64)p_count;
     T *db = out + 3 * (i64)p_count;
-    const Cx<F> kc = {s.k.re, -s.k.im};
-    Cx<F> gk = {F(0), F(0)};
+    const Cx<F> kc = CO::conj(s.k);
+    Cx<F> gk = CO::zero();
     for (int j = threadIdx.x; j < h; j += blockDim.x) {
         const i64 e = ((i64)p * h + j) * 2, o = (i64)j * 2 * p_count + 2 * p;
         const Cx<F> gv = {to_acc(gbar[o]), to_acc(gbar[o + 1])};
-        const Cx<F> bc = {to_acc(b[e]), -to_acc(b[e + 1])};
-        const Cx<F> t = s5d_mul(bc, gv);
-        gk = {gk.re + t.re, gk.im + t.im};
-        const Cx<F> d = s5d_mul(kc, gv);
+        gk = CO::add(gk, CO::mul(CO::conj(Cx<F>{to_acc(b[e]), to_acc(b[e + 1])}), gv));
+        const Cx<F> d = CO::mul(kc, gv);
         store_s(db + e, d.re);
         store_s(db + e + 1, d.im);
     }
@@ -103,26 +95,26 @@ __device__ void s5_discretize_bwd(const T *params, const T *b, const T *g, T *ou
     part_im[threadIdx.x] = gk.im;
     __syncthreads();
     if (threadIdx.x != 0) return;
-    gk = {F(0), F(0)};
-    for (int t = 0; t < S5D_THREADS; ++t) gk = {gk.re + part_re[t], gk.im + part_im[t]};
+    gk = CO::zero();
+    for (int t = 0; t < S5D_THREADS; ++t) gk = CO::add(gk, Cx<F>{part_re[t], part_im[t]});
     const Cx<F> gl = {to_acc(g[2 * p]), to_acc(g[2 * p + 1])};
     // ∂Λ̄/∂λ, ∂k/∂λ (holomorphic) and ∂Λ̄/∂Δ, ∂k/∂Δ.
     Cx<F> dl_dlam, dk_dlam, dl_ddt, dk_ddt;
     if (bilinear) {
-        const Cx<F> bl2 = s5d_mul(s.bl, s.bl);
+        const Cx<F> bl2 = CO::mul(s.bl, s.bl);
         dl_dlam = {bl2.re * s.dt, bl2.im * s.dt};
         dk_dlam = {bl2.re * (s.dt * s.dt * F(0.5)), bl2.im * (s.dt * s.dt * F(0.5))};
-        dl_ddt = s5d_mul(bl2, s.lam);
+        dl_ddt = CO::mul(bl2, s.lam);
         dk_ddt = bl2;
     } else {
         dl_dlam = {s.lbar.re * s.dt, s.lbar.im * s.dt};
-        dk_dlam = s5d_mul(Cx<F>{dl_dlam.re - s.k.re, dl_dlam.im - s.k.im}, s5d_recip(s.lam));
-        dl_ddt = s5d_mul(s.lam, s.lbar);
+        dk_dlam = CO::mul(CO::sub(dl_dlam, s.k), CO::inv(s.lam));
+        dl_ddt = CO::mul(s.lam, s.lbar);
         dk_ddt = s.lbar;
     }
     // g_λ = conj(∂Λ̄/∂λ) g_Λ̄ + conj(∂k/∂λ) g_k;  g_Δ = Re(conj(∂Λ̄/∂Δ) g_Λ̄ + conj(∂k/∂Δ) g_k).
-    const Cx<F> a = s5d_mul(Cx<F>{dl_dlam.re, -dl_dlam.im}, gl);
-    const Cx<F> c = s5d_mul(Cx<F>{dk_dlam.re, -dk_dlam.im}, gk);
+    const Cx<F> a = CO::mul(CO::conj(dl_dlam), gl);
+    const Cx<F> c = CO::mul(CO::conj(dk_dlam), gk);
     const F g_dt =
         (dl_ddt.re * gl.re + dl_ddt.im * gl.im) + (dk_ddt.re * gk.re + dk_ddt.im * gk.im);
     store_s(out + p, (a.re + c.re) * s.mask);

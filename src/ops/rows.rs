@@ -49,6 +49,12 @@ pub fn lane_sum<F: Float>(h: usize, f: impl Fn(usize) -> F) -> F {
     for i in 0..h {
         lanes[i % LANES] = lanes[i % LANES] + f(i);
     }
+    add_lanes(&lanes)
+}
+
+/// The lanes' partial sums added in lane order, as the kernels end a sum along a row.
+#[inline(always)]
+pub fn add_lanes<F: Float>(lanes: &[F; LANES]) -> F {
     lanes.iter().fold(F::zero(), |s, &v| s + v)
 }
 

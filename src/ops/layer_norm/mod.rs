@@ -20,7 +20,7 @@ use candle_core::{
 use num_traits::{Float, NumAssign};
 use rayon::prelude::*;
 
-use super::rows::{column_sums, lane_sum};
+use super::rows::{add_lanes, column_sums, lane_sum, LANES};
 use super::value::contiguous;
 
 pub mod cuda;
@@ -111,15 +111,18 @@ impl LayerNormOp {
             let (xr, gr) = (&x[r * h..(r + 1) * h], &g[r * h..(r + 1) * h]);
             let (mean, rstd) = moments(xr, eps);
             let (dw, db) = acc.split_at_mut(h);
-            let xhat = |i: usize| (xr[i] - mean) * rstd;
+            // One pass as in the kernel: the lanes' sums of ĝ and ĝ ⊙ x̂, and ∂w, ∂b.
+            let (mut sg, mut sgx) = ([F::zero(); LANES], [F::zero(); LANES]);
             for i in 0..h {
-                dw[i] += gr[i] * xhat(i);
+                let (xh, gh) = ((xr[i] - mean) * rstd, gr[i] * w[i]);
+                sg[i % LANES] += gh;
+                sgx[i % LANES] += gh * xh;
+                dw[i] += gr[i] * xh;
                 db[i] += gr[i];
             }
-            let mg = lane_sum(h, |i| gr[i] * w[i]) / hf;
-            let mgx = lane_sum(h, |i| gr[i] * w[i] * xhat(i)) / hf;
+            let (mg, mgx) = (add_lanes(&sg) / hf, add_lanes(&sgx) / hf);
             for i in 0..h {
-                dxr[i] = (gr[i] * w[i] - mg - xhat(i) * mgx) * rstd;
+                dxr[i] = (gr[i] * w[i] - mg - (xr[i] - mean) * rstd * mgx) * rstd;
             }
         });
         tail.copy_from_slice(&sums);

@@ -22,12 +22,12 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
-    bail, CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Storage, Tensor,
+    bail, CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Storage, Tensor, WithDType,
 };
 use num_traits::Float;
 use rayon::prelude::*;
 
-use super::value::contiguous;
+use super::value::{contiguous, Complex, Value};
 use crate::complex::C;
 
 pub mod cuda;
@@ -110,46 +110,26 @@ pub fn s5_discretize_reference(
     Ok((lbar.to_pairs()?, b_mat))
 }
 
-/// A complex scalar of the twin.
-#[derive(Clone, Copy)]
-struct Cx<F> {
-    re: F,
-    im: F,
-}
-
-fn mul<F: Float>(a: Cx<F>, b: Cx<F>) -> Cx<F> {
-    Cx {
-        re: a.re * b.re - a.im * b.im,
-        im: a.re * b.im + a.im * b.re,
-    }
-}
-
-fn recip<F: Float>(a: Cx<F>) -> Cx<F> {
-    let n = a.re * a.re + a.im * a.im;
-    Cx {
-        re: a.re / n,
-        im: -a.im / n,
-    }
-}
-
-fn conj<F: Float>(a: Cx<F>) -> Cx<F> {
-    Cx {
-        re: a.re,
-        im: -a.im,
-    }
-}
-
 /// One state's discretisation: λ (clipped), Λ̄, k, b (bilinear), Δ and the clip's slope.
 struct Step<F> {
-    lam: Cx<F>,
-    lbar: Cx<F>,
-    k: Cx<F>,
-    bl: Cx<F>,
+    lam: Complex<F>,
+    lbar: Complex<F>,
+    k: Complex<F>,
+    bl: Complex<F>,
     dt: F,
     mask: F,
 }
 
-fn step<F: Float>(re: F, im: F, log_dt: F, how: S5Discretization) -> Step<F> {
+fn cx<F>(re: F, im: F) -> Complex<F> {
+    Complex { re, im }
+}
+
+/// `a` times the real `x`.
+fn scale<F: Float>(a: Complex<F>, x: F) -> Complex<F> {
+    cx(a.re * x, a.im * x)
+}
+
+fn step<F: WithDType + Float>(re: F, im: F, log_dt: F, how: S5Discretization) -> Step<F> {
     let c = |v: f64| F::from(v).expect("constant");
     let (zero, one) = (F::zero(), F::one());
     let bound = c(-1e-4);
@@ -164,29 +144,13 @@ fn step<F: Float>(re: F, im: F, log_dt: F, how: S5Discretization) -> Step<F> {
         };
         re = if re < bound { re } else { bound };
     }
-    let lam = Cx { re, im };
+    let lam = cx(re, im);
     let dt = log_dt.exp();
     if how.bilinear {
-        let hs = dt * c(0.5);
-        let half = Cx {
-            re: re * hs,
-            im: im * hs,
-        };
-        let bl = recip(Cx {
-            re: one - half.re,
-            im: zero - half.im,
-        });
-        let lbar = mul(
-            bl,
-            Cx {
-                re: half.re + one,
-                im: half.im,
-            },
-        );
-        let k = Cx {
-            re: bl.re * dt,
-            im: bl.im * dt,
-        };
+        let half = scale(lam, dt * c(0.5));
+        let bl = cx(one - half.re, zero - half.im).inv();
+        let lbar = bl.mul(cx(half.re + one, half.im));
+        let k = scale(bl, dt);
         Step {
             lam,
             lbar,
@@ -198,22 +162,13 @@ fn step<F: Float>(re: F, im: F, log_dt: F, how: S5Discretization) -> Step<F> {
     } else {
         let (ar, ai) = (re * dt, im * dt);
         let m = ar.exp();
-        let lbar = Cx {
-            re: m * ai.cos(),
-            im: m * ai.sin(),
-        };
-        let k = mul(
-            Cx {
-                re: lbar.re + c(-1.0),
-                im: lbar.im,
-            },
-            recip(lam),
-        );
+        let lbar = cx(m * ai.cos(), m * ai.sin());
+        let k = cx(lbar.re + c(-1.0), lbar.im).mul(lam.inv());
         Step {
             lam,
             lbar,
             k,
-            bl: Cx { re: zero, im: zero },
+            bl: Complex::zero(),
             dt,
             mask,
         }
@@ -227,7 +182,7 @@ struct S5DiscretizeOp {
 }
 
 impl S5DiscretizeOp {
-    fn step_of<F: Float>(&self, params: &[F], p: usize) -> Step<F> {
+    fn step_of<F: WithDType + Float>(&self, params: &[F], p: usize) -> Step<F> {
         step(
             params[p],
             params[self.p + p],
@@ -237,36 +192,26 @@ impl S5DiscretizeOp {
     }
 
     /// [Λ̄ (P, 2) | B̄ (H, 2P)].
-    fn fwd_t<F: Float + Send + Sync>(&self, params: &[F], b: &[F]) -> Vec<F> {
+    fn fwd_t<F: WithDType + Float>(&self, params: &[F], b: &[F]) -> Vec<F> {
         let (np, h) = (self.p, self.h);
         let mut out = vec![F::zero(); 2 * np + 2 * np * h];
         let steps: Vec<Step<F>> = (0..np).map(|p| self.step_of(params, p)).collect();
         let (gate, bmat) = out.split_at_mut(2 * np);
         for (p, s) in steps.iter().enumerate() {
-            gate[2 * p] = s.lbar.re;
-            gate[2 * p + 1] = s.lbar.im;
+            Complex::put(gate, p, s.lbar);
         }
         bmat.par_chunks_mut(2 * np)
             .enumerate()
             .for_each(|(j, row)| {
                 for (p, s) in steps.iter().enumerate() {
-                    let e = (p * h + j) * 2;
-                    let v = mul(
-                        Cx {
-                            re: b[e],
-                            im: b[e + 1],
-                        },
-                        s.k,
-                    );
-                    row[2 * p] = v.re;
-                    row[2 * p + 1] = v.im;
+                    Complex::put(row, p, Complex::load(b, p * h + j).mul(s.k));
                 }
             });
         out
     }
 
     /// [∂params (3, P) | ∂B̃ (P, H, 2)] from the gradient of the forward's output.
-    fn bwd_t<F: Float + Send + Sync>(&self, params: &[F], b: &[F], g: &[F]) -> Vec<F> {
+    fn bwd_t<F: WithDType + Float>(&self, params: &[F], b: &[F], g: &[F]) -> Vec<F> {
         let (np, h) = (self.p, self.h);
         let gbar = &g[2 * np..];
         let per_p: Vec<([F; 3], Vec<F>)> = (0..np)
@@ -274,53 +219,16 @@ impl S5DiscretizeOp {
             .map(|p| {
                 let s = self.step_of(params, p);
                 let mut db = vec![F::zero(); 2 * h];
-                let mut lanes = [Cx {
-                    re: F::zero(),
-                    im: F::zero(),
-                }; THREADS];
+                let mut lanes = [Complex::zero(); THREADS];
                 for j in 0..h {
-                    let (e, o) = ((p * h + j) * 2, j * 2 * np + 2 * p);
-                    let gv = Cx {
-                        re: gbar[o],
-                        im: gbar[o + 1],
-                    };
-                    let t = mul(
-                        conj(Cx {
-                            re: b[e],
-                            im: b[e + 1],
-                        }),
-                        gv,
-                    );
+                    let gv = Complex::load(gbar, j * np + p);
                     let l = &mut lanes[j % THREADS];
-                    *l = Cx {
-                        re: l.re + t.re,
-                        im: l.im + t.im,
-                    };
-                    let d = mul(conj(s.k), gv);
-                    db[2 * j] = d.re;
-                    db[2 * j + 1] = d.im;
+                    *l = l.add(Complex::load(b, p * h + j).conj().mul(gv));
+                    Complex::put(&mut db, j, s.k.conj().mul(gv));
                 }
-                let gk = lanes.iter().fold(
-                    Cx {
-                        re: F::zero(),
-                        im: F::zero(),
-                    },
-                    |a, l| Cx {
-                        re: a.re + l.re,
-                        im: a.im + l.im,
-                    },
-                );
-                (
-                    self.param_grads(
-                        &s,
-                        Cx {
-                            re: g[2 * p],
-                            im: g[2 * p + 1],
-                        },
-                        gk,
-                    ),
-                    db,
-                )
+                let gk = lanes.iter().fold(Complex::zero(), |a, &l| a.add(l));
+                let gl = Complex::load(g, p);
+                (self.param_grads(&s, gl, gk), db)
             })
             .collect();
         let mut out = vec![F::zero(); 3 * np + 2 * np * h];
@@ -334,33 +242,28 @@ impl S5DiscretizeOp {
     }
 
     /// (∂λ_re, ∂λ_im, ∂log Δ) of one state from g_Λ̄ and g_k.
-    fn param_grads<F: Float>(&self, s: &Step<F>, gl: Cx<F>, gk: Cx<F>) -> [F; 3] {
+    fn param_grads<F: WithDType + Float>(
+        &self,
+        s: &Step<F>,
+        gl: Complex<F>,
+        gk: Complex<F>,
+    ) -> [F; 3] {
         let half = F::from(0.5).expect("constant");
-        let scale = |a: Cx<F>, x: F| Cx {
-            re: a.re * x,
-            im: a.im * x,
-        };
         let (dl_dlam, dk_dlam, dl_ddt, dk_ddt) = if self.how.bilinear {
-            let bl2 = mul(s.bl, s.bl);
+            let bl2 = s.bl.mul(s.bl);
             (
                 scale(bl2, s.dt),
                 scale(bl2, s.dt * s.dt * half),
-                mul(bl2, s.lam),
+                bl2.mul(s.lam),
                 bl2,
             )
         } else {
             let dl = scale(s.lbar, s.dt);
-            let dk = mul(
-                Cx {
-                    re: dl.re - s.k.re,
-                    im: dl.im - s.k.im,
-                },
-                recip(s.lam),
-            );
-            (dl, dk, mul(s.lam, s.lbar), s.lbar)
+            let dk = dl.sub(s.k).mul(s.lam.inv());
+            (dl, dk, s.lam.mul(s.lbar), s.lbar)
         };
-        let a = mul(conj(dl_dlam), gl);
-        let c = mul(conj(dk_dlam), gk);
+        let a = dl_dlam.conj().mul(gl);
+        let c = dk_dlam.conj().mul(gk);
         let g_dt =
             (dl_ddt.re * gl.re + dl_ddt.im * gl.im) + (dk_ddt.re * gk.re + dk_ddt.im * gk.im);
         [(a.re + c.re) * s.mask, a.im + c.im, g_dt * s.dt]
