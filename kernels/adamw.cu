@@ -1,39 +1,47 @@
-// One AdamW step of one parameter, fused: from θ, the moments m and v and the gradient g, write
-// out = [m'; v'; θ'] (3 n values) with
-//   ĝ = s g (s: the clipping factor, a device scalar, or 1),
-//   m' = β₁ m + (1 − β₁) ĝ,   v' = β₂ v + (1 − β₂) ĝ²,
-//   θ' = θ − η (m' / c₁) / (√(v' / c₂) + ε) − η λ θ,   c₁ = 1 − β₁ᵗ, c₂ = 1 − β₂ᵗ.
-// The hyper-parameters are a device row [β₁, β₂, c₁, c₂, ε, η, λ] (one per parameter group,
-// uploaded once per step), so that a step enqueues one launch per parameter and reads nothing
-// back. The CPU twin is src/ops/adamw/mod.rs. One thread per element, grid-strided.
+// One AdamW step of one parameter, in place, as two launches:
+//   adamw_moments: [m; v] ← [β₁ m + (1 − β₁) ĝ; β₂ v + (1 − β₂) ĝ²],   ĝ = s g,
+//   adamw_apply:   θ ← θ − η (m / c₁) / (√(v / c₂) + ε) − η λ θ,   c₁ = 1 − β₁ᵗ, c₂ = 1 − β₂ᵗ,
+// the second reading the moments the first wrote. The optimiser's state stays where it is
+// (nothing is allocated per step, so a captured step replays on the same buffers), and the
+// hyper-parameters are a device row [β₁, β₂, c₁, c₂, ε, η, λ, s] per parameter group (s: the
+// gradient-clipping factor, or 1), so nothing is read back. The CPU twin is
+// src/ops/adamw/mod.rs. One thread per element, grid-strided.
 #include "values.cuh"
 
 #define ADAMW_THREADS 256
 
+// mv: [m; v], 2 n values, updated in place.
 template <typename T>
-__device__ void adamw_step(const T *theta, const T *m, const T *v, const T *g, const T *scale,
-                           const T *hyper, T *out, i64 n) {
-    const T b1 = hyper[0], b2 = hyper[1], c1 = hyper[2], c2 = hyper[3], eps = hyper[4],
-            eta = hyper[5], wd = hyper[6];
-    const T s = scale ? scale[0] : T(1);
+__device__ void adamw_moments(T *mv, const T *g, const T *hyper, i64 n) {
+    const T b1 = hyper[0], b2 = hyper[1], s = hyper[7];
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n;
          e += (i64)gridDim.x * blockDim.x) {
         const T gs = g[e] * s;
-        const T mn = b1 * m[e] + (T(1) - b1) * gs;
-        const T vn = b2 * v[e] + (T(1) - b2) * (gs * gs);
-        const T update = (mn / c1) / (sqrt(vn / c2) + eps);
-        const T th = theta[e];
-        out[e] = mn;
-        out[n + e] = vn;
-        out[2 * n + e] = (th - eta * update) - eta * wd * th;
+        mv[e] = b1 * mv[e] + (T(1) - b1) * gs;
+        mv[n + e] = b2 * mv[n + e] + (T(1) - b2) * (gs * gs);
     }
 }
 
-#define ADAMW_KERNELS(SUFFIX, T)                                                                \
-    extern "C" __global__ void __launch_bounds__(ADAMW_THREADS)                                 \
-        adamw_step_##SUFFIX(const T *theta, const T *m, const T *v, const T *g, const T *scale, \
-                            const T *hyper, T *out, int n) {                                    \
-        adamw_step<T>(theta, m, v, g, scale, hyper, out, n);                                    \
+// theta: n values, updated in place from the new moments mv.
+template <typename T>
+__device__ void adamw_apply(T *theta, const T *mv, const T *hyper, i64 n) {
+    const T c1 = hyper[2], c2 = hyper[3], eps = hyper[4], eta = hyper[5], wd = hyper[6];
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (i64)gridDim.x * blockDim.x) {
+        const T update = (mv[e] / c1) / (sqrt(mv[n + e] / c2) + eps);
+        const T th = theta[e];
+        theta[e] = (th - eta * update) - eta * wd * th;
+    }
+}
+
+#define ADAMW_KERNELS(SUFFIX, T)                                                               \
+    extern "C" __global__ void __launch_bounds__(ADAMW_THREADS)                                \
+        adamw_moments_##SUFFIX(T *mv, const T *g, const T *hyper, int n) {                     \
+        adamw_moments<T>(mv, g, hyper, n);                                                     \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(ADAMW_THREADS)                                \
+        adamw_apply_##SUFFIX(T *theta, const T *mv, const T *hyper, int n) {                   \
+        adamw_apply<T>(theta, mv, hyper, n);                                                   \
     }
 
 // The instantiations (parameters train in f32; f64 for the tests): kernel-name suffix and

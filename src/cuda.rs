@@ -6,7 +6,7 @@ use candle_core::cuda_backend::cudarc::driver::sys::{
     CUdevice_attribute_enum, CUfunction_attribute_enum,
 };
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::DeviceId;
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -188,18 +188,63 @@ pub fn launch(
         )
     }
     match dtype {
-        DType::F32 => run::<f32>(dev, module, plan, inputs),
-        DType::F64 => run::<f64>(dev, module, plan, inputs),
-        DType::F16 => run::<half::f16>(dev, module, plan, inputs),
-        DType::BF16 => run::<half::bf16>(dev, module, plan, inputs),
+        DType::F32 => run::<f32>(dev, module, plan, None, inputs),
+        DType::F64 => run::<f64>(dev, module, plan, None, inputs),
+        DType::F16 => run::<half::f16>(dev, module, plan, None, inputs),
+        DType::BF16 => run::<half::bf16>(dev, module, plan, None, inputs),
         dt => bail!("{}: dtype {dt:?} is not supported on CUDA", plan.kernel),
     }
+}
+
+/// Executes `plan` as [`launch`] does, for an in-place op: `target` is the tensor it updates
+/// ([`KernelArg::Target`]; contiguous, of the inputs' dtype). Launches on the target's device.
+pub fn launch_in_place(
+    module: Module,
+    plan: &LaunchPlan,
+    target: (&mut CudaStorage, &Layout),
+    inputs: &[(&CudaStorage, &Layout)],
+) -> Result<()> {
+    let (storage, layout) = target;
+    let dtype = storage.dtype();
+    if let Some((s, _)) = inputs.iter().find(|(s, _)| s.dtype() != dtype) {
+        bail!(
+            "internal error: {} launched in {dtype:?} with a {:?} input",
+            plan.kernel,
+            s.dtype()
+        )
+    }
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        bail!(
+            "internal error: {} updates a non-contiguous tensor",
+            plan.kernel
+        )
+    };
+    let dev = storage.device().clone();
+    let outs = match dtype {
+        DType::F32 => {
+            let mut t = storage.as_cuda_slice_mut::<f32>()?.slice_mut(start..end);
+            run::<f32>(&dev, module, plan, Some(&mut t), inputs)?
+        }
+        DType::F64 => {
+            let mut t = storage.as_cuda_slice_mut::<f64>()?.slice_mut(start..end);
+            run::<f64>(&dev, module, plan, Some(&mut t), inputs)?
+        }
+        dt => bail!("{}: dtype {dt:?} is not supported in place", plan.kernel),
+    };
+    if !outs.is_empty() {
+        bail!(
+            "internal error: the in-place {} allocates outputs",
+            plan.kernel
+        )
+    }
+    Ok(())
 }
 
 fn run<T: CudaElem>(
     dev: &CudaDevice,
     module: Module,
     plan: &LaunchPlan,
+    mut target: Option<&mut CudaViewMut<T>>,
     inputs: &[(&CudaStorage, &Layout)],
 ) -> Result<Vec<CudaStorage>> {
     let views: Vec<CudaView<T>> = inputs.iter().map(|&i| slice_at(i)).collect::<Result<_>>()?;
@@ -243,6 +288,11 @@ fn run<T: CudaElem>(
         for arg in &plan.args {
             match arg {
                 KernelArg::Input(i) => b.arg(&views[*i]),
+                // One target argument at most: it is borrowed by the launch.
+                KernelArg::Target => match target.take() {
+                    Some(t) => b.arg(t),
+                    None => bail!("internal error: {} has no (single) target", plan.kernel),
+                },
                 KernelArg::Output(i) => b.arg(&outputs[*i]),
                 KernelArg::Table(i) => b.arg(&tables[&plan.tables[*i]]),
                 KernelArg::Workspace => match workspace.as_ref() {

@@ -168,7 +168,7 @@ fn cuda_dropout_masks_equal_the_cpu() {
     }
 }
 
-/// Three AdamW steps (fused `adamw_step` launches, gradient clipping on, both groups) on CUDA
+/// Three AdamW steps (in-place `adamw_step` launches, gradient clipping on, both groups) on CUDA
 /// end where the same steps on the CPU end.
 #[test]
 fn cuda_optimizer_steps_equal_the_cpu() {

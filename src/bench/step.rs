@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::device::parse_device;
+use crate::ops::in_place_updates;
 use crate::train::config::RunArgs;
 use crate::train::optim::{OptimConfig, Optimizer};
 use crate::train::run::Exec;
@@ -74,11 +75,20 @@ pub struct StepBench {
 }
 
 /// What one part of a step executes: tensors made (every candle op's output, views included;
-/// on the CPU and on CUDA alike) and, on CUDA, launches of our own kernels among them.
+/// on the CPU and on CUDA alike), in-place updates (which make none: the optimiser's) and, on
+/// CUDA, launches of our own kernels among them.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct OpCount {
     pub tensors: usize,
+    pub in_place: usize,
     pub our_launches: Option<u64>,
+}
+
+impl OpCount {
+    /// The operations: tensors made and in-place updates.
+    pub fn ops(&self) -> usize {
+        self.tensors + self.in_place
+    }
 }
 
 /// [`OpCount`]s of a training step's parts.
@@ -96,7 +106,7 @@ pub struct StepOps {
 
 impl StepOps {
     pub fn total(&self) -> usize {
-        self.forward.tensors + self.backward.tensors + self.optimiser.tensors
+        self.forward.ops() + self.backward.ops() + self.optimiser.ops()
     }
 }
 
@@ -139,11 +149,12 @@ fn our_launches(device: &Device) -> Option<u64> {
 
 /// Counts what `f` executes.
 fn count<R>(device: &Device, f: impl FnOnce() -> Result<R>) -> Result<(R, OpCount)> {
-    let (t0, l0) = (tensors_made()?, our_launches(device));
+    let (t0, i0, l0) = (tensors_made()?, in_place_updates(), our_launches(device));
     let r = f()?;
-    let (t1, l1) = (tensors_made()?, our_launches(device));
+    let (t1, i1, l1) = (tensors_made()?, in_place_updates(), our_launches(device));
     let ops = OpCount {
         tensors: t1 - t0 - 1,
+        in_place: (i1 - i0) as usize,
         our_launches: l0.zip(l1).map(|(a, b)| b - a),
     };
     Ok((r, ops))
@@ -231,6 +242,7 @@ impl StepBench {
             optimiser: opt,
             per_layer: OpCount {
                 tensors: layer_fwd.tensors + layer_bwd.tensors,
+                in_place: layer_fwd.in_place + layer_bwd.in_place,
                 our_launches: layer_fwd
                     .our_launches
                     .zip(layer_bwd.our_launches)
@@ -323,10 +335,10 @@ impl std::fmt::Display for StepReport {
             "  tensor ops per step  {} = forward + loss {}, backward {}, optimiser {}; one \
              layer's forward + backward {}",
             o.total(),
-            o.forward.tensors,
-            o.backward.tensors,
-            o.optimiser.tensors,
-            o.per_layer.tensors
+            o.forward.ops(),
+            o.backward.ops(),
+            o.optimiser.ops(),
+            o.per_layer.ops()
         )?;
         if let (Some(fw), Some(bw), Some(op), Some(la)) = (
             o.forward.our_launches,

@@ -19,7 +19,7 @@ pub mod transpose;
 pub mod tree_solve;
 mod value;
 
-pub use adamw::{adamw_step, AdamwHyper};
+pub use adamw::{adamw_step, in_place_updates, AdamwHyper};
 pub use channel::{channel_add, channel_mul};
 pub use dropout::dropout_keep;
 pub use gelu::gelu;

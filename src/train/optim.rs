@@ -53,9 +53,8 @@ impl OptimConfig {
 struct Slot {
     name: String,
     var: Var,
-    /// The moments: views into the last step's [m'; v'; θ'] (zeros before the first).
-    m: Tensor,
-    v: Tensor,
+    /// The moments [m; v], (2, θ's shape), updated in place (zeros before the first step).
+    moments: Tensor,
     ssm: bool,
 }
 
@@ -87,11 +86,11 @@ impl Optimizer {
             .into_iter()
             .map(|n| {
                 let var = vars[n].clone();
-                let zeros = || Tensor::zeros(var.shape(), var.dtype(), var.device());
+                let mut two = vec![2];
+                two.extend_from_slice(var.dims());
                 Ok(Slot {
                     name: n.clone(),
-                    m: zeros()?,
-                    v: zeros()?,
+                    moments: Tensor::zeros(two, var.dtype(), var.device())?,
                     ssm: group(n) == ParamGroup::Ssm,
                     var,
                 })
@@ -150,10 +149,9 @@ impl Optimizer {
     }
 
     /// One AdamW step with the gradients in `grads` (missing gradients count as zero), clipped
-    /// to the global norm `clip` when set: one fused launch per parameter
-    /// ([`crate::ops::adamw_step`]) and a copy into it. Nothing is read back from the device:
-    /// the clipping factor c / max(‖g‖, c) is a tensor, the step's hyper-parameters a row
-    /// uploaded once per group.
+    /// to the global norm `clip` when set: two fused in-place launches per parameter
+    /// ([`crate::ops::adamw_step`]). Nothing is read back from the device: the clipping factor
+    /// c / max(‖g‖, c) is a tensor, the step's hyper-parameters a row uploaded once per group.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         let grads = self.gather(grads);
         self.apply(&grads)
@@ -306,24 +304,21 @@ impl Optimizer {
             weight_decay,
         };
         let groups = [hyper(lr, self.cfg.weight_decay), hyper(ssm_lr, 0.0)];
-        // Rows (and the scale) per group and dtype, made on first use.
-        let mut rows: Vec<(bool, DType, Tensor, Option<Tensor>)> = Vec::new();
+        // A row (with the scale) per group and dtype, made on first use.
+        let mut rows: Vec<(bool, DType, Tensor)> = Vec::new();
         for (s, g) in self.slots.iter_mut().zip(grads) {
             let Some(g) = g else { continue };
             let dtype = s.var.dtype();
             let row = match rows.iter().find(|r| r.0 == s.ssm && r.1 == dtype) {
                 Some(r) => r,
                 None => {
-                    let h = groups[s.ssm as usize].to_tensor(dtype, s.var.device())?;
                     let k = scale.as_ref().map(|k| k.to_dtype(dtype)).transpose()?;
-                    rows.push((s.ssm, dtype, h, k));
+                    let h = groups[s.ssm as usize].to_tensor(k.as_ref(), dtype, s.var.device())?;
+                    rows.push((s.ssm, dtype, h));
                     rows.last().expect("just pushed")
                 }
             };
-            let out = adamw_step(s.var.as_tensor(), &s.m, &s.v, g, row.3.as_ref(), &row.2)?;
-            s.m = out.get(0)?;
-            s.v = out.get(1)?;
-            s.var.set(&out.get(2)?)?;
+            adamw_step(s.var.as_tensor(), &s.moments, g, &row.2)?;
         }
         Ok(())
     }
@@ -341,8 +336,8 @@ impl Optimizer {
             )?,
         )];
         for s in &self.slots {
-            out.push((format!("adam.m.{}", s.name), s.m.clone()));
-            out.push((format!("adam.v.{}", s.name), s.v.clone()));
+            out.push((format!("adam.m.{}", s.name), s.moments.get(0)?));
+            out.push((format!("adam.v.{}", s.name), s.moments.get(1)?));
         }
         Ok(out)
     }
@@ -354,20 +349,22 @@ impl Optimizer {
             candle_core::Error::Msg("optimizer state: 'adam.step' is missing".into())
         })?;
         for s in &mut self.slots {
-            for (kind, var) in [("m", &mut s.m), ("v", &mut s.v)] {
+            let mut both = Vec::with_capacity(2);
+            for kind in ["m", "v"] {
                 let key = format!("adam.{kind}.{}", s.name);
                 let t = state.get(&key).ok_or_else(|| {
                     candle_core::Error::Msg(format!("optimizer state: '{key}' is missing"))
                 })?;
-                if t.dims() != var.dims() {
+                if t.dims() != s.var.dims() {
                     candle_core::bail!(
                         "optimizer state: '{key}' has shape {:?}, expected {:?}",
                         t.dims(),
-                        var.dims()
+                        s.var.dims()
                     );
                 }
-                *var = t.to_dtype(var.dtype())?.to_device(var.device())?;
+                both.push(t.to_dtype(s.var.dtype())?.to_device(s.var.device())?);
             }
+            s.moments = Tensor::stack(&both, 0)?;
         }
         self.step = step.flatten_all()?.to_vec1::<u32>()?[0] as usize;
         Ok(())

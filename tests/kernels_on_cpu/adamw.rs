@@ -1,14 +1,15 @@
-//! `adamw_step_*` of kernels/adamw.cu through the harness, against an f64 reference written
-//! from the AdamW formula and, bit for bit, the CPU twin.
+//! `adamw_moments_*` and `adamw_apply_*` of kernels/adamw.cu through the harness, one after the
+//! other as `adamw_step` launches them, against an f64 reference written from the AdamW formula
+//! and, bit for bit, the CPU twin.
 
-use candle_core::{DType, Device};
-use myosotis::ops::adamw::cuda::step_plan;
+use candle_core::{DType, Device, Tensor};
+use myosotis::ops::adamw::cuda::{apply_plan, moments_plan};
 use myosotis::ops::{adamw_step, AdamwHyper};
 use rand::Rng;
 
 use crate::assert_same;
 use crate::common::{rel_err, seeded_rng, tensor, to_vec};
-use crate::exec::{round_to, run, run_in_every_order, HostRun};
+use crate::exec::{round_to, run_in_place_in_every_order};
 
 /// Random inputs of n elements: θ, m, v (≥ 0), g, the scale and the hyper-parameter row.
 struct Inputs {
@@ -49,68 +50,77 @@ impl Inputs {
         }
     }
 
+    /// The row of [`AdamwHyper::to_tensor`]: the hyper-parameters and the scale (or 1).
     fn row(&self) -> Vec<f64> {
         let h = self.hyper;
-        vec![h.beta1, h.beta2, h.c1, h.c2, h.eps, h.lr, h.weight_decay]
+        let s = self.scale.unwrap_or(1.0);
+        vec![h.beta1, h.beta2, h.c1, h.c2, h.eps, h.lr, h.weight_decay, s]
     }
 
-    /// The inputs as the kernel sees them: every value rounded to `dtype`.
-    fn rounded(&self, dtype: DType) -> Vec<Vec<f64>> {
-        let mut all = vec![&self.theta, &self.m, &self.v, &self.g]
-            .into_iter()
-            .map(|x| round_to(x, dtype))
-            .collect::<Vec<_>>();
-        if let Some(s) = self.scale {
-            all.push(round_to(&[s], dtype));
-        }
-        all.push(round_to(&self.row(), dtype));
-        all
+    /// The inputs as the kernels see them, every value rounded to `dtype`: θ, [m; v], g, the row.
+    fn rounded(&self, dtype: DType) -> [Vec<f64>; 4] {
+        let mv: Vec<f64> = self.m.iter().chain(&self.v).copied().collect();
+        [&self.theta, &mv, &self.g, &self.row()].map(|x| round_to(x, dtype))
     }
 }
 
 /// [m'; v'; θ'] in f64 from (rounded) inputs, element by element.
-fn reference(x: &[Vec<f64>], scaled: bool) -> Vec<f64> {
-    let (theta, m, v, g) = (&x[0], &x[1], &x[2], &x[3]);
-    let s = if scaled { x[4][0] } else { 1.0 };
-    let h = x.last().unwrap();
-    let (b1, b2, c1, c2, eps, lr, wd) = (h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
+fn reference([theta, mv, g, h]: &[Vec<f64>; 4]) -> Vec<f64> {
+    let (b1, b2, c1, c2, eps, lr, wd, s) = (h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
     let n = theta.len();
     let mut out = vec![0.0; 3 * n];
     for e in 0..n {
         let gs = g[e] * s;
-        out[e] = b1 * m[e] + (1.0 - b1) * gs;
-        out[n + e] = b2 * v[e] + (1.0 - b2) * gs * gs;
+        out[e] = b1 * mv[e] + (1.0 - b1) * gs;
+        out[n + e] = b2 * mv[n + e] + (1.0 - b2) * gs * gs;
         let update = (out[e] / c1) / ((out[n + e] / c2).sqrt() + eps);
         out[2 * n + e] = theta[e] - lr * update - lr * wd * theta[e];
     }
     out
 }
 
-/// The CPU twin on the same rounded inputs.
-fn twin(x: &[Vec<f64>], scaled: bool, dtype: DType) -> Vec<f64> {
-    let n = x[0].len();
-    let t = |v: &[f64], len: usize| tensor(v, &[len], dtype, &Device::Cpu);
-    let (theta, m, v, g) = (t(&x[0], n), t(&x[1], n), t(&x[2], n), t(&x[3], n));
-    let scale = scaled.then(|| t(&x[4], 1));
-    let hyper = t(x.last().unwrap(), 7);
-    to_vec(&adamw_step(&theta, &m, &v, &g, scale.as_ref(), &hyper).unwrap())
+/// [m'; v'; θ'] from the CPU twin on the same rounded inputs, the clipping scale passed as a
+/// tensor as the optimiser does.
+fn twin([theta, mv, g, h]: &[Vec<f64>; 4], scaled: bool, dtype: DType) -> Vec<f64> {
+    let n = theta.len();
+    let t = |v: &[f64], shape: &[usize]| tensor(v, shape, dtype, &Device::Cpu);
+    let (theta, mv, g) = (t(theta, &[n]), t(mv, &[2, n]), t(g, &[n]));
+    let hyper = AdamwHyper {
+        beta1: h[0],
+        beta2: h[1],
+        c1: h[2],
+        c2: h[3],
+        eps: h[4],
+        lr: h[5],
+        weight_decay: h[6],
+    };
+    let scale = scaled.then(|| t(&h[7..], &[1]));
+    let row = hyper
+        .to_tensor(scale.as_ref(), dtype, &Device::Cpu)
+        .unwrap();
+    assert_eq!(to_vec(&row), *h);
+    adamw_step(&theta, &mv, &g, &row).unwrap();
+    to_vec(&Tensor::cat(&[mv.flatten_all().unwrap(), theta], 0).unwrap())
 }
 
-fn check(n: usize, scaled: bool, dtype: DType, tol: f64, every_order: bool, rng: &mut impl Rng) {
+fn check(n: usize, scaled: bool, dtype: DType, tol: f64, rng: &mut impl Rng) {
     let what = format!("n = {n}, scaled {scaled}, {dtype:?}");
     let x = Inputs::random(n, scaled, rng).rounded(dtype);
-    let plan = step_plan(n, scaled, dtype).unwrap();
-    let inputs: Vec<&[f64]> = x.iter().map(|v| v.as_slice()).collect();
-    let HostRun {
-        mut outputs,
-        status,
-    } = match every_order {
-        true => run_in_every_order(&plan, dtype, &inputs, 5),
-        false => run(&plan, dtype, &inputs, kernels_on_cpu::Order::Descending).unwrap(),
-    };
-    assert_eq!(status, 0, "{what}");
-    let got = outputs.remove(0);
-    let want = reference(&x, scaled);
+    let [theta, mv, g, h] = &x;
+    let first =
+        run_in_place_in_every_order(&moments_plan(n, dtype).unwrap(), dtype, mv, &[g, h], 5);
+    assert_eq!((first.status, first.outputs.len()), (0, 1), "{what}");
+    let new_mv = &first.outputs[0];
+    let second = run_in_place_in_every_order(
+        &apply_plan(n, dtype).unwrap(),
+        dtype,
+        theta,
+        &[new_mv, h],
+        6,
+    );
+    assert_eq!((second.status, second.outputs.len()), (0, 1), "{what}");
+    let got: Vec<f64> = new_mv.iter().chain(&second.outputs[0]).copied().collect();
+    let want = reference(&x);
     // Each third on its own scale (v is about 1e-3 of θ).
     for (k, part) in ["m'", "v'", "θ'"].iter().enumerate() {
         let r = k * n..(k + 1) * n;
@@ -128,11 +138,47 @@ fn adamw_kernels_match_the_formula_and_the_cpu_twin() {
     for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
         for n in [1, 7, 300, 4097] {
             for scaled in [false, true] {
-                check(n, scaled, dtype, tol, true, &mut rng);
+                check(n, scaled, dtype, tol, &mut rng);
             }
         }
         let n = 1_100_000;
-        assert!(step_plan(n, false, dtype).unwrap().grid[0] * 256 < n as u32);
-        check(n, true, dtype, tol, false, &mut rng);
+        assert!(moments_plan(n, dtype).unwrap().grid[0] * 256 < n as u32);
+        check(n, true, dtype, tol, &mut rng);
     }
+}
+
+/// The optimiser's state is updated where it is, and bad operands are refused with the
+/// operand named.
+#[test]
+fn adamw_step_updates_in_place_and_checks_its_operands() {
+    let dev = Device::Cpu;
+    let theta = Tensor::ones(5, DType::F32, &dev).unwrap();
+    let mv = Tensor::zeros((2, 5), DType::F32, &dev).unwrap();
+    let g = Tensor::ones(5, DType::F32, &dev).unwrap();
+    let hyper = AdamwHyper {
+        beta1: 0.9,
+        beta2: 0.999,
+        c1: 0.1,
+        c2: 0.001,
+        eps: 1e-8,
+        lr: 0.1,
+        weight_decay: 0.0,
+    };
+    let row = hyper.to_tensor(None, DType::F32, &dev).unwrap();
+    let (view, mv_view) = (theta.clone(), mv.clone());
+    adamw_step(&theta, &mv, &g, &row).unwrap();
+    // A clone shares the storage: it sees the step (θ − η · 1 = 0.9; m = 0.1).
+    assert!((to_vec(&view)[0] - 0.9).abs() < 1e-6);
+    assert!((to_vec(&mv_view)[0] - 0.1).abs() < 1e-6);
+    let err = |r: candle_core::Result<()>| r.unwrap_err().to_string();
+    let short = Tensor::zeros(4, DType::F32, &dev).unwrap();
+    assert!(err(adamw_step(&theta, &mv, &short, &row)).contains("the gradient"));
+    assert!(err(adamw_step(&theta, &g, &g, &row)).contains("the moments"));
+    let f64_row = hyper.to_tensor(None, DType::F64, &dev).unwrap();
+    assert!(err(adamw_step(&theta, &mv, &g, &f64_row)).contains("hyper-parameter row"));
+    let strided = Tensor::zeros((5, 2), DType::F32, &dev)
+        .unwrap()
+        .t()
+        .unwrap();
+    assert!(err(adamw_step(&theta, &strided, &g, &row)).contains("contiguous"));
 }

@@ -106,7 +106,8 @@ pub fn round_to(v: &[f64], dtype: DType) -> Vec<f64> {
     from_bytes(&to_bytes(v, dtype), dtype)
 }
 
-/// What a launch produced: the outputs as f64, and the status word.
+/// What a launch produced: the outputs as f64 (then, for an in-place plan, the target's final
+/// values), and the status word.
 #[derive(Debug, PartialEq)]
 pub struct HostRun {
     pub outputs: Vec<Vec<f64>>,
@@ -120,7 +121,20 @@ pub fn run(
     inputs: &[&[f64]],
     order: Order,
 ) -> Result<HostRun, String> {
+    execute(plan, dtype, None, inputs, order)
+}
+
+/// [`run`] for an in-place plan: `target` is what [`KernelArg::Target`] points to (the only
+/// buffer besides the outputs the kernel may change); its final values follow the outputs.
+fn execute(
+    plan: &LaunchPlan,
+    dtype: DType,
+    target: Option<&[f64]>,
+    inputs: &[&[f64]],
+    order: Order,
+) -> Result<HostRun, String> {
     let esize = dtype.size_in_bytes();
+    let mut target = target.map(|t| Guarded::with(&to_bytes(t, dtype)));
     let input_bytes: Vec<Vec<u8>> = inputs.iter().map(|v| to_bytes(v, dtype)).collect();
     let mut ins: Vec<Guarded> = input_bytes.iter().map(|b| Guarded::with(b)).collect();
     let mut outs: Vec<Guarded> = plan
@@ -143,6 +157,12 @@ pub fn run(
             KernelArg::Input(i) => {
                 Arg::Ptr(ins.get_mut(*i).ok_or_else(|| missing("input", *i))?.ptr())
             }
+            KernelArg::Target => Arg::Ptr(
+                target
+                    .as_mut()
+                    .ok_or_else(|| format!("{}: no target", plan.kernel))?
+                    .ptr(),
+            ),
             KernelArg::Output(i) => {
                 Arg::Ptr(outs.get_mut(*i).ok_or_else(|| missing("output", *i))?.ptr())
             }
@@ -179,6 +199,7 @@ pub fn run(
     named("table", &tables)?;
     named("the workspace", std::slice::from_ref(&workspace))?;
     named("the status word", std::slice::from_ref(&status))?;
+    named("the target", target.as_slice())?;
     for (i, (g, b)) in ins.iter().zip(&input_bytes).enumerate() {
         if g.data() != b.as_slice() {
             return Err(format!("{}: changed input {i}", plan.kernel));
@@ -190,7 +211,11 @@ pub fn run(
         }
     }
     Ok(HostRun {
-        outputs: outs.iter().map(|g| from_bytes(g.data(), dtype)).collect(),
+        outputs: outs
+            .iter()
+            .chain(&target)
+            .map(|g| from_bytes(g.data(), dtype))
+            .collect(),
         status: i32::from_le_bytes(status.data().try_into().unwrap()),
     })
 }
@@ -205,9 +230,32 @@ pub fn run_in_every_order(
     inputs: &[&[f64]],
     seed: u64,
 ) -> HostRun {
-    let first = run(plan, dtype, inputs, Order::Ascending).unwrap_or_else(|e| panic!("{e}"));
+    in_every_order(plan, dtype, None, inputs, seed)
+}
+
+/// [`run_in_every_order`] for an in-place plan: `target` as in [`execute`], its final values
+/// the last output.
+pub fn run_in_place_in_every_order(
+    plan: &LaunchPlan,
+    dtype: DType,
+    target: &[f64],
+    inputs: &[&[f64]],
+    seed: u64,
+) -> HostRun {
+    in_every_order(plan, dtype, Some(target), inputs, seed)
+}
+
+fn in_every_order(
+    plan: &LaunchPlan,
+    dtype: DType,
+    target: Option<&[f64]>,
+    inputs: &[&[f64]],
+    seed: u64,
+) -> HostRun {
+    let go = |order| execute(plan, dtype, target, inputs, order).unwrap_or_else(|e| panic!("{e}"));
+    let first = go(Order::Ascending);
     for order in [Order::Descending, Order::Shuffled(seed)] {
-        let other = run(plan, dtype, inputs, order).unwrap_or_else(|e| panic!("{e}"));
+        let other = go(order);
         let same = first.status == other.status
             && first
                 .outputs

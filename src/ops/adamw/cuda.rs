@@ -1,5 +1,5 @@
-//! The launch of `kernels/adamw.cu`: its plan (a pure function, executed by the CUDA launch,
-//! `crate::cuda::launch_tensors`, and by the host harness in `tests/kernels_on_cpu`).
+//! The launches of `kernels/adamw.cu`: their plans (pure functions, executed by the CUDA launch,
+//! `crate::cuda::launch_in_place`, and by the host harness in `tests/kernels_on_cpu`).
 
 use candle_core::{DType, Result};
 
@@ -10,26 +10,32 @@ pub const THREADS: u32 = 256;
 /// The most blocks a launch uses; each thread takes every (grid × block)-th element.
 const MAX_BLOCKS: usize = 4096;
 
-/// `adamw_step`: inputs θ, m, v, g, the clipping scale (when `scaled`) and the hyper-parameter
-/// row; one output of 3 n values.
-pub fn step_plan(n: usize, scaled: bool, dtype: DType) -> Result<LaunchPlan> {
+fn plan(stem: &str, n: usize, dtype: DType) -> Result<LaunchPlan> {
     let blocks = n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS);
-    let mut args: Vec<KernelArg> = (0..4).map(KernelArg::Input).collect();
-    args.push(match scaled {
-        true => KernelArg::Input(4),
-        false => KernelArg::Null,
-    });
-    args.push(KernelArg::Input(4 + scaled as usize));
-    args.push(KernelArg::Output(0));
-    args.push(KernelArg::I32(int_arg("adamw", "parameter size", n)?));
     Ok(LaunchPlan {
-        kernel: kernel_name("adamw_step", dtype, false)?,
+        kernel: kernel_name(stem, dtype, false)?,
         grid: [blocks as u32, 1, 1],
         block: [THREADS, 1, 1],
         shared_bytes: 0,
-        args,
-        outputs: vec![3 * n],
+        args: vec![
+            KernelArg::Target,
+            KernelArg::Input(0),
+            KernelArg::Input(1),
+            KernelArg::I32(int_arg("adamw", "parameter size", n)?),
+        ],
+        outputs: vec![],
         tables: vec![],
         workspace_bytes: 0,
     })
+}
+
+/// `adamw_moments`: target [m; v] (2 n values); inputs the gradient (n) and the
+/// hyper-parameter row.
+pub fn moments_plan(n: usize, dtype: DType) -> Result<LaunchPlan> {
+    plan("adamw_moments", n, dtype)
+}
+
+/// `adamw_apply`: target θ (n values); inputs the new [m; v] and the hyper-parameter row.
+pub fn apply_plan(n: usize, dtype: DType) -> Result<LaunchPlan> {
+    plan("adamw_apply", n, dtype)
 }

@@ -1,14 +1,15 @@
-//! One fused AdamW step of one parameter (`kernels/adamw.cu` on CUDA, its CPU twin here): from
-//! θ, the moments m, v and the gradient g, the new [m'; v'; θ'] in one tensor, so that an
-//! optimiser step enqueues one launch per parameter (a step written in candle ops took
-//! seventeen, and on CUDA the host's time per launch, not the GPU, set the pace).
+//! One AdamW step of one parameter, in place (`kernels/adamw.cu` on CUDA, its CPU twin here):
+//! two in-place ops, on the moments [m; v] and then on θ, so that the optimiser's state never
+//! moves and a step allocates nothing (a captured step replays on the same buffers).
 //!
 //!   ĝ = s g,  m' = β₁ m + (1 − β₁) ĝ,  v' = β₂ v + (1 − β₂) ĝ²,
 //!   θ' = θ − η (m' / c₁) / (√(v' / c₂) + ε) − η λ θ,  c₁ = 1 − β₁ᵗ, c₂ = 1 − β₂ᵗ,
 //!
 //! with s the gradient-clipping factor (a device scalar) or 1. No gradient flows through it.
 
-use candle_core::{bail, DType, Device, Result, Tensor, WithDType};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use candle_core::{bail, CpuStorage, DType, Device, InplaceOp3, Layout, Result, Tensor};
 use rayon::prelude::*;
 
 pub mod cuda;
@@ -29,11 +30,20 @@ pub struct AdamwHyper {
     pub weight_decay: f64,
 }
 
+/// Values in the row [`AdamwHyper::to_tensor`] makes.
+pub const HYPER_LEN: usize = 8;
+
 impl AdamwHyper {
-    /// The row the kernel reads, as a tensor of `dtype` on `device` (made once per step and
-    /// group, and shared by the group's parameters).
-    pub fn to_tensor(&self, dtype: DType, device: &Device) -> Result<Tensor> {
-        let h = [
+    /// The row the kernels read, [β₁, β₂, c₁, c₂, ε, η, λ, s], as a tensor of `dtype` on
+    /// `device` (made once per step and group, and shared by the group's parameters); s is
+    /// `scale` (one value of `dtype` on `device`: the clipping factor) or 1.
+    pub fn to_tensor(
+        &self,
+        scale: Option<&Tensor>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let mut h = vec![
             self.beta1,
             self.beta2,
             self.c1,
@@ -42,120 +52,215 @@ impl AdamwHyper {
             self.lr,
             self.weight_decay,
         ];
-        Tensor::new(&h, &Device::Cpu)?
+        if scale.is_none() {
+            h.push(1.0);
+        }
+        let row = Tensor::new(h.as_slice(), &Device::Cpu)?
             .to_dtype(dtype)?
-            .to_device(device)
+            .to_device(device)?;
+        match scale {
+            Some(s) => Tensor::cat(&[&row, &s.reshape(1)?], 0),
+            None => Ok(row),
+        }
     }
 }
 
-/// The new moments and parameter, stacked: (3, θ's shape) = [m'; v'; θ'] (see the module doc).
-/// θ, m, v and g have one shape; `scale` (one element) and `hyper` (an
-/// [`AdamwHyper::to_tensor`] row) are of θ's dtype, which is f32 or f64; all on one device.
-pub fn adamw_step(
-    theta: &Tensor,
-    m: &Tensor,
-    v: &Tensor,
-    g: &Tensor,
-    scale: Option<&Tensor>,
-    hyper: &Tensor,
-) -> Result<Tensor> {
+/// In-place updates the optimiser has applied in this process (an in-place op makes no new
+/// tensor, so tensor counts miss it): two per [`adamw_step`].
+static UPDATES: AtomicU64 = AtomicU64::new(0);
+
+/// How many in-place updates [`adamw_step`] has applied so far.
+pub fn in_place_updates() -> u64 {
+    UPDATES.load(Ordering::Relaxed)
+}
+
+/// One step of θ (a contiguous variable) with its moments `moments` = [m; v] (contiguous, of
+/// shape (2, θ's shape)) and gradient `g`, both updated in place; `hyper` is an
+/// [`AdamwHyper::to_tensor`] row. θ is f32 or f64 and everything is of its dtype and device.
+pub fn adamw_step(theta: &Tensor, moments: &Tensor, g: &Tensor, hyper: &Tensor) -> Result<()> {
     let dtype = theta.dtype();
     if !matches!(dtype, DType::F32 | DType::F64) {
         bail!("adamw_step: parameters of dtype {dtype:?} are not supported (f32 or f64)");
     }
-    for (what, t) in [("m", m), ("v", v), ("gradient", g)] {
-        if t.dims() != theta.dims() || t.dtype() != dtype {
+    let mut two = vec![2];
+    two.extend_from_slice(theta.dims());
+    for (what, t, dims) in [
+        ("the moments", moments, two.as_slice()),
+        ("the gradient", g, theta.dims()),
+        ("the hyper-parameter row", hyper, &[HYPER_LEN]),
+    ] {
+        if t.dims() != dims || t.dtype() != dtype {
             bail!(
-                "adamw_step: {what} is {:?} {:?}, the parameter {:?} {dtype:?}",
+                "adamw_step: {what} is {:?} {:?}, expected {dims:?} {dtype:?}",
                 t.dims(),
-                t.dtype(),
-                theta.dims()
+                t.dtype()
             );
         }
     }
-    if hyper.dims() != [7] || hyper.dtype() != dtype {
-        bail!("adamw_step: the hyper-parameter row must be 7 values of {dtype:?}");
-    }
-    if let Some(s) = scale {
-        if s.elem_count() != 1 || s.dtype() != dtype {
-            bail!("adamw_step: the gradient scale must be one value of {dtype:?}");
+    for (what, t) in [("the parameter", theta), ("the moments", moments)] {
+        if !t.is_contiguous() {
+            bail!("adamw_step: {what} must be contiguous to be updated in place");
         }
     }
-    let mut shape = vec![3];
-    shape.extend_from_slice(theta.dims());
-    match theta.device() {
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => {
-            let plan = cuda::step_plan(theta.elem_count(), scale.is_some(), dtype)?;
-            let mut inputs = vec![theta, m, v, g];
-            inputs.extend(scale);
-            inputs.push(hyper);
-            let out =
-                crate::cuda::launch_tensors(crate::cuda::ADAMW, &plan, dtype, &inputs, &[&shape]);
-            Ok(out?.remove(0))
-        }
-        device => match dtype {
-            DType::F32 => Tensor::from_vec(
-                step_cpu::<f32>(theta, m, v, g, scale, hyper)?,
-                shape,
-                device,
-            ),
-            _ => Tensor::from_vec(
-                step_cpu::<f64>(theta, m, v, g, scale, hyper)?,
-                shape,
-                device,
-            ),
-        },
+    let n = theta.elem_count();
+    moments.inplace_op3(&g.contiguous()?, hyper, &Moments { n })?;
+    theta.inplace_op3(moments, hyper, &Apply { n })?;
+    UPDATES.fetch_add(2, Ordering::Relaxed);
+    Ok(())
+}
+
+/// [m; v] ← the new moments (inputs: g, the hyper row).
+struct Moments {
+    n: usize,
+}
+
+/// θ ← θ − the step (inputs: the new [m; v], the hyper row).
+struct Apply {
+    n: usize,
+}
+
+/// The contiguous values `l` addresses in `s`.
+fn part<'a, F: candle_core::WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [F]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&F::cpu_storage_as_slice(s)?[a..b]),
+        None => bail!("adamw_step: an input is not contiguous"),
     }
 }
 
-/// A CPU tensor's values in order.
-fn values<F: WithDType>(t: &Tensor) -> Result<Vec<F>> {
-    t.flatten_all()?.to_vec1::<F>()
+fn part_mut<'a, F>(v: &'a mut [F], l: &Layout) -> Result<&'a mut [F]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&mut v[a..b]),
+        None => bail!("adamw_step: the updated tensor is not contiguous"),
+    }
 }
 
-/// The CPU twin of `adamw_step_*`: the same operations in the same order, in F.
-fn step_cpu<F: WithDType + num_traits::Float + Send + Sync>(
-    theta: &Tensor,
-    m: &Tensor,
-    v: &Tensor,
-    g: &Tensor,
-    scale: Option<&Tensor>,
-    hyper: &Tensor,
-) -> Result<Vec<F>> {
-    let h = values::<F>(hyper)?;
-    let (b1, b2, c1, c2, eps, eta, wd) = (h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
-    let s = match scale {
-        Some(s) => values::<F>(s)?[0],
-        None => F::one(),
-    };
-    let (theta, m, v, g) = (
-        values::<F>(theta)?,
-        values::<F>(m)?,
-        values::<F>(v)?,
-        values::<F>(g)?,
-    );
-    let n = theta.len();
-    let mut out = vec![F::zero(); 3 * n];
-    let (om, rest) = out.split_at_mut(n);
-    let (ov, ot) = rest.split_at_mut(n);
-    const CHUNK: usize = 1 << 14;
-    om.par_chunks_mut(CHUNK)
-        .zip(ov.par_chunks_mut(CHUNK))
-        .zip(ot.par_chunks_mut(CHUNK))
-        .enumerate()
-        .for_each(|(c, ((om, ov), ot))| {
-            for k in 0..om.len() {
-                let e = c * CHUNK + k;
-                let gs = g[e] * s;
-                let mn = b1 * m[e] + (F::one() - b1) * gs;
-                let vn = b2 * v[e] + (F::one() - b2) * (gs * gs);
-                let update = (mn / c1) / ((vn / c2).sqrt() + eps);
-                let th = theta[e];
-                om[k] = mn;
-                ov[k] = vn;
-                ot[k] = (th - eta * update) - eta * wd * th;
+/// Elements per rayon task of the CPU twins.
+const CHUNK: usize = 1 << 14;
+
+/// The CPU twin of `adamw_moments`: the same operations in the same order, in F.
+fn moments_cpu<F: candle_core::WithDType + num_traits::Float + Send + Sync>(
+    n: usize,
+    mv: &mut [F],
+    g: &[F],
+    h: &[F],
+) {
+    let (b1, b2, s) = (h[0], h[1], h[7]);
+    let (m, v) = mv.split_at_mut(n);
+    m.par_chunks_mut(CHUNK)
+        .zip(v.par_chunks_mut(CHUNK))
+        .zip(g.par_chunks(CHUNK))
+        .for_each(|((m, v), g)| {
+            for k in 0..g.len() {
+                let gs = g[k] * s;
+                m[k] = b1 * m[k] + (F::one() - b1) * gs;
+                v[k] = b2 * v[k] + (F::one() - b2) * (gs * gs);
             }
         });
-    Ok(out)
+}
+
+/// The CPU twin of `adamw_apply`.
+fn apply_cpu<F: candle_core::WithDType + num_traits::Float + Send + Sync>(
+    n: usize,
+    theta: &mut [F],
+    mv: &[F],
+    h: &[F],
+) {
+    let (c1, c2, eps, eta, wd) = (h[2], h[3], h[4], h[5], h[6]);
+    let (m, v) = mv.split_at(n);
+    theta
+        .par_chunks_mut(CHUNK)
+        .zip(m.par_chunks(CHUNK))
+        .zip(v.par_chunks(CHUNK))
+        .for_each(|((theta, m), v)| {
+            for k in 0..theta.len() {
+                let update = (m[k] / c1) / ((v[k] / c2).sqrt() + eps);
+                let th = theta[k];
+                theta[k] = (th - eta * update) - eta * wd * th;
+            }
+        });
+}
+
+impl InplaceOp3 for Moments {
+    fn name(&self) -> &'static str {
+        "adamw-moments"
+    }
+
+    fn cpu_fwd(
+        &self,
+        mv: &mut CpuStorage,
+        mvl: &Layout,
+        g: &CpuStorage,
+        gl: &Layout,
+        h: &CpuStorage,
+        hl: &Layout,
+    ) -> Result<()> {
+        match mv {
+            CpuStorage::F32(mv) => {
+                moments_cpu(self.n, part_mut(mv, mvl)?, part(g, gl)?, part(h, hl)?)
+            }
+            CpuStorage::F64(mv) => {
+                moments_cpu(self.n, part_mut(mv, mvl)?, part(g, gl)?, part(h, hl)?)
+            }
+            _ => bail!("adamw_step: only f32 and f64 are supported"),
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        mv: &mut candle_core::CudaStorage,
+        mvl: &Layout,
+        g: &candle_core::CudaStorage,
+        gl: &Layout,
+        h: &candle_core::CudaStorage,
+        hl: &Layout,
+    ) -> Result<()> {
+        use candle_core::backend::BackendStorage;
+        let plan = cuda::moments_plan(self.n, mv.dtype())?;
+        crate::cuda::launch_in_place(crate::cuda::ADAMW, &plan, (mv, mvl), &[(g, gl), (h, hl)])
+    }
+}
+
+impl InplaceOp3 for Apply {
+    fn name(&self) -> &'static str {
+        "adamw-apply"
+    }
+
+    fn cpu_fwd(
+        &self,
+        theta: &mut CpuStorage,
+        tl: &Layout,
+        mv: &CpuStorage,
+        mvl: &Layout,
+        h: &CpuStorage,
+        hl: &Layout,
+    ) -> Result<()> {
+        match theta {
+            CpuStorage::F32(t) => apply_cpu(self.n, part_mut(t, tl)?, part(mv, mvl)?, part(h, hl)?),
+            CpuStorage::F64(t) => apply_cpu(self.n, part_mut(t, tl)?, part(mv, mvl)?, part(h, hl)?),
+            _ => bail!("adamw_step: only f32 and f64 are supported"),
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        theta: &mut candle_core::CudaStorage,
+        tl: &Layout,
+        mv: &candle_core::CudaStorage,
+        mvl: &Layout,
+        h: &candle_core::CudaStorage,
+        hl: &Layout,
+    ) -> Result<()> {
+        use candle_core::backend::BackendStorage;
+        let plan = cuda::apply_plan(self.n, theta.dtype())?;
+        crate::cuda::launch_in_place(
+            crate::cuda::ADAMW,
+            &plan,
+            (theta, tl),
+            &[(mv, mvl), (h, hl)],
+        )
+    }
 }
