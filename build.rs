@@ -19,11 +19,17 @@ fn main() {
 #[cfg(feature = "cuda")]
 mod cuda {
     pub fn build() -> Result<(), Box<dyn std::error::Error>> {
+        // The shared headers: cudaforge recompiles a .cu when its own hash or a watched file
+        // changes.
+        let mut headers: Vec<String> = std::fs::read_dir("kernels")?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        headers.sort();
         cudaforge::KernelBuilder::new()
             .source_dir("kernels")
-            // The shared headers: cudaforge recompiles a .cu when its own hash or a watched
-            // file changes.
-            .watch(["kernels/values.cuh", "kernels/rows.cuh"])
+            .watch(headers)
             .arg("-std=c++17")
             .arg("-O3")
             // No --use_fast_math: f32 division stays IEEE and subnormals are kept, so a pivot is

@@ -3,21 +3,9 @@
 // function as the CPU's (src/ops/dropout/mod.rs), so masks do not depend on the device, the
 // sharding of a batch or a resumption; the host derives site_hash from (seed, step, site) and
 // threshold = ceil(p 2^53) from the dropout rate p. One thread per entry, grid-strided.
-#include "values.cuh"
+#include "dropout_hash.cuh"
 
 #define DROPOUT_THREADS 256
-
-// SplitMix64's finaliser.
-__device__ __forceinline__ u64 dropout_mix(u64 z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-// One step of the key chain: the hash so far combined with the next coordinate.
-__device__ __forceinline__ u64 dropout_absorb(u64 h, u64 v) {
-    return dropout_mix(h ^ (v * 0x9e3779b97f4a7c15ULL));
-}
 
 template <typename T>
 __device__ void dropout_keep(T *keep, int rows, int features, u64 site_hash, u64 first_row,
@@ -26,8 +14,7 @@ __device__ void dropout_keep(T *keep, int rows, int features, u64 site_hash, u64
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n;
          e += (i64)gridDim.x * blockDim.x) {
         const u64 row = (u64)(e / features), feature = (u64)(e % features);
-        const u64 h = dropout_absorb(dropout_absorb(site_hash, first_row + row), feature);
-        store_s(keep + e, (h >> 11) >= threshold ? 1.0f : 0.0f);
+        store_s(keep + e, dropout_kept(site_hash, first_row + row, feature, threshold) ? 1.0f : 0.0f);
     }
 }
 

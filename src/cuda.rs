@@ -86,6 +86,12 @@ pub const S5_READOUT: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/s5_readout.ptx")),
 };
 
+/// `kernels/epilogue.cu`.
+pub const EPILOGUE: Module = Module {
+    name: "myosotis_epilogue",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/epilogue.ptx")),
+};
+
 /// Element types our kernels are instantiated for.
 pub trait CudaElem: CudaDType + DeviceRepr + WithDType {}
 impl CudaElem for f32 {}

@@ -1,7 +1,8 @@
-//! The fused GELU, LayerNorm, channel and S5 discretisation ops on CUDA against their CPU twins (f32 and f64, up
-//! to the GPU's fused multiply-adds) and in f16/bf16 (GELU) against the f32 CPU op, forward and
-//! gradients, on awkward shapes. Compiled with `--features cuda` (CI compiles them); each test
-//! prints why it is skipped when no CUDA device can be opened.
+//! The fused GELU, LayerNorm, channel, block epilogue and S5 discretisation ops on CUDA against
+//! their CPU twins (f32 and f64, up to the GPU's fused multiply-adds) and in f16/bf16 (GELU)
+//! against the f32 CPU op, forward and gradients, on awkward shapes. Compiled with `--features
+//! cuda` (CI compiles them); each test prints why it is skipped when no CUDA device can be
+//! opened.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -183,5 +184,40 @@ fn cuda_s5_readout() {
                 assert_eq!(got, want, "s5_readout {dtype:?} H {h} P {p} dirs {dirs}");
             }
         }
+    }
+}
+
+/// The block epilogue (GELU or identity, dropout, residual) on rows × h viewed as
+/// (rows / 1, 1, h)-shaped samples: each row a sample, so the dropout mask varies per row.
+#[test]
+fn cuda_epilogue() {
+    use myosotis::ops::epilogue::{epilogue, Activation, Dropout};
+    let drop = |p: f64| {
+        (p > 0.0).then_some(Dropout {
+            site_hash: 17,
+            first_row: 2,
+            p,
+        })
+    };
+    for (act, p) in [
+        (Activation::Gelu, 0.0),
+        (Activation::Gelu, 0.3),
+        (Activation::Identity, 0.5),
+    ] {
+        let name = format!("cuda_epilogue {act:?} p {p}");
+        let three = |t: &Tensor| {
+            let (r, h) = t.dims2().unwrap();
+            t.reshape((r, 1, h)).unwrap()
+        };
+        check(
+            &name,
+            &|t| {
+                epilogue(&three(&t[0]), Some(&three(&t[1])), act, drop(p))
+                    .unwrap()
+                    .squeeze(1)
+                    .unwrap()
+            },
+            &|r, h| vec![vec![r, h], vec![r, h]],
+        );
     }
 }

@@ -373,3 +373,96 @@ fn s5_readout_matches_the_layout_and_finite_differences() {
         }
     }
 }
+
+/// The epilogue r + k ⊙ act(y) equals the candle ops it replaces bit for bit (forward and both
+/// gradients, f32), passes finite differences (f64), and refuses bad operands.
+#[test]
+fn epilogue_matches_the_candle_ops_and_finite_differences() {
+    use myosotis::ops::dropout_keep;
+    use myosotis::ops::epilogue::{epilogue, Activation, Dropout};
+    let (mut rng, _) = seeded_rng("epilogue", 107);
+    let cpu = Device::Cpu;
+    let (b, l, h) = (3, 5, 7);
+    let y = randn(&mut rng, b * l * h);
+    let r = randn(&mut rng, b * l * h);
+    for (act, residual, p) in [
+        (Activation::Gelu, true, 0.0),
+        (Activation::Gelu, true, 0.25),
+        (Activation::Gelu, false, 0.5),
+        (Activation::Identity, true, 0.25),
+        (Activation::Identity, false, 0.0),
+    ] {
+        let what = format!("{act:?}, residual {residual}, p {p}");
+        let drop = (p > 0.0).then_some(Dropout {
+            site_hash: 99,
+            first_row: 4,
+            p,
+        });
+        let yv = Var::from_tensor(&tensor(&y, &[b, l, h], DType::F32, &cpu)).unwrap();
+        let rv = Var::from_tensor(&tensor(&r, &[b, l, h], DType::F32, &cpu)).unwrap();
+        let res = residual.then_some(rv.as_tensor());
+        let fused = epilogue(yv.as_tensor(), res, act, drop).unwrap();
+        // The same in candle ops, as the classifier wrote it.
+        let mut z = match act {
+            Activation::Gelu => gelu(yv.as_tensor()).unwrap(),
+            Activation::Identity => yv.as_tensor().clone(),
+        };
+        if let Some(d) = drop {
+            let keep = dropout_keep(d.site_hash, d.first_row, b, h, p, DType::F32, &cpu).unwrap();
+            let scale = (1.0 / (1.0 - p)) as f32;
+            z = z
+                .broadcast_mul(&(keep * scale as f64).unwrap().reshape((b, 1, h)).unwrap())
+                .unwrap();
+        }
+        let plain = match res {
+            Some(r) => (r + z).unwrap(),
+            None => z,
+        };
+        assert_eq!(to_vec(&fused), to_vec(&plain), "{what}: forward");
+        let g = tensor(&randn(&mut rng, b * l * h), &[b, l, h], DType::F32, &cpu);
+        let gf = (&fused * &g)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let gp = (&plain * &g)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        for (name, v) in [("∂y", &yv), ("∂r", &rv)] {
+            if name == "∂r" && !residual {
+                continue;
+            }
+            assert_eq!(
+                to_vec(gf.get(v).unwrap()),
+                to_vec(gp.get(v).unwrap()),
+                "{what}: {name}"
+            );
+        }
+        let mut inputs = vec![(y.clone(), vec![b, l, h])];
+        if residual {
+            inputs.push((r.clone(), vec![b, l, h]));
+        }
+        check_fd(
+            &format!("epilogue {what}"),
+            &inputs,
+            |ts| epilogue(&ts[0], ts.get(1), act, drop).unwrap(),
+            &mut rng,
+        );
+    }
+    let y3 = tensor(&y, &[b, l, h], DType::F32, &cpu);
+    let err = |r: candle_core::Result<Tensor>| r.unwrap_err().to_string();
+    let short = Tensor::zeros((b, l, h - 1), DType::F32, &cpu).unwrap();
+    assert!(err(epilogue(&y3, Some(&short), Activation::Gelu, None)).contains("residual"));
+    let bad = Dropout {
+        site_hash: 0,
+        first_row: 0,
+        p: 1.0,
+    };
+    assert!(err(epilogue(&y3, None, Activation::Gelu, Some(bad))).contains("[0, 1)"));
+    let flat = Tensor::zeros(4, DType::F32, &cpu).unwrap();
+    assert!(err(epilogue(&flat, None, Activation::Gelu, None)).contains("feature dimension"));
+}

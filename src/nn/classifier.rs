@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::batch_norm::{BatchNorm, Shards};
 use crate::ops::dropout::{absorb, mix};
-use crate::ops::{dropout_keep, gelu};
+use crate::ops::epilogue::{epilogue, Activation as EpilogueAct, Dropout};
 
 use super::{
     dense, embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig,
@@ -225,20 +225,17 @@ impl DropoutKey {
     }
 }
 
-/// Dropout with one mask per (sample, feature), shared across the length; `site` numbers the
-/// dropout calls of one forward pass. The mask is made on x's device.
-fn dropout(x: &Tensor, p: f64, mode: Mode, site: u64) -> Result<Tensor> {
-    let Mode::Train(key, _) = mode else {
-        return Ok(x.clone());
-    };
-    if p == 0.0 {
-        return Ok(x.clone());
+/// The dropout of call `site` of a forward pass (one mask per (sample, feature), shared across
+/// the length): none in evaluation or at rate 0.
+fn dropout(p: f64, mode: Mode, site: u64) -> Option<Dropout> {
+    match mode {
+        Mode::Train(key, _) if p > 0.0 => Some(Dropout {
+            site_hash: key.site_hash(site),
+            first_row: key.first_row,
+            p,
+        }),
+        _ => None,
     }
-    let (b, _, h) = x.dims3()?;
-    let site_hash = key.site_hash(site);
-    let keep = dropout_keep(site_hash, key.first_row, b, h, p, x.dtype(), x.device())?;
-    let scale = (1.0 / (1.0 - p)) as f32;
-    x.broadcast_mul(&(keep * scale as f64)?.reshape((b, 1, h))?)
 }
 
 struct Block {
@@ -404,23 +401,33 @@ impl SequenceClassifier {
         }
     }
 
-    /// The activation of block `i` with its dropouts (sites 3i, 3i + 1).
-    fn activate(&self, i: usize, block: &Block, y: &Tensor, mode: Mode) -> Result<Tensor> {
-        let p = self.cfg.dropout;
-        let drop = |x: &Tensor, k: u64| dropout(x, p, mode, 3 * i as u64 + k);
+    /// Block `i`'s output from its layer's output y: `residual` + its activation of y with the
+    /// activation's dropouts (sites 3i, 3i + 1), each GELU → dropout (→ residual) one fused op
+    /// ([`epilogue`]); no residual for the pooled tree nodes.
+    fn activate(
+        &self,
+        i: usize,
+        block: &Block,
+        y: &Tensor,
+        residual: Option<&Tensor>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let drop = |k: u64| dropout(self.cfg.dropout, mode, 3 * i as u64 + k);
+        if self.cfg.activation == Activation::Gelu {
+            return epilogue(y, residual, EpilogueAct::Gelu, drop(0));
+        }
         let sig = |l: &Option<Linear>, x: &Tensor| {
             candle_nn::ops::sigmoid(&dense(l.as_ref().expect("gate"), x)?)
         };
-        let z = drop(&gelu(y)?, 0)?;
-        match self.cfg.activation {
-            Activation::Gelu => Ok(z),
-            Activation::FullGlu => drop(
-                &(dense(block.out1.as_ref().expect("out1"), &z)? * sig(&block.out2, &z)?)?,
-                1,
-            ),
-            Activation::HalfGlu1 => drop(&(&z * sig(&block.out2, &z)?)?, 1),
-            Activation::HalfGlu2 => drop(&(y * sig(&block.out2, &z)?)?, 1),
-        }
+        let z = epilogue(y, None, EpilogueAct::Gelu, drop(0))?;
+        let gated = match self.cfg.activation {
+            Activation::FullGlu => {
+                (dense(block.out1.as_ref().expect("out1"), &z)? * sig(&block.out2, &z)?)?
+            }
+            Activation::HalfGlu1 => (&z * sig(&block.out2, &z)?)?,
+            _ => (y * sig(&block.out2, &z)?)?,
+        };
+        epilogue(&gated, residual, EpilogueAct::Identity, drop(1))
     }
 
     /// Log-probabilities (batch, classes). `lengths` (batch, u32) marks the valid steps of padded
@@ -456,8 +463,7 @@ impl SequenceClassifier {
                 let pooled = self.pool_nodes(i, m, &z, block, mode)?;
                 return candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1);
             }
-            let y = self.activate(i, block, &block.layer.forward(&z)?, mode)?;
-            h = (h + y)?;
+            h = self.activate(i, block, &block.layer.forward(&z)?, Some(&h), mode)?;
             if !self.cfg.prenorm {
                 h = block.norm.forward(&h, mode)?;
             }
@@ -532,13 +538,13 @@ impl SequenceClassifier {
         // Only the pooled nodes are computed past the solve, unless a post-norm BatchNorm
         // takes its statistics over all of them.
         if self.cfg.prenorm || self.cfg.norm == NormKind::Layer {
-            let mut nodes = self.activate(i, block, &m.forward_nodes(z, first)?, mode)?;
+            let mut nodes = self.activate(i, block, &m.forward_nodes(z, first)?, None, mode)?;
             if !self.cfg.prenorm {
                 nodes = block.norm.forward(&nodes, mode)?;
             }
             return nodes.mean(1);
         }
-        let nodes = self.activate(i, block, &m.forward_nodes(z, 0)?, mode)?;
+        let nodes = self.activate(i, block, &m.forward_nodes(z, 0)?, None, mode)?;
         let nodes = block.norm.forward(&nodes, mode)?;
         nodes.narrow(1, first, tree.len() - first)?.mean(1)
     }

@@ -1,5 +1,5 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
-//! `head_solve/`, `dropout/`, `adamw/`, `gelu/`, `layer_norm/`, `channel/`, `s5_discretize/`,
+//! `head_solve/`, `dropout/`, `epilogue/`, `adamw/`, `gelu/`, `layer_norm/`, `channel/`, `s5_discretize/`,
 //! `s5_readout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch
 //! plans); `rows` is the row layout LayerNorm and the channel ops share; the CPU-only transpose
 //! is one file.
@@ -7,6 +7,7 @@
 pub mod adamw;
 pub mod channel;
 pub mod dropout;
+pub mod epilogue;
 pub mod gelu;
 pub mod head_solve;
 pub mod layer_norm;
@@ -22,6 +23,7 @@ mod value;
 pub use adamw::{adamw_step, in_place_updates, AdamwHyper};
 pub use channel::{channel_add, channel_mul};
 pub use dropout::dropout_keep;
+pub use epilogue::epilogue;
 pub use gelu::gelu;
 pub use head_solve::{head_solve, head_solve_backward, HeadSolveGrads};
 pub use layer_norm::{layer_norm, layer_norm_composed};

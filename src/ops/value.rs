@@ -15,6 +15,20 @@ pub(crate) fn contiguous<'a, F: WithDType>(
     }
 }
 
+/// Whether an element-wise op of ours runs fused on `t`: f32/f64 on the CPU, f32/f64/f16/bf16
+/// on CUDA (elsewhere the ops fall back to candle's).
+pub(crate) fn fused_elementwise(t: &candle_core::Tensor) -> bool {
+    use candle_core::{DType, Device};
+    match t.device() {
+        Device::Cpu => matches!(t.dtype(), DType::F32 | DType::F64),
+        Device::Cuda(_) => matches!(
+            t.dtype(),
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16
+        ),
+        _ => false,
+    }
+}
+
 /// A field element the CPU kernels compute with: a real `F`, or a complex number over `F`.
 pub(crate) trait Value<F: WithDType>: Copy + Send + Sync {
     /// Scalars per element in storage: 1 for real, 2 for complex (re, im).

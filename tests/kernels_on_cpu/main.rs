@@ -4,13 +4,14 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|layer_norm|channel|s5]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|layer_norm|channel|s5]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 mod adamw;
 #[path = "../common/mod.rs"]
 mod common;
 mod dropout;
+mod epilogue;
 mod exec;
 mod fused;
 mod head_solve;
@@ -67,6 +68,8 @@ fn every_kernel_entry_point_is_tested() {
         ("adamw_apply", real, &wide),
         ("gelu_fwd", real, &all),
         ("gelu_bwd", real, &all),
+        ("epilogue_fwd", real, &all),
+        ("epilogue_bwd", real, &all),
         ("layer_norm_fwd", real, &wide),
         ("layer_norm_bwd", real, &wide),
         ("layer_norm_sums", real, &wide),

@@ -21,9 +21,15 @@ pub fn absorb(h: u64, v: u64) -> u64 {
     mix(h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
+/// Whether entry (row, feature) of a call with `site_hash` is kept under `bound`
+/// ([`threshold`]).
+pub(crate) fn kept(site_hash: u64, row: u64, feature: u64, bound: u64) -> bool {
+    absorb(absorb(site_hash, row), feature) >> 11 >= bound
+}
+
 /// The bound on a hash's top 53 bits k from which an entry is kept: ceil(p·2⁵³), so that
 /// k ≥ bound exactly when k·2⁻⁵³ ≥ p (both sides exact in f64).
-fn threshold(p: f64) -> u64 {
+pub(crate) fn threshold(p: f64) -> u64 {
     (p * (1u64 << 53) as f64).ceil() as u64
 }
 
@@ -52,8 +58,7 @@ pub fn dropout_keep(
             let keep: Vec<f32> = (0..rows as u64)
                 .flat_map(|r| (0..features as u64).map(move |f| (r, f)))
                 .map(|(r, f)| {
-                    let h = absorb(absorb(site_hash, first_row + r), f);
-                    if h >> 11 >= bound {
+                    if kept(site_hash, first_row + r, f, bound) {
                         1.0
                     } else {
                         0.0

@@ -15,7 +15,7 @@ use candle_core::{
 use num_traits::Float;
 use rayon::prelude::*;
 
-use super::value::contiguous;
+use super::value::{contiguous, fused_elementwise};
 
 pub mod cuda;
 
@@ -26,14 +26,7 @@ const CUBIC: f64 = 0.044_715;
 
 /// GELU (tanh approximation), fused forward and backward.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
-    let fused = match x.device() {
-        Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
-        Device::Cuda(_) => matches!(
-            x.dtype(),
-            DType::F32 | DType::F64 | DType::F16 | DType::BF16
-        ),
-        _ => false,
-    };
+    let fused = fused_elementwise(x);
     if fused {
         x.contiguous()?.apply_op1(GeluOp)
     } else {
@@ -52,13 +45,13 @@ fn tanh_z<F: Float>(x: F) -> F {
 }
 
 #[inline(always)]
-fn value<F: Float>(x: F) -> F {
+pub(crate) fn value<F: Float>(x: F) -> F {
     let half = F::from(0.5).expect("const");
     half * x * (F::one() + tanh_z(x))
 }
 
 #[inline(always)]
-fn slope<F: Float>(x: F) -> F {
+pub(crate) fn slope<F: Float>(x: F) -> F {
     let half = F::from(0.5).expect("const");
     let c = F::from(SQRT_2_OVER_PI).expect("const");
     let k3 = F::from(3.0 * CUBIC).expect("const");

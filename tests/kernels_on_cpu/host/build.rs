@@ -23,6 +23,7 @@ fn main() {
             "src/channel.cpp",
             "src/s5_discretize.cpp",
             "src/s5_readout.cpp",
+            "src/epilogue.cpp",
         ])
         .opt_level(2)
         // The arithmetic of the CPU twins: no fused multiply-adds.

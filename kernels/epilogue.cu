@@ -1,0 +1,74 @@
+// A block's epilogue, fused: out = r + k ⊙ act(y) over (samples, length, features), with act
+// GELU (tanh form, gelu.cuh) or the identity, k the dropout factor of (sample, feature) — s =
+// 1 / (1 − p) where the mask keeps the entry (dropout_hash.cuh), else 0; 1 without dropout —
+// and r the residual (or none). Backward: ∂y = (∂out k) act′(y); ∂r = ∂out needs no kernel.
+// The CPU twin (src/ops/epilogue/mod.rs) does the same arithmetic in the same order. One
+// thread per element, grid-strided.
+#include "dropout_hash.cuh"
+#include "gelu.cuh"
+
+#define EPILOGUE_THREADS 256
+
+// The dropout of one launch: the key of its mask, and s.
+struct EpilogueDrop {
+    int on;
+    u64 site_hash, first_row, threshold;
+    double scale;
+};
+
+// k at element e of a (samples, per_sample / features, features) tensor.
+template <typename A>
+__device__ __forceinline__ A epilogue_factor(const EpilogueDrop &d, i64 e, int per_sample,
+                                             int features) {
+    if (!d.on)
+        return A(1);
+    const u64 row = d.first_row + (u64)(e / per_sample), feature = (u64)(e % features);
+    return dropout_kept(d.site_hash, row, feature, d.threshold) ? A(d.scale) : A(0);
+}
+
+template <typename T>
+__device__ void epilogue_fwd(const T *y, const T *r, T *out, int n, int per_sample, int features,
+                             int gelu, EpilogueDrop d) {
+    using A = decltype(to_acc(y[0]));
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (i64)gridDim.x * blockDim.x) {
+        const A x = to_acc(y[e]);
+        const A z = (gelu ? gelu_value(x) : x) * epilogue_factor<A>(d, e, per_sample, features);
+        store_s(out + e, r ? to_acc(r[e]) + z : z);
+    }
+}
+
+template <typename T>
+__device__ void epilogue_bwd(const T *y, const T *g, T *dy, int n, int per_sample, int features,
+                             int gelu, EpilogueDrop d) {
+    using A = decltype(to_acc(y[0]));
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (i64)gridDim.x * blockDim.x) {
+        const A gk = to_acc(g[e]) * epilogue_factor<A>(d, e, per_sample, features);
+        store_s(dy + e, gelu ? gk * gelu_slope(to_acc(y[e])) : gk);
+    }
+}
+
+#define EPILOGUE_KERNELS(SUFFIX, T)                                                             \
+    extern "C" __global__ void __launch_bounds__(EPILOGUE_THREADS)                              \
+        epilogue_fwd_##SUFFIX(const T *y, const T *r, T *out, int n, int per_sample,            \
+                              int features, int gelu, int drop, u64 site_hash, u64 first_row,   \
+                              u64 threshold, u64 scale_bits) {                                  \
+        const EpilogueDrop d = {drop, site_hash, first_row, threshold,                          \
+                                f64_from_bits(scale_bits)};                                     \
+        epilogue_fwd<T>(y, r, out, n, per_sample, features, gelu, d);                           \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(EPILOGUE_THREADS)                              \
+        epilogue_bwd_##SUFFIX(const T *y, const T *g, T *dy, int n, int per_sample,             \
+                              int features, int gelu, int drop, u64 site_hash, u64 first_row,   \
+                              u64 threshold, u64 scale_bits) {                                  \
+        const EpilogueDrop d = {drop, site_hash, first_row, threshold,                          \
+                                f64_from_bits(scale_bits)};                                     \
+        epilogue_bwd<T>(y, g, dy, n, per_sample, features, gelu, d);                            \
+    }
+
+// The instantiations: kernel-name suffix and storage type (the host harness in
+// tests/kernels_on_cpu registers the same list).
+#define EPILOGUE_DTYPES(X) X(f32, float) X(f64, double) X(f16, __half) X(bf16, __nv_bfloat16)
+
+EPILOGUE_DTYPES(EPILOGUE_KERNELS)
