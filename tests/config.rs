@@ -330,3 +330,37 @@ fn every_registered_task_resolves_and_has_a_preset() {
         assert!(t.max_len() > 0 && t.classes >= 2, "{}", t.name);
     }
 }
+
+/// Hyper-parameters that would train into divergence (or not at all) are refused before
+/// training, with the flag named; a warm-up of 0 steps and a decay of 0 are valid.
+#[test]
+fn non_positive_rates_and_clipping_norms_are_refused() {
+    for (flags, says) in [
+        (
+            &["--lr=-1"][..],
+            "--lr -1: expected a positive learning rate",
+        ),
+        (&["--lr", "0"], "--lr 0"),
+        (&["--lr", "NaN"], "--lr NaN"),
+        (&["--ssm-lr", "0"], "--ssm-lr 0"),
+        (&["--ssm-lr", "inf"], "--ssm-lr inf"),
+        (&["--weight-decay=-0.1"], "--weight-decay -0.1"),
+        (
+            &["--clip", "0"],
+            "--clip 0: expected a positive gradient norm",
+        ),
+        (&["--clip=-2"], "--clip -2"),
+    ] {
+        let e = err(flags);
+        assert!(e.contains(says), "{flags:?}: {e}");
+    }
+    let cfg = ok(&["--warmup-steps", "0", "--weight-decay", "0", "--clip", "1"]);
+    assert_eq!(
+        (
+            cfg.optim.warmup_steps,
+            cfg.optim.weight_decay,
+            cfg.optim.clip
+        ),
+        (0, 0.0, Some(1.0))
+    );
+}

@@ -466,3 +466,17 @@ fn epilogue_matches_the_candle_ops_and_finite_differences() {
     let flat = Tensor::zeros(4, DType::F32, &cpu).unwrap();
     assert!(err(epilogue(&flat, None, Activation::Gelu, None)).contains("feature dimension"));
 }
+
+/// The tests' relative error sees what it must: an inf in the reference met by a finite value,
+/// infinities of opposite sign, NaN on either side; a matching inf is no error and does not
+/// hide an error elsewhere.
+#[test]
+fn rel_err_sees_infinities_and_nans() {
+    let inf = f64::INFINITY;
+    assert_eq!(rel_err(&[1.0, 5.0], &[1.0, inf]), inf);
+    assert_eq!(rel_err(&[inf], &[-inf]), inf);
+    assert_eq!(rel_err(&[f64::NAN], &[f64::NAN]), inf);
+    assert_eq!(rel_err(&[1.0, inf], &[1.0, inf]), 0.0);
+    // A wrong finite element beside a matching inf: 0.5 against a scale of 2.
+    assert_eq!(rel_err(&[1.5, inf, 2.0], &[1.0, inf, 2.0]), 0.25);
+}

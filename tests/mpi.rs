@@ -281,18 +281,28 @@ fn rank_pid(rank: usize) -> Option<i32> {
 
 /// BatchNorm sums its statistics over the ranks in the forward pass, so every rank needs part
 /// of every batch: 98 examples in batches of 16 end with a batch of 2, which 3 ranks cannot
-/// share; the run says so before it starts training.
+/// share, and batches of 2 never can; the run says so before it starts training.
 #[test]
 fn batch_norm_needs_every_rank_in_every_batch() {
-    let d = out("short-batch");
-    let mut c = mpirun(3);
-    let flags = flags(&["--model", "s5", "--norm", "batch", "--threads", "1"], &d);
-    c.args(flags.iter().map(|f| if f == "100" { "98" } else { f }));
-    let o = c.output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{err}");
-    assert!(
-        err.contains("BatchNorm across 3 ranks needs at least 3 examples in every batch"),
-        "{err}"
-    );
+    for (what, examples, batch) in [("last batch", "98", "16"), ("every batch", "100", "2")] {
+        let d = out(&format!("short-batch-{batch}"));
+        let mut c = mpirun(3);
+        let flags = flags(&["--model", "s5", "--norm", "batch", "--threads", "1"], &d);
+        c.args(
+            flags
+                .iter()
+                .enumerate()
+                .map(|(i, f)| match (i, f.as_str()) {
+                    (2, _) => examples,
+                    (6, _) => batch,
+                    _ => f,
+                }),
+        );
+        // Before the fix, batches of 2 hung in mismatched collectives: a deadline fails it.
+        let err = run_to_failure(c, Duration::from_secs(120), || {});
+        assert!(
+            err.contains("BatchNorm across 3 ranks needs at least 3 examples in every batch"),
+            "{what}: {err}"
+        );
+    }
 }

@@ -442,6 +442,7 @@ impl RunArgs {
             task,
             data,
         };
+        cfg.optim.check()?;
         cfg.check_model()?;
         Ok(cfg)
     }

@@ -38,6 +38,52 @@ pub struct OptimConfig {
 }
 
 impl OptimConfig {
+    /// Refuses hyper-parameters that would train into divergence or nowhere, naming the flag:
+    /// the rates must be positive, the decay and the final rate non-negative, the clipping norm
+    /// positive, the moments' decays in [0, 1) and ε positive (all finite). A warm-up of 0
+    /// steps is none.
+    pub fn check(&self) -> Result<()> {
+        let finite = |flag: &str, v: f64, ok: bool, want: &str| -> Result<()> {
+            if v.is_finite() && ok {
+                Ok(())
+            } else {
+                candle_core::bail!("{flag} {v}: expected {want}")
+            }
+        };
+        // --ssm-lr first: --lr defaults to a multiple of it.
+        finite(
+            "--ssm-lr",
+            self.ssm_lr,
+            self.ssm_lr > 0.0,
+            "a positive learning rate",
+        )?;
+        finite("--lr", self.lr, self.lr > 0.0, "a positive learning rate")?;
+        finite(
+            "--weight-decay",
+            self.weight_decay,
+            self.weight_decay >= 0.0,
+            "a decay ≥ 0",
+        )?;
+        finite(
+            "the final learning rate",
+            self.lr_min,
+            self.lr_min >= 0.0,
+            "a rate ≥ 0",
+        )?;
+        if let Some(c) = self.clip {
+            finite("--clip", c, c > 0.0, "a positive gradient norm")?;
+        }
+        for (name, b) in [("β₁", self.beta1), ("β₂", self.beta2)] {
+            finite(
+                &format!("AdamW's {name}"),
+                b,
+                (0.0..1.0).contains(&b),
+                "a decay in [0, 1)",
+            )?;
+        }
+        finite("AdamW's ε", self.eps, self.eps > 0.0, "a positive value")
+    }
+
     /// The learning rate of a group with base rate `base` at step `step` (0-based): linear from
     /// 0 to `base` over the warm-up, then cosine from `base` to `lr_min` over the rest.
     pub fn rate(&self, base: f64, step: usize) -> f64 {
@@ -77,6 +123,7 @@ impl Optimizer {
         vars: &HashMap<String, Var>,
         group: impl Fn(&str) -> ParamGroup,
     ) -> Result<Self> {
+        cfg.check()?;
         let mut names: Vec<&String> = vars
             .keys()
             .filter(|n| group(n) != ParamGroup::Frozen)

@@ -103,35 +103,41 @@ fn count_correct(logp: &Tensor, y: &Tensor) -> Result<Tensor> {
     logp.argmax(1)?.eq(y)?.to_dtype(DType::F64)?.sum_all()
 }
 
-/// Per-batch results still on the device: (batch size, mean loss, correct count), each an f64
-/// scalar tensor. Reading them waits for the device, so training reads them in groups.
+/// Per-batch results still on the device: (step, batch size, mean loss, correct count), the
+/// last two f64 scalar tensors. Reading them waits for the device, so training reads them in
+/// groups.
 #[derive(Default)]
-struct Pending(Vec<(usize, Tensor, Tensor)>);
+struct Pending(Vec<(usize, usize, Tensor, Tensor)>);
+
+/// A batch's results read back: (step, batch size, mean loss, correct count).
+type BatchResult = (usize, usize, f64, usize);
 
 impl Pending {
-    /// Adds a batch's results, detached from the graph that made them (which would otherwise
-    /// keep the batch's activations alive until the read).
-    fn push(&mut self, n: usize, loss: &Tensor, correct: &Tensor) {
-        self.0.push((n, loss.detach(), correct.detach()));
+    /// Adds the results of step `step` (1-based), detached from the graph that made them (which
+    /// would otherwise keep the batch's activations alive until the read).
+    fn push(&mut self, step: usize, n: usize, loss: &Tensor, correct: &Tensor) {
+        self.0.push((step, n, loss.detach(), correct.detach()));
     }
 
-    /// Reads every pending result back in one transfer, after checking the tree solves' pivot
-    /// status on `device` (which the same synchronisation makes free), and empties the list.
-    fn read(&mut self, device: &Device) -> Result<Vec<(usize, f64, usize)>> {
+    /// Reads every pending result back in one transfer and empties the list. With them comes
+    /// the tree solves' pivot status on `device` (which the same synchronisation makes free),
+    /// for the caller to report after any non-finite loss: a loss that diverged is the cause
+    /// of the singular pivots that follow it.
+    fn read(&mut self, device: &Device) -> Result<(Vec<BatchResult>, Result<()>)> {
         if self.0.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Ok(())));
         }
-        let values: Vec<&Tensor> = self.0.iter().flat_map(|(_, l, c)| [l, c]).collect();
+        let values: Vec<&Tensor> = self.0.iter().flat_map(|(_, _, l, c)| [l, c]).collect();
         let host = Tensor::stack(&values, 0)?.to_vec1::<f64>()?;
-        crate::ops::check_pivots(device)?;
+        let pivots = crate::ops::check_pivots(device);
         let out = self
             .0
             .iter()
             .zip(host.chunks(2))
-            .map(|((n, _, _), v)| (*n, v[0], v[1] as usize))
+            .map(|((step, n, _, _), v)| (*step, *n, v[0], v[1] as usize))
             .collect();
         self.0.clear();
-        Ok(out)
+        Ok((out, pivots))
     }
 }
 
@@ -167,11 +173,13 @@ pub fn evaluate(
             Ok((part.len(), loss, count_correct(&logp, &y)?))
         })?;
         for (n, loss, correct) in &parts {
-            pending.push(*n, loss, correct);
+            pending.push(0, *n, loss, correct);
         }
     }
     let (mut loss, mut correct) = (0.0, 0.0);
-    for (_, l, c) in pending.read(device)? {
+    let (results, pivots) = pending.read(device)?;
+    pivots?;
+    for (_, _, l, c) in results {
         loss += l;
         correct += c as f64;
     }
@@ -226,108 +234,128 @@ pub fn train_epoch(
     world: &Arc<World>,
     mut on_batch: impl FnMut(usize, f64, usize),
 ) -> Result<Evaluation> {
-    // Ranks sum BatchNorm's statistics in the forward pass: each must hold part of every batch.
-    let short = data.len() % batching.batch_size.max(1);
-    if batching.batch_norm && world.size() > 1 && (short > 0 && short < world.size()) {
+    // Ranks sum BatchNorm's statistics in the forward pass: each must hold part of every batch
+    // (a rank with none would skip the forward pass, and the collectives would mismatch).
+    let (ranks, size) = (world.size(), batching.batch_size.max(1));
+    let short = data.len() % size;
+    let too_small = if data.len().min(size) < ranks {
+        Some(("every batch holds", data.len().min(size)))
+    } else if short > 0 && short < ranks {
+        Some(("the last batch of an epoch holds", short))
+    } else {
+        None
+    };
+    if let (true, Some((which, n))) = (batching.batch_norm && ranks > 1, too_small) {
         candle_core::bail!(
-            "BatchNorm across {} ranks needs at least {} examples in every batch, but the last              batch of an epoch holds {short} ({} training examples in batches of {}): choose              another --batch-size or --max-train-samples",
-            world.size(),
-            world.size(),
-            data.len(),
-            batching.batch_size
+            "BatchNorm across {ranks} ranks needs at least {ranks} examples in every batch, but \
+             {which} {n} ({} training examples in batches of {size}): choose another \
+             --batch-size or --max-train-samples, or fewer ranks",
+            data.len()
         );
     }
     let mut order: Vec<usize> = (0..data.len()).collect();
     order.shuffle(&mut StdRng::seed_from_u64(seed));
     let (mut loss_sum, mut correct) = (0.0, 0usize);
     let mut pending = Pending::default();
-    let mut report = |pending: &mut Pending, step: usize| -> Result<()> {
-        let results = pending.read(device)?;
-        let first = step + 1 - results.len();
-        for (k, (n, value, right)) in results.into_iter().enumerate() {
+    let mut report = |pending: &mut Pending| -> Result<()> {
+        let (results, pivots) = pending.read(device)?;
+        for (step, n, value, right) in results {
             if !value.is_finite() {
                 candle_core::bail!(
-                    "the training loss is {value} at step {}; stopping (the last good \
-                     checkpoint is kept)",
-                    first + k
+                    "the training loss is {value} at step {step}; stopping (the last good \
+                     checkpoint is kept)"
                 );
             }
             loss_sum += value * n as f64;
             correct += right;
             on_batch(n, value, right);
         }
-        Ok(())
+        pivots
     };
     let batches = order.chunks(batching.batch_size.max(1));
     let count = batches.len();
     for (b, idx) in batches.enumerate() {
-        let pad = data.padding(idx, batching.pad_to);
-        let step = opt.step_count() as u64;
-        // This rank's part of the batch, cut again into the process's shards.
-        let mine = part(idx.len(), world.rank(), world.size());
-        let local = if mine.is_empty() {
-            None
-        } else {
-            let shard = |at: usize, part: &[usize], shards: Option<&Shards>| {
-                let (x, lengths, y) = data.batch(part, pad, device)?;
-                let key = DropoutKey {
-                    seed,
-                    step,
-                    first_row: (mine.start + at) as u64,
-                };
-                let logp = model.forward(&x, Some(&lengths), Mode::Train(key, shards))?;
-                // This shard's share of the batch mean.
-                let loss =
-                    (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
-                let grads = loss.backward()?;
-                Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
-            };
-            let mine_idx = &idx[mine.clone()];
-            let parts = match (batching.batch_norm, world.size()) {
-                (false, _) => sharded(mine_idx, batching.shards, |at, part| shard(at, part, None))?,
-                (true, 1) => sharded_together(mine_idx, batching.shards, shard)?,
-                // MPI is called from the main thread alone: one shard per rank.
-                (true, _) => {
-                    let ranks: Shards = Arc::new(RankSum {
-                        world: world.clone(),
-                        ranks: idx.len().min(world.size()),
-                    });
-                    vec![shard(0, mine_idx, Some(&ranks))?]
-                }
-            };
-            let mut parts = parts.into_iter();
-            let (mut value, mut right, mut grads): (Tensor, Tensor, GradStore) =
-                parts.next().expect("a part has at least one shard");
-            for (v, c, g) in parts {
-                value = (value + v)?;
-                right = (right + c)?;
-                grads.extend(g)?;
-            }
-            Some((value, right, grads))
-        };
-        let (value, right) = if world.size() == 1 {
-            let (value, right, grads) = local.expect("one rank has the whole batch");
-            opt.step(&grads)?;
-            (value, right)
-        } else {
-            let ranks = idx.len().min(world.size());
-            opt.step_across(local.as_ref().map(|l| &l.2), world, ranks)?;
-            let mine = match &local {
-                Some((v, r, _)) => Tensor::stack(&[v, r], 0)?,
-                None => Tensor::zeros(2, DType::F64, device)?,
-            };
-            let sum = if world.sums_on_device() {
-                world.device_sum(&mine).map_err(collective)?.expect("NCCL")
+        let step_result = (|| -> Result<(Tensor, Tensor)> {
+            let pad = data.padding(idx, batching.pad_to);
+            let step = opt.step_count() as u64;
+            // This rank's part of the batch, cut again into the process's shards.
+            let mine = part(idx.len(), world.rank(), world.size());
+            let local = if mine.is_empty() {
+                None
             } else {
-                let mine = mine.to_vec1::<f64>()?;
-                let sum = world.sum_in_rank_order(&mine, ranks).map_err(collective)?;
-                Tensor::new(sum, device)?
+                let shard = |at: usize, part: &[usize], shards: Option<&Shards>| {
+                    let (x, lengths, y) = data.batch(part, pad, device)?;
+                    let key = DropoutKey {
+                        seed,
+                        step,
+                        first_row: (mine.start + at) as u64,
+                    };
+                    let logp = model.forward(&x, Some(&lengths), Mode::Train(key, shards))?;
+                    // This shard's share of the batch mean.
+                    let loss = (candle_nn::loss::nll(&logp, &y)?
+                        * (part.len() as f64 / idx.len() as f64))?;
+                    let grads = loss.backward()?;
+                    Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
+                };
+                let mine_idx = &idx[mine.clone()];
+                let parts = match (batching.batch_norm, world.size()) {
+                    (false, _) => {
+                        sharded(mine_idx, batching.shards, |at, part| shard(at, part, None))?
+                    }
+                    (true, 1) => sharded_together(mine_idx, batching.shards, shard)?,
+                    // MPI is called from the main thread alone: one shard per rank.
+                    (true, _) => {
+                        let ranks: Shards = Arc::new(RankSum {
+                            world: world.clone(),
+                            ranks: idx.len().min(world.size()),
+                        });
+                        vec![shard(0, mine_idx, Some(&ranks))?]
+                    }
+                };
+                let mut parts = parts.into_iter();
+                let (mut value, mut right, mut grads): (Tensor, Tensor, GradStore) =
+                    parts.next().expect("a part has at least one shard");
+                for (v, c, g) in parts {
+                    value = (value + v)?;
+                    right = (right + c)?;
+                    grads.extend(g)?;
+                }
+                Some((value, right, grads))
             };
-            (sum.get(0)?, sum.get(1)?)
+            let (value, right) = if world.size() == 1 {
+                let (value, right, grads) = local.expect("one rank has the whole batch");
+                opt.step(&grads)?;
+                (value, right)
+            } else {
+                let ranks = idx.len().min(world.size());
+                opt.step_across(local.as_ref().map(|l| &l.2), world, ranks)?;
+                let mine = match &local {
+                    Some((v, r, _)) => Tensor::stack(&[v, r], 0)?,
+                    None => Tensor::zeros(2, DType::F64, device)?,
+                };
+                let sum = if world.sums_on_device() {
+                    world.device_sum(&mine).map_err(collective)?.expect("NCCL")
+                } else {
+                    let mine = mine.to_vec1::<f64>()?;
+                    let sum = world.sum_in_rank_order(&mine, ranks).map_err(collective)?;
+                    Tensor::new(sum, device)?
+                };
+                (sum.get(0)?, sum.get(1)?)
+            };
+            Ok((value, right))
+        })();
+        let (value, right) = match step_result {
+            Ok(r) => r,
+            // A step that fails after a non-finite loss (a singular pivot from the diverged
+            // parameters, say) is reported as that loss.
+            Err(e) => {
+                report(&mut pending)?;
+                return Err(e);
+            }
         };
-        pending.push(idx.len(), &value, &right);
+        pending.push(opt.step_count(), idx.len(), &value, &right);
         if (b + 1) % report_every.max(1) == 0 || b + 1 == count {
-            report(&mut pending, opt.step_count())?;
+            report(&mut pending)?;
         }
     }
     let n = data.len().max(1) as f64;

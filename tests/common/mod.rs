@@ -292,17 +292,25 @@ pub fn to_vec(t: &Tensor) -> Vec<f64> {
         .unwrap()
 }
 
-/// max |x - y| / (max |y| + 1e-30): a relative error that a single wrong element cannot hide in.
+/// max |x - y| / (max |y| + 1e-30) over the finite references: a relative error that a single
+/// wrong element cannot hide in. Infinities must agree exactly (an inf in y does not widen the
+/// scale, and x = y = ±inf is a match, not a skipped position); a NaN on either side, or an inf
+/// met by anything else, is an infinite error.
 pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
     assert_eq!(x.len(), y.len(), "length mismatch");
-    let scale = y.iter().fold(0f64, |m, v| m.max(v.abs())) + 1e-30;
-    let diff = x.iter().zip(y).fold(0f64, |m, (a, b)| {
-        if a.is_nan() || b.is_nan() {
-            f64::INFINITY
-        } else {
-            m.max((a - b).abs())
+    let scale = y
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(0f64, |m, v| m.max(v.abs()))
+        + 1e-30;
+    let mut diff = 0f64;
+    for (a, b) in x.iter().zip(y) {
+        if a.is_finite() && b.is_finite() {
+            diff = diff.max((a - b).abs());
+        } else if a != b || a.is_nan() {
+            return f64::INFINITY;
         }
-    });
+    }
     diff / scale
 }
 
