@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use myosotis::bench::{copy_bandwidth, HeadBench, ScanBench, StepArgs, TreeBench};
 use myosotis::data::listops::{self, ListOpsConfig, Splits};
-use myosotis::device::{describe, parse_device};
+use myosotis::device::{describe, parse_device, rank_cuda_device};
 use myosotis::train::config::RunArgs;
 use myosotis::train::dist::World;
 use myosotis::train::run::{eval_checkpoint, train, Event, Exec, Start};
@@ -260,7 +260,8 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = run(cli, world.clone()) {
+    // A panic too ends every rank, with its message.
+    if let Err(e) = myosotis::fail::catch_panics(|| run(cli, world.clone())) {
         // The message chain only: users read it, backtraces are for RUST_BACKTRACE debugging.
         if world.size() > 1 {
             eprintln!("error: rank {}: {e:#}", world.rank());
@@ -304,9 +305,7 @@ fn run(cli: Cli, world: Arc<World>) -> Result<()> {
         Command::Train(a) => {
             // Each rank of a machine on its own GPU.
             let device = match a.device.as_str() {
-                "cuda" if world.size() > 1 => {
-                    parse_device(&format!("cuda:{}", world.local_rank()))?
-                }
+                "cuda" if world.size() > 1 => rank_cuda_device(world.local_rank())?,
                 d => parse_device(d)?,
             };
             let exec = Exec::for_process(&device, a.threads)?.in_world(world.clone());

@@ -157,13 +157,16 @@ pub fn limits(dev: &CudaDevice) -> Result<DeviceLimits> {
 /// since the last call (for the tree solve: 1 + the node of a bad pivot). This waits for the
 /// device, so callers do it where they read a result back anyway.
 pub fn take_status(dev: &CudaDevice) -> Result<i32> {
-    with_state(dev, |s| {
-        let v = dev.clone_dtoh(&s.status)?[0];
-        if v != 0 {
-            dev.cuda_stream().memset_zeros(&mut s.status).w()?;
-        }
-        Ok(v)
-    })
+    // Under the lock only enqueued work: a snapshot of the word, then its reset (in stream
+    // order, after every launch so far). The wait for the snapshot holds no lock.
+    let snapshot = with_state(dev, |s| {
+        let stream = dev.cuda_stream();
+        let mut snapshot = unsafe { stream.alloc::<i32>(1) }.w()?;
+        stream.memcpy_dtod(&s.status, &mut snapshot).w()?;
+        stream.memset_zeros(&mut s.status).w()?;
+        Ok(snapshot)
+    })?;
+    Ok(dev.clone_dtoh(&snapshot)?[0])
 }
 
 /// Launches of our kernels so far, on every device (candle's own kernels are not counted).
@@ -262,14 +265,16 @@ fn run<T: CudaElem>(
         .map(|&n| unsafe { dev.alloc::<T>(n) })
         .collect::<Result<_>>()?;
     let func = dev.get_or_load_custom_func(&plan.kernel, module.name, module.ptx)?;
-    if plan.opts_in_to_shared() {
-        func.set_attribute(
-            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            plan.shared_bytes as i32,
-        )
-        .w()?;
-    }
     with_state(dev, |state| {
+        // Under the lock: another thread's launch of this kernel with less shared memory
+        // cannot lower the limit between this opt-in and this launch.
+        if plan.opts_in_to_shared() {
+            func.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                plan.shared_bytes as i32,
+            )
+            .w()?;
+        }
         if state.tables.len() + plan.tables.len() > MAX_TABLES {
             state.tables.clear();
         }

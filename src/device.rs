@@ -32,6 +32,43 @@ pub fn parse_device(s: &str) -> Result<Device> {
     })
 }
 
+/// The CUDA ordinal of a rank that is `local_rank`-th among its machine's ranks, when the
+/// process sees `visible` GPUs: its own when every rank sees them all (`mpirun` on a machine of
+/// GPUs), 0 when each rank is bound to one (`srun --gpus-per-task=1`, or a launcher that sets
+/// `CUDA_VISIBLE_DEVICES` per rank). More ranks than visible GPUs is an error: ranks sharing a
+/// GPU would halve its speed unannounced.
+pub fn rank_ordinal(local_rank: usize, visible: usize) -> Result<usize> {
+    match visible {
+        0 => candle_core::bail!("--device cuda: this process sees no CUDA device"),
+        1 => Ok(0),
+        v if local_rank < v => Ok(local_rank),
+        v => candle_core::bail!(
+            "--device cuda: this machine's rank {local_rank} has no GPU of its own ({v} visible \
+             to each rank, and ranks 0..{v} take them); start at most {v} ranks per machine, or \
+             give each rank one GPU (CUDA_VISIBLE_DEVICES, srun --gpus-per-task=1)"
+        ),
+    }
+}
+
+/// The device of a rank that is `local_rank`-th among its machine's ranks (see
+/// [`rank_ordinal`]) for `--device cuda`.
+pub fn rank_cuda_device(local_rank: usize) -> Result<Device> {
+    #[cfg(feature = "cuda")]
+    {
+        use candle_core::cuda_backend::cudarc::driver::CudaContext;
+        let visible = CudaContext::device_count().map_err(|e| {
+            candle_core::Error::Msg(format!("--device cuda: cannot count the CUDA devices: {e}"))
+        })?;
+        let ordinal = rank_ordinal(local_rank, visible.max(0) as usize)?;
+        parse_device(&format!("cuda:{ordinal}"))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = local_rank;
+        parse_device("cuda")
+    }
+}
+
 /// Keeps large freed blocks in the heap for reuse. By default glibc serves every tensor of
 /// 32 MiB or more with a fresh `mmap`, so each op's output is page-faulted and zeroed by the
 /// kernel again on every call; in a training or benchmark loop that costs more than the op.

@@ -9,6 +9,7 @@ pub mod complex;
 pub mod cuda;
 pub mod data;
 pub mod device;
+pub mod fail;
 pub mod nn;
 pub mod ops;
 pub mod train;

@@ -364,3 +364,22 @@ fn non_positive_rates_and_clipping_norms_are_refused() {
         (0, 0.0, Some(1.0))
     );
 }
+
+/// `--device cuda` under several ranks: each rank of a machine takes its own GPU when it sees
+/// them all, the one it sees when bound to one, and more ranks than GPUs is an error that says
+/// what to do.
+#[test]
+fn cuda_ranks_take_the_gpus_they_see() {
+    use myosotis::device::rank_ordinal;
+    assert_eq!(rank_ordinal(0, 4).unwrap(), 0);
+    assert_eq!(rank_ordinal(3, 4).unwrap(), 3);
+    for rank in [0, 1, 7] {
+        assert_eq!(rank_ordinal(rank, 1).unwrap(), 0, "bound to one GPU");
+    }
+    let e = rank_ordinal(2, 2).unwrap_err().to_string();
+    assert!(e.contains("rank 2 has no GPU of its own (2 visible"), "{e}");
+    assert!(rank_ordinal(0, 0)
+        .unwrap_err()
+        .to_string()
+        .contains("no CUDA device"));
+}

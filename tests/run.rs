@@ -411,3 +411,28 @@ fn a_task_defined_outside_the_registry_is_one_entry() {
     let e = eval_checkpoint(&dir.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();
     assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
 }
+
+/// A panic (in the caller's thread or one it joins) becomes an error naming where it happened,
+/// so that `myo` can report it and abort the other ranks as for any error.
+#[test]
+fn panics_become_errors_that_say_where() {
+    use myosotis::fail::catch_panics;
+    let e = catch_panics(|| -> anyhow::Result<()> { panic!("boom {}", 7) }).unwrap_err();
+    let e = e.to_string();
+    assert!(
+        e.starts_with("internal error (a panic at tests/run.rs:"),
+        "{e}"
+    );
+    assert!(e.ends_with("): boom 7"), "{e}");
+    let e = catch_panics(|| -> anyhow::Result<()> {
+        std::thread::scope(|s| {
+            let h = s.spawn(|| -> () { panic!("in a shard") });
+            h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+        });
+        Ok(())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("): in a shard"), "{e}");
+    assert_eq!(catch_panics(|| Ok(5)).unwrap(), 5);
+}

@@ -90,9 +90,10 @@ impl ShardSum for Shard {
         state.arrived += 1;
         if state.arrived == group.k {
             let mut parts = state.parts.iter_mut().map(|p| p.take());
-            let mut total = parts.next().flatten().expect("every shard left its part");
+            let missing = || crate::train::trainer::internal("a shard left no part to sum");
+            let mut total = parts.next().flatten().ok_or_else(missing)?;
             for part in parts {
-                total = (total + part.expect("every shard left its part"))?;
+                total = (total + part.ok_or_else(missing)?)?;
             }
             state.total = Some(total);
             state.arrived = 0;
@@ -107,7 +108,10 @@ impl ShardSum for Shard {
                 state = group.done.wait(state).unwrap_or_else(|e| e.into_inner());
             }
         }
-        Ok(state.total.clone().expect("the sum was just made"))
+        state
+            .total
+            .clone()
+            .ok_or_else(|| crate::train::trainer::internal("a shard sum was not made"))
     }
 
     fn leads(&self) -> bool {
@@ -126,7 +130,11 @@ impl ShardSum for RankSum {
     fn sum(&self, t: &Tensor) -> Result<Tensor> {
         let failed = |e: anyhow::Error| candle_core::Error::Msg(format!("{e:#}"));
         if self.world.sums_on_device() {
-            return Ok(self.world.device_sum(t).map_err(failed)?.expect("NCCL"));
+            return self
+                .world
+                .device_sum(t)
+                .map_err(failed)?
+                .ok_or_else(|| crate::train::trainer::internal("no device collective"));
         }
         let values = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
         let sum = self

@@ -93,9 +93,32 @@ fn sharded_together<T: Send>(
     // The first shard that failed has the error; the others only stopped for it.
     if let Some(first) = group.failed() {
         let mut results = results;
-        return Err(results.swap_remove(first).err().expect("the shard failed"));
+        return match results.swap_remove(first) {
+            Err(e) => Err(e),
+            Ok(_) => Err(internal("a shard marked failed returned a result")),
+        };
     }
     results.into_iter().collect()
+}
+
+/// Shards are host threads, and on CUDA candle gives each host thread its own stream: our
+/// kernels' shared workspace and status word assume one stream per device. A CUDA device
+/// trains one shard per process (several GPUs: several ranks).
+fn one_shard_on_cuda(device: &Device, batching: Batching) -> Result<()> {
+    if device.is_cuda() && batching.shards > 1 {
+        candle_core::bail!(
+            "{} shards per batch on a CUDA device: a CUDA device takes one shard per process \
+             (use one rank per GPU for data parallelism)",
+            batching.shards
+        );
+    }
+    Ok(())
+}
+
+/// An error for a broken invariant of training (a bug), in place of a panic: under several
+/// ranks an error ends them all, a panic would leave the others waiting.
+pub(crate) fn internal(what: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!("internal error: {what}"))
 }
 
 /// The number of `logp`'s rows whose argmax is `y`, as an f64 scalar on the device.
@@ -157,6 +180,7 @@ pub fn evaluate(
     device: &Device,
     world: &World,
 ) -> Result<Evaluation> {
+    one_shard_on_cuda(device, batching)?;
     let mut pending = Pending::default();
     let order: Vec<usize> = (0..data.len()).collect();
     for idx in order.chunks(batching.batch_size.max(1)) {
@@ -234,6 +258,7 @@ pub fn train_epoch(
     world: &Arc<World>,
     mut on_batch: impl FnMut(usize, f64, usize),
 ) -> Result<Evaluation> {
+    one_shard_on_cuda(device, batching)?;
     // Ranks sum BatchNorm's statistics in the forward pass: each must hold part of every batch
     // (a rank with none would skip the forward pass, and the collectives would mismatch).
     let (ranks, size) = (world.size(), batching.batch_size.max(1));
@@ -314,7 +339,9 @@ pub fn train_epoch(
                 };
                 let mut parts = parts.into_iter();
                 let (mut value, mut right, mut grads): (Tensor, Tensor, GradStore) =
-                    parts.next().expect("a part has at least one shard");
+                    parts
+                        .next()
+                        .ok_or_else(|| internal("a batch part without shards"))?;
                 for (v, c, g) in parts {
                     value = (value + v)?;
                     right = (right + c)?;
@@ -323,7 +350,8 @@ pub fn train_epoch(
                 Some((value, right, grads))
             };
             let (value, right) = if world.size() == 1 {
-                let (value, right, grads) = local.expect("one rank has the whole batch");
+                let (value, right, grads) =
+                    local.ok_or_else(|| internal("the only rank has no part of the batch"))?;
                 opt.step(&grads)?;
                 (value, right)
             } else {
@@ -334,7 +362,10 @@ pub fn train_epoch(
                     None => Tensor::zeros(2, DType::F64, device)?,
                 };
                 let sum = if world.sums_on_device() {
-                    world.device_sum(&mine).map_err(collective)?.expect("NCCL")
+                    world
+                        .device_sum(&mine)
+                        .map_err(collective)?
+                        .ok_or_else(|| internal("no device collective"))?
                 } else {
                     let mine = mine.to_vec1::<f64>()?;
                     let sum = world.sum_in_rank_order(&mine, ranks).map_err(collective)?;
