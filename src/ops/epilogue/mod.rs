@@ -3,7 +3,7 @@
 //!
 //!   out = r + k ⊙ act(y),   ∂y = (∂out ⊙ k) ⊙ act′(y),   ∂r = ∂out,
 //!
-//! with act GELU (tanh form, [`crate::ops::gelu`]) or the identity, r the residual (optional),
+//! with act GELU (tanh form, [`crate::ops::gelu()`]) or the identity, r the residual (optional),
 //! and k the dropout factor of (sample, feature), shared along the length: s = 1 / (1 − p)
 //! where the mask of [`crate::ops::dropout_keep`] keeps the entry, else 0 (1 without dropout).
 //! The mask is recomputed from its key where it is needed, never stored. In candle ops this is
