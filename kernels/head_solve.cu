@@ -14,8 +14,9 @@
 // - `head_reduce`: per (node, head), the coupling and bias gradients summed over the batch in
 //   order (no atomics: the sums are the same on every run).
 //
-// A singular or non-finite pivot sets *status to 1 + node (first one wins); the host reads it
-// when it next synchronises and turns it into an error.
+// A singular or non-finite pivot sets status[0] to 1 + node (first one wins) and that one's
+// status[1] to 1 + head; the host reads them when it next synchronises and turns them into an
+// error.
 #include "values.cuh"
 
 #define HEAD_LANES 8
@@ -47,7 +48,7 @@ __device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoin
                     const i64 e = (i64)c * g.heads + h;
                     a = O::add(a, O::mul(O::load(piv, 2 * set + e), O::load(piv, set + e)));
                 }
-                if (!pivot_ok(a)) atomicCAS(status, 0, 1 + v);
+                if (!pivot_ok(a) && atomicCAS(status, 0, 1 + v) == 0) status[1] = 1 + h;
                 const V inv = O::inv(a);
                 const i64 e = (i64)v * g.heads + h;
                 V bp = O::zero(), cp = O::zero();

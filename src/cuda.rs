@@ -15,7 +15,7 @@ use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor, 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use crate::ops::plan::{DeviceLimits, KernelArg, LaunchPlan};
 
@@ -102,14 +102,17 @@ impl CudaElem for half::bf16 {}
 /// What the runtime keeps per device across launches, so that a launch allocates only its
 /// outputs and never waits for the device.
 struct DeviceState {
+    /// Alive while the device is: every clone of a `CudaDevice`, and so every tensor on it,
+    /// holds its cuBLAS handle, and this state holds none.
+    device: Weak<candle_core::cuda_backend::cudarc::cublas::CudaBlas>,
     limits: DeviceLimits,
     /// Tables uploaded so far (a few per tree shape: training uses one or two trees).
     tables: HashMap<Vec<u32>, CudaSlice<u32>>,
     /// One workspace, grown to the largest launch so far; launches on candle's one stream run
     /// in order, so they can share it.
     workspace: Option<CudaSlice<u8>>,
-    /// The status word every launch with a status argument reports to (zero: no error); read
-    /// and cleared by [`take_status`].
+    /// The status words every launch with a status argument reports to (zeros: no error);
+    /// read and cleared by [`take_status`].
     status: CudaSlice<i32>,
 }
 
@@ -118,16 +121,21 @@ const MAX_TABLES: usize = 64;
 
 static STATE: LazyLock<Mutex<HashMap<DeviceId, DeviceState>>> = LazyLock::new(Default::default);
 
-/// Runs `f` on `dev`'s state, creating it on first use.
+/// Runs `f` on `dev`'s state, creating it on first use (and dropping then the states of
+/// devices that are gone, with their workspaces).
 fn with_state<R>(dev: &CudaDevice, f: impl FnOnce(&mut DeviceState) -> Result<R>) -> Result<R> {
     let mut all = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    if !all.contains_key(&dev.id()) {
+        all.retain(|_, s| s.device.strong_count() > 0);
+    }
     let state = match all.entry(dev.id()) {
         Entry::Occupied(e) => e.into_mut(),
         Entry::Vacant(e) => e.insert(DeviceState {
+            device: Arc::downgrade(&dev.cublas_handle()),
             limits: query_limits(dev)?,
             tables: HashMap::new(),
             workspace: None,
-            status: dev.alloc_zeros::<i32>(1)?,
+            status: dev.alloc_zeros::<i32>(2)?,
         }),
     };
     f(state)
@@ -153,20 +161,22 @@ pub fn limits(dev: &CudaDevice) -> Result<DeviceLimits> {
     with_state(dev, |s| Ok(s.limits))
 }
 
-/// Reads the device's status word and clears it: 0, or the first error a kernel reported
-/// since the last call (for the tree solve: 1 + the node of a bad pivot). This waits for the
-/// device, so callers do it where they read a result back anyway.
-pub fn take_status(dev: &CudaDevice) -> Result<i32> {
+/// Reads the device's status words and clears them: (0, 0), or the first error a kernel
+/// reported since the last call (for a tree solve: 1 + the node of a bad pivot, and for the
+/// layer's head solve 1 + its head; 0 for a solve without heads). This waits for the device, so
+/// callers do it where they read a result back anyway.
+pub fn take_status(dev: &CudaDevice) -> Result<(i32, i32)> {
     // Under the lock only enqueued work: a snapshot of the word, then its reset (in stream
     // order, after every launch so far). The wait for the snapshot holds no lock.
     let snapshot = with_state(dev, |s| {
         let stream = dev.cuda_stream();
-        let mut snapshot = unsafe { stream.alloc::<i32>(1) }.w()?;
+        let mut snapshot = unsafe { stream.alloc::<i32>(2) }.w()?;
         stream.memcpy_dtod(&s.status, &mut snapshot).w()?;
         stream.memset_zeros(&mut s.status).w()?;
         Ok(snapshot)
     })?;
-    Ok(dev.clone_dtoh(&snapshot)?[0])
+    let words = dev.clone_dtoh(&snapshot)?;
+    Ok((words[0], words[1]))
 }
 
 /// Launches of our kernels so far, on every device (candle's own kernels are not counted).

@@ -79,7 +79,7 @@ fn cuda_head_solve_matches_cpu_twin_and_dense_solve() {
     }
 }
 
-/// A singular pivot on the GPU is reported by `check_pivots` with its node.
+/// A singular pivot on the GPU is reported by `check_pivots` with its node and head.
 #[test]
 fn cuda_head_solve_reports_a_singular_pivot() {
     let Some(gpu) = gpu("cuda_head_solve_reports_a_singular_pivot") else {
@@ -92,6 +92,6 @@ fn cuda_head_solve_reports_a_singular_pivot() {
     let _ = head_solve(&tree, &u, &bias, &b, &c).unwrap();
     let err = check_pivots(&gpu).unwrap_err().to_string();
     let parent = tree.parent(4).unwrap();
-    assert!(err.contains(&format!("node {parent}")), "{err}");
+    assert!(err.contains(&format!("node {parent}, head 1")), "{err}");
     check_pivots(&gpu).unwrap();
 }

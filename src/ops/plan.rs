@@ -25,7 +25,9 @@ pub enum KernelArg {
     Workspace,
     /// A null pointer.
     Null,
-    /// A pointer to one `int`, zero before the launch: the kernel's error report.
+    /// A pointer to two `int`s, zero before the launch: the kernel's error report (a kernel
+    /// that finds a bad pivot writes 1 + its node to the first and, where it has heads,
+    /// 1 + the head to the second).
     Status,
     /// An `int` by value.
     I32(i32),

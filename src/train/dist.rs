@@ -11,8 +11,10 @@
 //! rank order is an all-gather followed by the same fold on every rank, which MPI's own
 //! all-reduce does not promise. On GPUs with the `nccl` feature the gradients and the batch
 //! losses are summed by NCCL on the devices instead (`train::nccl`), the same on every rank but
-//! in NCCL's order; without it they go through the host and MPI. Each collective waits at most [`World::timeout`]; a rank that died
-//! or cannot be reached ends the run (`mpirun` also names a rank that died).
+//! in NCCL's order; without it they go through the host and MPI. Each MPI collective waits at
+//! most [`World::timeout`]; a rank that died or cannot be reached ends the run (`mpirun` also
+//! names a rank that died). NCCL's communicator setup and all-reduces have no such deadline: a
+//! rank that stalls before one leaves the others waiting in it.
 
 use std::time::Duration;
 

@@ -139,7 +139,7 @@ fn head_kernels_on_the_zmnist_tree() {
     assert_same(&sol, &to_vec(&twin), &format!("x (seed {seed})"));
 }
 
-/// A singular pivot sets the status word to 1 + node, forward and backward.
+/// A singular pivot sets the status words to 1 + node and 1 + head, forward and backward.
 #[test]
 fn head_kernels_report_a_singular_pivot_with_its_node() {
     let tree = Tree::perfect(16, 4).unwrap();
@@ -157,6 +157,10 @@ fn head_kernels_report_a_singular_pivot_with_its_node() {
             kernels_on_cpu::Order::Ascending,
         )
         .unwrap();
-        assert_eq!(r.status, 1 + parent, "{what}");
+        assert_eq!(
+            (r.status, r.status_head),
+            (1 + parent, 2),
+            "{what}: node, head 1"
+        );
     }
 }

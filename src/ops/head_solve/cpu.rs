@@ -276,8 +276,8 @@ impl HeadSolveOp {
         coef: &[F],
     ) -> Result<Vec<F>> {
         let d = &self.dims;
-        let piv =
-            pivots(&self.tree, d.heads, coef, false).map_err(|(v, h)| pivot_error(v, h, false))?;
+        let piv = pivots(&self.tree, d.heads, coef, false)
+            .map_err(|(v, h)| pivot_error(v, h, "forward"))?;
         let bias = (d.internal() > 0).then_some(bias);
         Ok(sweep(&self.tree, d, (u, d.m), bias, &piv))
     }
@@ -302,8 +302,8 @@ impl HeadSolveOp {
             contiguous::<F>(sg, lg)?,
         );
         let d = &self.dims;
-        let piv =
-            pivots(&self.tree, d.heads, coef, true).map_err(|(v, h)| pivot_error(v, h, true))?;
+        let piv = pivots(&self.tree, d.heads, coef, true)
+            .map_err(|(v, h)| pivot_error(v, h, "backward"))?;
         let lam = sweep(&self.tree, d, (g, d.nodes), None, &piv);
         let (dcoef, dbias) = reduce(&self.tree, d, &lam, x);
         let dev = &Device::Cpu;

@@ -145,11 +145,12 @@ fn check_args(tree: &Tree, u: &Tensor, bias: &Tensor, b: &Tensor, c: &Tensor) ->
 }
 
 /// The error for a singular or non-finite pivot at `node` of `head`.
-fn pivot_error(node: usize, head: usize, adjoint: bool) -> candle_core::Error {
+/// The error of a singular or non-finite pivot at (`node`, `head`), met `at` (the backward,
+/// say).
+pub(crate) fn pivot_error(node: usize, head: usize, at: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!(
-        "head_solve: the pivot of node {node}, head {head}{} is singular or not finite; T_G must \
-         stay invertible",
-        if adjoint { " (backward)" } else { "" }
+        "head_solve: the pivot of node {node}, head {head} ({at}) is singular or not finite; \
+         T_G must stay invertible"
     ))
 }
 

@@ -213,13 +213,18 @@ fn pivot_error(node: usize, at: &str) -> candle_core::Error {
 pub fn check_pivots(device: &Device) -> Result<()> {
     match device {
         #[cfg(feature = "cuda")]
-        Device::Cuda(dev) => match crate::cuda::take_status(dev)? {
-            0 => Ok(()),
-            s => Err(pivot_error(
-                (s - 1) as usize,
-                "a CUDA solve since the last check, forward or backward",
-            )),
-        },
+        Device::Cuda(dev) => {
+            let at = "a CUDA solve since the last check, forward or backward";
+            match crate::cuda::take_status(dev)? {
+                (0, _) => Ok(()),
+                (node, 0) => Err(pivot_error((node - 1) as usize, at)),
+                (node, head) => Err(crate::ops::head_solve::pivot_error(
+                    (node - 1) as usize,
+                    (head - 1) as usize,
+                    at,
+                )),
+            }
+        }
         _ => Ok(()),
     }
 }
