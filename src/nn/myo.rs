@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hippo::block_init;
 use super::{init_param, layer_rng, normal_vec, params};
-use crate::ops::{channel_mul, head_solve, swap_dims12, tree_solve, TreeSolveOptions};
+use crate::ops::{channel_mul, head_solve, s5_readout, swap_dims12, tree_solve, TreeSolveOptions};
 use crate::tree::Tree;
 
 /// The tree of a Myo layer, as a config can name it.
@@ -180,6 +180,9 @@ pub struct Myo {
     beta: f64,
     /// Level of each node, for per-level couplings.
     node_level: Tensor,
+    /// [1, −1] in the parameters' dtype: the conjugate of a complex scalar is a product by it
+    /// (made once, not uploaded every forward).
+    conj: Tensor,
     b_in: Tensor,
     virtual_u: Tensor,
     coupling_b: Tensor,
@@ -270,6 +273,7 @@ impl Myo {
         let [b_in, virtual_u, coupling_b, c_out, d] = stored;
         Ok(Myo {
             node_level: Tensor::new(level_of, vb.device())?,
+            conj: Tensor::new(&[1.0, -1.0], vb.device())?.to_dtype(vb.dtype())?,
             b_in,
             virtual_u,
             coupling_b,
@@ -418,8 +422,7 @@ impl Myo {
             if self.cfg.block > 1 {
                 return b.transpose(2, 3)?.contiguous();
             }
-            let signs = Tensor::new(&[1.0, -1.0], b.device())?.to_dtype(b.dtype())?;
-            b.broadcast_mul(&signs)
+            b.broadcast_mul(&self.conj.to_dtype(b.dtype())?)
         };
         Ok(match (&self.coupling_c, self.cfg.coupling) {
             (Some(raw), _) => (b, self.coupling(raw)?),
@@ -488,17 +491,16 @@ impl Myo {
         let (b, c) = self.scalar_couplings()?;
         let bias = self.virtual_u.transpose(0, 1)?;
         let xs = head_solve(&self.tree, &u, &bias, &b, &c)?.reshape((batch, n, 2 * heads))?;
-        // Re(C_out x) = Σ_h C_re x_re − C_im x_im: one matmul against C_out viewed as
-        // (H, heads·2) with its imaginary columns negated.
-        let signs = Tensor::new(&[1.0, -1.0], x.device())?.to_dtype(x.dtype())?;
-        let c_mat = self.c_out.broadcast_mul(&signs)?.reshape((h, 2 * heads))?;
+        // Re(C_out x) = Σ_h C_re x_re − C_im x_im: one matmul against the (heads·2, H) matrix
+        // of S5's readout (one direction, no doubling), made in one op.
+        let r = s5_readout(&self.c_out, 1, false)?;
         if count == n {
             return xs
                 .reshape((batch * n, 2 * heads))?
-                .matmul(&c_mat.t()?)?
+                .matmul(&r)?
                 .reshape((batch, n, h));
         }
-        xs.narrow(1, start, count)?.broadcast_matmul(&c_mat.t()?)
+        xs.narrow(1, start, count)?.broadcast_matmul(&r)
     }
 
     /// B and C of scalar heads as the solve takes them, (nodes, heads, 2) each: the entries of

@@ -7,7 +7,8 @@
 //!
 //! s = 2 with conj_sym (the conjugate half of the spectrum), else 1. The op returns the R_d
 //! stacked as one contiguous (D·2P, H) tensor, so each direction's matrix is a view; the
-//! backward is the same map transposed. In candle ops this was a sign-and-scale row uploaded
+//! backward is the same map transposed. The Myo layer's scalar heads read out the same way
+//! (D = 1, s = 1). In candle ops this was a sign-and-scale row uploaded
 //! every forward, a broadcast product and a copy per direction (and their gradients: a product,
 //! a reduction and the copies back). f16/bf16 and other devices take those candle ops.
 
