@@ -92,6 +92,12 @@ pub const EPILOGUE: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/epilogue.ptx")),
 };
 
+/// `kernels/masked_mean.cu`.
+pub const MASKED_MEAN: Module = Module {
+    name: "myosotis_masked_mean",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/masked_mean.ptx")),
+};
+
 /// Element types our kernels are instantiated for.
 pub trait CudaElem: CudaDType + DeviceRepr + WithDType {}
 impl CudaElem for f32 {}

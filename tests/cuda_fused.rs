@@ -221,3 +221,36 @@ fn cuda_epilogue() {
         );
     }
 }
+
+/// The mean over each sample's valid steps: rows × h viewed as (rows, 1, h) per sample would
+/// have one step; here each sample is a block of 3 rows with lengths 1..=3.
+#[test]
+fn cuda_masked_mean() {
+    use myosotis::ops::masked_mean;
+    check(
+        "cuda_masked_mean",
+        &|t| {
+            let (r, h) = t[0].dims2().unwrap();
+            let b = r.div_ceil(3).max(1);
+            let padded = t[0]
+                .pad_with_zeros(0, 0, b * 3 - r)
+                .unwrap()
+                .reshape((b, 3, h))
+                .unwrap();
+            let len: Vec<u32> = (0..b).map(|i| 1 + (i % 3) as u32).collect();
+            let len = Tensor::new(len, t[0].device()).unwrap();
+            // Back to rows × h for the check: the means repeated per row of their sample.
+            masked_mean(&padded, &len)
+                .unwrap()
+                .unsqueeze(1)
+                .unwrap()
+                .repeat((1, 3, 1))
+                .unwrap()
+                .reshape((b * 3, h))
+                .unwrap()
+                .narrow(0, 0, r)
+                .unwrap()
+        },
+        &|r, h| vec![vec![r, h]],
+    );
+}

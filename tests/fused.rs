@@ -480,3 +480,61 @@ fn rel_err_sees_infinities_and_nans() {
     // A wrong finite element beside a matching inf: 0.5 against a scale of 2.
     assert_eq!(rel_err(&[1.5, inf, 2.0], &[1.0, inf, 2.0]), 0.25);
 }
+
+/// The masked mean equals the candle ops it replaces (mask, product, sums, quotient) bit for
+/// bit forward and backward (f32), passes finite differences (f64), and checks the lengths'
+/// shape.
+#[test]
+fn masked_mean_matches_the_candle_ops_and_finite_differences() {
+    use myosotis::ops::masked_mean;
+    let (mut rng, _) = seeded_rng("masked_mean", 108);
+    let cpu = Device::Cpu;
+    let (b, l, w) = (4, 9, 6);
+    let h = randn(&mut rng, b * l * w);
+    let len = [9.0, 1.0, 4.0, 7.0];
+    let lt = tensor(&len, &[b], DType::U32, &cpu);
+    let hv = Var::from_tensor(&tensor(&h, &[b, l, w], DType::F32, &cpu)).unwrap();
+    let fused = masked_mean(hv.as_tensor(), &lt).unwrap();
+    let steps = Tensor::arange(0u32, l as u32, &cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mask = steps
+        .broadcast_lt(&lt.unsqueeze(1).unwrap())
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    let plain = hv
+        .broadcast_mul(&mask.unsqueeze(2).unwrap())
+        .unwrap()
+        .sum(1)
+        .unwrap()
+        .broadcast_div(&mask.sum_keepdim(1).unwrap())
+        .unwrap();
+    assert_eq!(to_vec(&fused), to_vec(&plain), "forward");
+    let g = tensor(&randn(&mut rng, b * w), &[b, w], DType::F32, &cpu);
+    let gf = (&fused * &g)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let gp = (&plain * &g)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    // The same values; a masked-out step is +0 here, −0 in candle's product where ∂out < 0.
+    let (a, c) = (to_vec(gf.get(&hv).unwrap()), to_vec(gp.get(&hv).unwrap()));
+    assert!(a.iter().zip(&c).all(|(x, y)| x == y), "backward");
+    check_fd(
+        "masked_mean",
+        &[(h.clone(), vec![b, l, w])],
+        |ts| masked_mean(&ts[0], &lt).unwrap(),
+        &mut rng,
+    );
+    let short = tensor(&len[..3], &[3], DType::U32, &cpu);
+    let e = masked_mean(hv.as_tensor(), &short).unwrap_err().to_string();
+    assert!(e.contains("lengths have shape [3], expected (4)"), "{e}");
+}

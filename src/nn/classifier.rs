@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::batch_norm::{BatchNorm, Shards};
 use crate::ops::dropout::{absorb, mix};
 use crate::ops::epilogue::{epilogue, Activation as EpilogueAct, Dropout};
+use crate::ops::masked_mean;
 
 use super::{
     dense, embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig,
@@ -507,14 +508,7 @@ impl SequenceClassifier {
                     .contiguous()?;
                 h.gather(&idx, 1)?.squeeze(1)
             }
-            _ => {
-                let steps = Tensor::arange(0u32, l as u32, h.device())?.unsqueeze(0)?;
-                let mask = steps
-                    .broadcast_lt(&lengths.unsqueeze(1)?)?
-                    .to_dtype(h.dtype())?;
-                let sum = h.broadcast_mul(&mask.unsqueeze(2)?)?.sum(1)?;
-                sum.broadcast_div(&mask.sum_keepdim(1)?)
-            }
+            _ => masked_mean(h, &lengths),
         }
     }
 

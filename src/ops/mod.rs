@@ -1,5 +1,5 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
-//! `head_solve/`, `dropout/`, `epilogue/`, `adamw/`, `gelu/`, `layer_norm/`, `channel/`, `s5_discretize/`,
+//! `head_solve/`, `dropout/`, `epilogue/`, `masked_mean/`, `adamw/`, `gelu/`, `layer_norm/`, `channel/`, `s5_discretize/`,
 //! `s5_readout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch
 //! plans); `rows` is the row layout LayerNorm and the channel ops share; the CPU-only transpose
 //! is one file.
@@ -11,6 +11,7 @@ pub mod epilogue;
 pub mod gelu;
 pub mod head_solve;
 pub mod layer_norm;
+pub mod masked_mean;
 pub mod plan;
 pub mod rows;
 pub mod s5_discretize;
@@ -27,6 +28,7 @@ pub use epilogue::epilogue;
 pub use gelu::gelu;
 pub use head_solve::{head_solve, head_solve_backward, HeadSolveGrads};
 pub use layer_norm::{layer_norm, layer_norm_composed};
+pub use masked_mean::masked_mean;
 pub use s5_discretize::{s5_discretize, s5_discretize_reference, S5Discretization};
 pub use s5_readout::s5_readout;
 pub use scan::{

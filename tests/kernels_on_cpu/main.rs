@@ -4,7 +4,7 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|layer_norm|channel|s5]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|masked_mean|layer_norm|channel|s5]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 mod adamw;
@@ -15,6 +15,7 @@ mod epilogue;
 mod exec;
 mod fused;
 mod head_solve;
+mod masked_mean;
 mod s5_discretize;
 mod s5_readout;
 mod scan;
@@ -70,6 +71,8 @@ fn every_kernel_entry_point_is_tested() {
         ("gelu_bwd", real, &all),
         ("epilogue_fwd", real, &all),
         ("epilogue_bwd", real, &all),
+        ("masked_mean_fwd", real, &wide),
+        ("masked_mean_bwd", real, &wide),
         ("layer_norm_fwd", real, &wide),
         ("layer_norm_bwd", real, &wide),
         ("layer_norm_sums", real, &wide),

@@ -24,6 +24,7 @@ fn main() {
             "src/s5_discretize.cpp",
             "src/s5_readout.cpp",
             "src/epilogue.cpp",
+            "src/masked_mean.cpp",
         ])
         .opt_level(2)
         // The arithmetic of the CPU twins: no fused multiply-adds.
