@@ -287,6 +287,38 @@ fn diverging(
     Optimizer::new(cfg, vars, |n| m.param_group(n)).unwrap()
 }
 
+/// The error of an epoch in batches of 8 (one shard, no BatchNorm) that must fail; `on_batch`
+/// sees each reported batch's size and loss.
+fn failed_epoch(
+    m: &SequenceClassifier,
+    opt: &mut Optimizer,
+    data: &Dataset,
+    pad_to: Option<usize>,
+    report_every: usize,
+    mut on_batch: impl FnMut(usize, f64),
+) -> String {
+    let batching = Batching {
+        batch_size: 8,
+        pad_to,
+        shards: 1,
+        batch_norm: false,
+    };
+    let world = std::sync::Arc::new(World::single());
+    train_epoch(
+        m,
+        opt,
+        data,
+        batching,
+        0,
+        &Device::Cpu,
+        report_every,
+        &world,
+        |n, l, _| on_batch(n, l),
+    )
+    .unwrap_err()
+    .to_string()
+}
+
 /// The losses are read back in groups (here every 4 batches), and the first non-finite one
 /// stops the epoch with its own step number.
 #[test]
@@ -300,26 +332,8 @@ fn a_non_finite_loss_stops_the_epoch_naming_its_step() {
     let (varmap, m) = model(layer, Pooling::Mean, 0.0);
     let vars = vars_of(&varmap);
     let mut opt = diverging(&vars, &m, 1e38);
-    let batching = Batching {
-        batch_size: 8,
-        pad_to: None,
-        shards: 1,
-        batch_norm: false,
-    };
     let mut seen = Vec::new();
-    let err = train_epoch(
-        &m,
-        &mut opt,
-        &data,
-        batching,
-        0,
-        &Device::Cpu,
-        4,
-        &std::sync::Arc::new(World::single()),
-        |n, l, _| seen.push((n, l)),
-    )
-    .unwrap_err()
-    .to_string();
+    let err = failed_epoch(&m, &mut opt, &data, None, 4, |n, l| seen.push((n, l)));
     assert!(err.contains("training loss is NaN at step 2"), "{err}");
     assert_eq!(
         seen.len(),
@@ -380,24 +394,6 @@ fn a_pivot_error_after_a_non_finite_loss_names_the_loss() {
     let (varmap, m) = model(layer, Pooling::Mean, 0.0);
     let vars = vars_of(&varmap);
     let mut opt = diverging(&vars, &m, 1e-3);
-    let batching = Batching {
-        batch_size: 8,
-        pad_to: Some(40),
-        shards: 1,
-        batch_norm: false,
-    };
-    let err = train_epoch(
-        &m,
-        &mut opt,
-        &data,
-        batching,
-        0,
-        &Device::Cpu,
-        8,
-        &std::sync::Arc::new(World::single()),
-        |_, _, _| {},
-    )
-    .unwrap_err()
-    .to_string();
+    let err = failed_epoch(&m, &mut opt, &data, Some(40), 8, |_, _| {});
     assert!(err.contains("training loss is NaN at step 2"), "{err}");
 }

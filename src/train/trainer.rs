@@ -101,6 +101,91 @@ fn sharded_together<T: Send>(
     results.into_iter().collect()
 }
 
+/// One training step on the batch `idx` (this rank's part of it, in shards): forward, backward,
+/// the optimiser step (across ranks); returns the batch's mean loss and correct count, summed
+/// over the ranks, on the device.
+#[allow(clippy::too_many_arguments)]
+fn train_batch(
+    model: &SequenceClassifier,
+    opt: &mut Optimizer,
+    data: &Dataset,
+    batching: Batching,
+    seed: u64,
+    device: &Device,
+    world: &Arc<World>,
+    idx: &[usize],
+) -> Result<(Tensor, Tensor)> {
+    let pad = data.padding(idx, batching.pad_to);
+    let step = opt.step_count() as u64;
+    // This rank's part of the batch, cut again into the process's shards.
+    let mine = part(idx.len(), world.rank(), world.size());
+    let local = if mine.is_empty() {
+        None
+    } else {
+        let shard = |at: usize, part: &[usize], shards: Option<&Shards>| {
+            let (x, lengths, y) = data.batch(part, pad, device)?;
+            let key = DropoutKey {
+                seed,
+                step,
+                first_row: (mine.start + at) as u64,
+            };
+            let logp = model.forward(&x, Some(&lengths), Mode::Train(key, shards))?;
+            // This shard's share of the batch mean.
+            let loss = (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
+            let grads = loss.backward()?;
+            Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
+        };
+        let mine_idx = &idx[mine.clone()];
+        let parts = match (batching.batch_norm, world.size()) {
+            (false, _) => sharded(mine_idx, batching.shards, |at, part| shard(at, part, None))?,
+            (true, 1) => sharded_together(mine_idx, batching.shards, shard)?,
+            // MPI is called from the main thread alone: one shard per rank.
+            (true, _) => {
+                let ranks: Shards = Arc::new(RankSum {
+                    world: world.clone(),
+                    ranks: idx.len().min(world.size()),
+                });
+                vec![shard(0, mine_idx, Some(&ranks))?]
+            }
+        };
+        let mut parts = parts.into_iter();
+        let (mut value, mut right, mut grads): (Tensor, Tensor, GradStore) = parts
+            .next()
+            .ok_or_else(|| internal("a batch part without shards"))?;
+        for (v, c, g) in parts {
+            value = (value + v)?;
+            right = (right + c)?;
+            grads.extend(g)?;
+        }
+        Some((value, right, grads))
+    };
+    let (value, right) = if world.size() == 1 {
+        let (value, right, grads) =
+            local.ok_or_else(|| internal("the only rank has no part of the batch"))?;
+        opt.step(&grads)?;
+        (value, right)
+    } else {
+        let ranks = idx.len().min(world.size());
+        opt.step_across(local.as_ref().map(|l| &l.2), world, ranks)?;
+        let mine = match &local {
+            Some((v, r, _)) => Tensor::stack(&[v, r], 0)?,
+            None => Tensor::zeros(2, DType::F64, device)?,
+        };
+        let sum = if world.sums_on_device() {
+            world
+                .device_sum(&mine)
+                .map_err(collective)?
+                .ok_or_else(|| internal("no device collective"))?
+        } else {
+            let mine = mine.to_vec1::<f64>()?;
+            let sum = world.sum_in_rank_order(&mine, ranks).map_err(collective)?;
+            Tensor::new(sum, device)?
+        };
+        (sum.get(0)?, sum.get(1)?)
+    };
+    Ok((value, right))
+}
+
 /// Shards are host threads, and on CUDA candle gives each host thread its own stream: our
 /// kernels' shared workspace and status word assume one stream per device. A CUDA device
 /// trains one shard per process (several GPUs: several ranks).
@@ -300,81 +385,7 @@ pub fn train_epoch(
     let batches = order.chunks(batching.batch_size.max(1));
     let count = batches.len();
     for (b, idx) in batches.enumerate() {
-        let step_result = (|| -> Result<(Tensor, Tensor)> {
-            let pad = data.padding(idx, batching.pad_to);
-            let step = opt.step_count() as u64;
-            // This rank's part of the batch, cut again into the process's shards.
-            let mine = part(idx.len(), world.rank(), world.size());
-            let local = if mine.is_empty() {
-                None
-            } else {
-                let shard = |at: usize, part: &[usize], shards: Option<&Shards>| {
-                    let (x, lengths, y) = data.batch(part, pad, device)?;
-                    let key = DropoutKey {
-                        seed,
-                        step,
-                        first_row: (mine.start + at) as u64,
-                    };
-                    let logp = model.forward(&x, Some(&lengths), Mode::Train(key, shards))?;
-                    // This shard's share of the batch mean.
-                    let loss = (candle_nn::loss::nll(&logp, &y)?
-                        * (part.len() as f64 / idx.len() as f64))?;
-                    let grads = loss.backward()?;
-                    Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
-                };
-                let mine_idx = &idx[mine.clone()];
-                let parts = match (batching.batch_norm, world.size()) {
-                    (false, _) => {
-                        sharded(mine_idx, batching.shards, |at, part| shard(at, part, None))?
-                    }
-                    (true, 1) => sharded_together(mine_idx, batching.shards, shard)?,
-                    // MPI is called from the main thread alone: one shard per rank.
-                    (true, _) => {
-                        let ranks: Shards = Arc::new(RankSum {
-                            world: world.clone(),
-                            ranks: idx.len().min(world.size()),
-                        });
-                        vec![shard(0, mine_idx, Some(&ranks))?]
-                    }
-                };
-                let mut parts = parts.into_iter();
-                let (mut value, mut right, mut grads): (Tensor, Tensor, GradStore) =
-                    parts
-                        .next()
-                        .ok_or_else(|| internal("a batch part without shards"))?;
-                for (v, c, g) in parts {
-                    value = (value + v)?;
-                    right = (right + c)?;
-                    grads.extend(g)?;
-                }
-                Some((value, right, grads))
-            };
-            let (value, right) = if world.size() == 1 {
-                let (value, right, grads) =
-                    local.ok_or_else(|| internal("the only rank has no part of the batch"))?;
-                opt.step(&grads)?;
-                (value, right)
-            } else {
-                let ranks = idx.len().min(world.size());
-                opt.step_across(local.as_ref().map(|l| &l.2), world, ranks)?;
-                let mine = match &local {
-                    Some((v, r, _)) => Tensor::stack(&[v, r], 0)?,
-                    None => Tensor::zeros(2, DType::F64, device)?,
-                };
-                let sum = if world.sums_on_device() {
-                    world
-                        .device_sum(&mine)
-                        .map_err(collective)?
-                        .ok_or_else(|| internal("no device collective"))?
-                } else {
-                    let mine = mine.to_vec1::<f64>()?;
-                    let sum = world.sum_in_rank_order(&mine, ranks).map_err(collective)?;
-                    Tensor::new(sum, device)?
-                };
-                (sum.get(0)?, sum.get(1)?)
-            };
-            Ok((value, right))
-        })();
+        let step_result = train_batch(model, opt, data, batching, seed, device, world, idx);
         let (value, right) = match step_result {
             Ok(r) => r,
             // A step that fails after a non-finite loss (a singular pivot from the diverged
