@@ -13,8 +13,10 @@
 //! losses are summed by NCCL on the devices instead (`train::nccl`), the same on every rank but
 //! in NCCL's order; without it they go through the host and MPI. Each MPI collective waits at
 //! most [`World::timeout`]; a rank that died or cannot be reached ends the run (`mpirun` also
-//! names a rank that died). NCCL's communicator setup and all-reduces have no such deadline: a
-//! rank that stalls before one leaves the others waiting in it.
+//! names a rank that died). NCCL's communicator is non-blocking and bounded the same way: its
+//! setup, the queueing of each sum and, before the trainer reads results back
+//! ([`World::wait_for_devices`]), the sums' completion on the GPUs each wait at most the
+//! timeout, after which the rank aborts its communicator and fails (and `myo` ends the others).
 
 use std::time::Duration;
 
@@ -152,7 +154,7 @@ impl World {
                 [0; 128]
             };
             self.broadcast(&mut id)?;
-            let nccl = super::nccl::Nccl::new(device, self.rank, self.size, id)?;
+            let nccl = super::nccl::Nccl::new(device, self.rank, self.size, id, self.timeout)?;
             let _ = self.nccl.set(nccl);
         }
         let _ = device;
@@ -177,6 +179,18 @@ impl World {
         }
         let _ = t;
         Ok(None)
+    }
+
+    /// Waits for the sums [`World::device_sum`] queued on the GPUs to finish, at most the
+    /// timeout (then fails): called before results are read back, so that a rank that stopped
+    /// ends the run instead of leaving the host waiting on the device without end.
+    pub fn wait_for_devices(&self) -> Result<()> {
+        self.on_owner()?;
+        #[cfg(all(feature = "mpi", feature = "nccl"))]
+        if let Some(nccl) = self.nccl.get() {
+            return nccl.wait();
+        }
+        Ok(())
     }
 
     /// Rank 0's values of `tensors` on every rank (same shapes and dtypes everywhere; f64 on

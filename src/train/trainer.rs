@@ -368,6 +368,8 @@ pub fn train_epoch(
     let (mut loss_sum, mut correct) = (0.0, 0usize);
     let mut pending = Pending::default();
     let mut report = |pending: &mut Pending| -> Result<()> {
+        // The sums on the GPUs first, with the ranks' deadline: a read would wait without one.
+        world.wait_for_devices().map_err(collective)?;
         let (results, pivots) = pending.read(device)?;
         for (step, n, value, right) in results {
             if !value.is_finite() {
