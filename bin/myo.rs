@@ -30,13 +30,18 @@ enum Command {
     /// Train a sequence classifier (with no options: S5 on generated ListOps, a few minutes on a
     /// CPU).
     Train(Box<TrainCmd>),
-    /// Evaluate a checkpoint on its task's test split; prints JSON.
+    /// Evaluate a checkpoint on its task's whole test split; prints JSON (loss, accuracy and
+    /// the number of examples).
     Eval {
         #[arg(long)]
         checkpoint: PathBuf,
-        /// Read the task's files from here instead of the checkpoint's own task.
+        /// Read the task's files from here instead of the checkpoint's own task (the test files
+        /// alone suffice where the task has them).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Evaluate the first N test examples only. [default: all]
+        #[arg(long, value_name = "N")]
+        max_samples: Option<usize>,
         #[arg(long, default_value = "cpu")]
         device: String,
         /// CPU threads (data-parallel shards; see `myo train --threads`).
@@ -335,15 +340,17 @@ fn run(cli: Cli, world: Arc<World>) -> Result<()> {
         Command::Eval {
             checkpoint,
             data_dir,
+            max_samples,
             device,
             threads,
         } => {
             let device = parse_device(&device)?;
             let exec = Exec::for_process(&device, threads)?;
-            let e = eval_checkpoint(&checkpoint, data_dir.as_deref(), &exec)?;
+            let e = eval_checkpoint(&checkpoint, data_dir.as_deref(), max_samples, &exec)?;
             println!(
                 "{}",
-                serde_json::json!({"checkpoint": checkpoint, "split": "test", "loss": e.loss, "accuracy": e.accuracy})
+                serde_json::json!({"checkpoint": checkpoint, "split": "test", "examples": e.examples,
+                    "loss": e.loss, "accuracy": e.accuracy})
             );
         }
         Command::Data { which } => match which {

@@ -89,7 +89,7 @@ fn finish_killed_run(d: &Path, what: &str) -> bool {
     if had {
         let ck = checkpoint::read::<RunConfig>(&last).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(!ck.tensors.is_empty(), "{what}");
-        eval_checkpoint(&last, None, &Exec::on(&Device::Cpu))
+        eval_checkpoint(&last, None, Some(24), &Exec::on(&Device::Cpu))
             .unwrap_or_else(|e| panic!("{what}: eval: {e:#}"));
         let out = myo(d, Some("--resume")).output().unwrap();
         assert!(

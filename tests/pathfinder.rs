@@ -172,6 +172,12 @@ fn pathfinder_trains_and_evaluates() {
     let summary = train(&cfg, &out, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();
     // 200 images: 160 / 20 / 20; brightness separates the classes.
     assert!(summary.test_accuracy > 0.75, "{}", summary.test_accuracy);
-    let e = eval_checkpoint(&out.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();
+    let e = eval_checkpoint(
+        &out.join("best.safetensors"),
+        None,
+        None,
+        &Exec::on(&Device::Cpu),
+    )
+    .unwrap();
     assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
 }

@@ -125,13 +125,20 @@ fn tiny_run_writes_outputs_and_eval_reproduces_its_accuracy() {
     let cpu = Exec::on(&Device::Cpu);
     let err = train(&config(1), &dir, &cpu, Start::New, |_| {}).unwrap_err();
     assert!(err.to_string().contains("already holds a run"), "{err}");
-    let e = eval_checkpoint(&dir.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();
+    let e = eval_checkpoint(
+        &dir.join("best.safetensors"),
+        None,
+        None,
+        &Exec::on(&Device::Cpu),
+    )
+    .unwrap();
     assert!(
         (e.accuracy - summary.test_accuracy).abs() < 1e-12,
         "eval {} vs run {}",
         e.accuracy,
         summary.test_accuracy
     );
+    assert_eq!(e.examples, 32, "the whole test split");
     let replaced = train(&config(1), &dir, &cpu, Start::Replace, |_| {}).unwrap();
     assert_eq!(replaced.epochs, 1);
     assert_eq!(
@@ -269,9 +276,40 @@ fn image_tasks_train_from_idx_files() {
             "{task}: test accuracy {} (chance 0.1)",
             summary.test_accuracy
         );
-        let e =
-            eval_checkpoint(&dir.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();
+        let e = eval_checkpoint(
+            &dir.join("best.safetensors"),
+            None,
+            None,
+            &Exec::on(&Device::Cpu),
+        )
+        .unwrap();
         assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
+    }
+}
+
+/// A run whose one step per epoch spoils the parameters (a learning rate of 10³⁸) has a finite
+/// training loss but a NaN validation loss: it stops there with an error, and the diverged model
+/// is saved neither as the best nor as the last checkpoint.
+#[test]
+fn a_non_finite_validation_loss_stops_the_run() {
+    let mut cfg = config(2);
+    cfg.max_train_samples = Some(16);
+    cfg.optim.lr = 1e38;
+    let dir = out("nan-val");
+    let err = train(&cfg, &dir, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap_err();
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("the validation loss is NaN after epoch 1; stopping"),
+        "{err}"
+    );
+    let train_loss = metrics(&dir)
+        .iter()
+        .find(|r| r["split"] == "train")
+        .map(|r| r["loss"].as_f64().unwrap())
+        .unwrap();
+    assert!(train_loss.is_finite(), "{train_loss}");
+    for f in ["best.safetensors", "last.safetensors"] {
+        assert!(!dir.join(f).exists(), "{f} was written");
     }
 }
 
@@ -313,6 +351,7 @@ fn ssm2d_and_bilinear_s5_learn_digits_from_the_command_line() {
         "--warmup-steps",
         "5",
     ];
+    let mut checkpoint = std::path::PathBuf::new();
     for (name, extra) in [
         ("ssm2d", &["--model", "ssm2d", "--directions", "2"][..]),
         (
@@ -328,10 +367,39 @@ fn ssm2d_and_bilinear_s5_learn_digits_from_the_command_line() {
             "{name}: test accuracy {} (chance 0.1)",
             summary.test_accuracy
         );
-        let e =
-            eval_checkpoint(&dir.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();
+        let e = eval_checkpoint(
+            &dir.join("best.safetensors"),
+            None,
+            None,
+            &Exec::on(&Device::Cpu),
+        )
+        .unwrap();
         assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12, "{name}");
+        assert_eq!(e.examples, 100, "{name}: the whole test split");
+        checkpoint = dir.join("best.safetensors");
     }
+    // `myo eval` needs the test files alone, and --max-samples limits what it scores.
+    let test_only = out("mnist-test-only");
+    std::fs::create_dir_all(&test_only).unwrap();
+    for f in ["t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"] {
+        std::fs::copy(std::path::Path::new(data).join(f), test_only.join(f)).unwrap();
+    }
+    let eval = |extra: &[&str]| -> serde_json::Value {
+        let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
+            .args(["eval", "--threads", "1", "--checkpoint"])
+            .arg(&checkpoint)
+            .arg("--data-dir")
+            .arg(&test_only)
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{stderr}");
+        serde_json::from_slice(&run.stdout).unwrap()
+    };
+    let (all, first) = (eval(&[]), eval(&["--max-samples", "10"]));
+    assert_eq!(all["examples"], 100, "{all}");
+    assert_eq!(first["examples"], 10, "{first}");
 }
 
 /// Myo with a chain tree (`--tree chain`, Myo as a state-space model) trains on the built-in
@@ -369,8 +437,16 @@ fn myo_with_a_chain_tree_trains_on_generated_listops() {
     for r in metrics(&dir) {
         assert!(r["loss"].as_f64().unwrap().is_finite(), "{r}");
     }
-    let e = eval_checkpoint(&dir.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();
+    // The run scored the first 64 test examples; so does eval when told to.
+    let e = eval_checkpoint(
+        &dir.join("best.safetensors"),
+        None,
+        Some(64),
+        &Exec::on(&Device::Cpu),
+    )
+    .unwrap();
     assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
+    assert_eq!(e.examples, 64);
 }
 
 /// A task is one [`task::Task`] value: one defined here (MNIST with the pixels in a random
@@ -408,7 +484,13 @@ fn a_task_defined_outside_the_registry_is_one_entry() {
         "test accuracy {} (chance 0.1)",
         summary.test_accuracy
     );
-    let e = eval_checkpoint(&dir.join("best.safetensors"), None, &Exec::on(&Device::Cpu)).unwrap();
+    let e = eval_checkpoint(
+        &dir.join("best.safetensors"),
+        None,
+        None,
+        &Exec::on(&Device::Cpu),
+    )
+    .unwrap();
     assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
 }
 

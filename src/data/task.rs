@@ -402,6 +402,22 @@ impl Task {
             }
         }
     }
+    /// The test split alone, read from `data`: where the test examples come in files of their
+    /// own (ListOps' `basic_test.tsv`, MNIST's `t10k` files, CIFAR-10's `test_batch.bin`) only
+    /// those are read, so they suffice; otherwise the whole dataset is read and split.
+    pub fn load_test(&self, data: &DataSource) -> Result<Dataset> {
+        match (&self.input, data) {
+            (Input::Listops { .. }, DataSource::Generated(g)) => generate_listops_split(g, 2),
+            (Input::Listops { .. }, DataSource::Dir { dir }) => {
+                listops::read_tsv(&dir.join("basic_test.tsv")).map(listops_set)
+            }
+            (Input::Pixels(p), DataSource::Dir { dir }) => p.load_test(dir),
+            _ => {
+                let [_, _, test] = self.load(data)?;
+                Ok(test)
+            }
+        }
+    }
 }
 
 fn listops_set(examples: Vec<listops::Example>) -> Dataset {
@@ -415,26 +431,32 @@ fn listops_set(examples: Vec<listops::Example>) -> Dataset {
 }
 
 fn generate_listops(g: &Generated) -> Result<[Dataset; 3]> {
-    let mut out = vec![];
-    for (k, n) in [g.train, g.val, g.test].into_iter().enumerate() {
-        // max_length counts tokens with EOS, so expressions stay one shorter.
-        let cfg = ListOpsConfig {
-            max_depth: g.max_depth,
-            max_args: g.max_args,
-            min_length: g.min_length,
-            max_length: g.max_length - 1,
-            seed: g.seed + k as u64,
-        };
-        let examples = listops::generate(&cfg, n)?
-            .iter()
-            .map(|e| listops::Example {
-                source: e.to_lra_string(),
-                label: e.value(),
-            })
-            .collect();
-        out.push(listops_set(examples));
-    }
-    Ok(out.try_into().expect("three splits"))
+    Ok([
+        generate_listops_split(g, 0)?,
+        generate_listops_split(g, 1)?,
+        generate_listops_split(g, 2)?,
+    ])
+}
+
+/// Split `k` (0 training, 1 validation, 2 test) of the generated ListOps, each from its own seed.
+fn generate_listops_split(g: &Generated, k: usize) -> Result<Dataset> {
+    let n = [g.train, g.val, g.test][k];
+    // max_length counts tokens with EOS, so expressions stay one shorter.
+    let cfg = ListOpsConfig {
+        max_depth: g.max_depth,
+        max_args: g.max_args,
+        min_length: g.min_length,
+        max_length: g.max_length - 1,
+        seed: g.seed + k as u64,
+    };
+    let examples = listops::generate(&cfg, n)?
+        .iter()
+        .map(|e| listops::Example {
+            source: e.to_lra_string(),
+            label: e.value(),
+        })
+        .collect();
+    Ok(listops_set(examples))
 }
 
 impl Pixels {
@@ -511,6 +533,22 @@ impl Pixels {
                 dir,
             ),
         }
+    }
+
+    /// The test split alone from the files in `dir` (see [`Task::load_test`]).
+    fn load_test(&self, dir: &Path) -> Result<Dataset> {
+        use super::images::{read_cifar10, read_mnist, CIFAR_TEST};
+        let test = match self.files {
+            ImageFiles::Pathfinder => {
+                let [_, _, test] = self.load(dir)?;
+                return Ok(test);
+            }
+            ImageFiles::Mnist => read_mnist(dir, "t10k")?,
+            ImageFiles::Cifar10 => read_cifar10(dir, &CIFAR_TEST)?,
+        };
+        self.check(&test, dir)?;
+        let all: Vec<usize> = (0..test.len()).collect();
+        Ok(self.sequences(&test, &all))
     }
 
     /// Checks that `set` (read from `from`) holds images of this task's size and channels.

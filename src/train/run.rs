@@ -332,6 +332,7 @@ pub fn train(
             run.append_metric(&record("val", val, seconds))?;
         }
         pause::point("metrics");
+        finite("validation", val.loss, epoch + 1)?;
         let mut test = None;
         if epoch == 0 || val.accuracy > progress.best_val {
             on_event(Event::Evaluating { split: "test" });
@@ -340,6 +341,7 @@ pub fn train(
             if root {
                 run.append_metric(&record("test", t, seconds))?;
             }
+            finite("test", t.loss, epoch + 1)?;
             progress.best_val = val.accuracy;
             progress.best_epoch = epoch + 1;
             progress.test_at_best = t.accuracy;
@@ -382,6 +384,18 @@ pub fn train(
     })
 }
 
+/// Stops the run at a non-finite evaluation loss, as at a non-finite training loss: a model
+/// that diverged is never the best one, and the last good checkpoint stays.
+fn finite(split: &str, loss: f64, epoch: usize) -> Result<()> {
+    if !loss.is_finite() {
+        bail!(
+            "the {split} loss is {loss} after epoch {epoch}; stopping (the last good checkpoint \
+             is kept)"
+        );
+    }
+    Ok(())
+}
+
 /// Rank 0's variables, optimiser state and progress on every rank of `world`.
 fn share_root_state(
     world: &World,
@@ -409,9 +423,25 @@ fn share_root_state(
     Ok(())
 }
 
-/// Loss and accuracy of the checkpoint at `path` on its task's test split, read from its own
-/// data source or from `data_dir` when given.
-pub fn eval_checkpoint(path: &Path, data_dir: Option<&Path>, exec: &Exec) -> Result<Evaluation> {
+/// A checkpoint's loss and accuracy on its task's test split, and how many examples it saw.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TestScore {
+    pub loss: f64,
+    pub accuracy: f64,
+    pub examples: usize,
+}
+
+/// Loss and accuracy of the checkpoint at `path` on its task's whole test split, or on its
+/// first `max_samples` examples, read from its own data source or from `data_dir` when given
+/// (the test split alone is read where it has files of its own: [`Task::load_test`]).
+///
+/// [`Task::load_test`]: crate::data::task::Task::load_test
+pub fn eval_checkpoint(
+    path: &Path,
+    data_dir: Option<&Path>,
+    max_samples: Option<usize>,
+    exec: &Exec,
+) -> Result<TestScore> {
     let device = &exec.device;
     let ck = checkpoint::read::<RunConfig>(path)?;
     let mut cfg = ck.config;
@@ -421,16 +451,25 @@ pub fn eval_checkpoint(path: &Path, data_dir: Option<&Path>, exec: &Exec) -> Res
         };
     }
     let (_, model) = checkpoint_model(&ck.tensors, &cfg, path, device)?;
-    let [_, _, test] = cfg.task.load(&cfg.data)?;
-    let test = match cfg.max_eval_samples {
+    let test = cfg.task.load_test(&cfg.data)?;
+    let test = match max_samples {
+        Some(0) => bail!("--max-samples 0: evaluating needs at least one example"),
         Some(n) => test.truncated(n),
         None => test,
     };
-    Ok(evaluate(
+    if test.is_empty() {
+        bail!("the test split of task {} is empty", cfg.task.name);
+    }
+    let e = evaluate(
         &model,
         &test,
         cfg.batching(exec.shards, false),
         device,
         &exec.world,
-    )?)
+    )?;
+    Ok(TestScore {
+        loss: e.loss,
+        accuracy: e.accuracy,
+        examples: test.len(),
+    })
 }
