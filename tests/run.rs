@@ -7,7 +7,7 @@ use myosotis::data::task::{self, DataSource, Generated};
 use myosotis::nn::*;
 use myosotis::train::config::RunConfig;
 use myosotis::train::optim::OptimConfig;
-use myosotis::train::run::{eval_checkpoint, train, Event, Exec, Start};
+use myosotis::train::run::{eval_checkpoint, train, Event, Exec, Start, TestScore};
 
 /// The ListOps task with sequences of at most `max_len` tokens.
 fn listops_task(max_len: usize) -> task::Task {
@@ -78,6 +78,17 @@ fn out(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// The score of `dir`'s best checkpoint on the first `max` test examples (all with `None`).
+fn eval_best(dir: &std::path::Path, max: Option<usize>) -> TestScore {
+    eval_checkpoint(
+        &dir.join("best.safetensors"),
+        None,
+        max,
+        &Exec::on(&Device::Cpu),
+    )
+    .unwrap()
+}
+
 fn metrics(dir: &std::path::Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))
         .unwrap()
@@ -125,13 +136,7 @@ fn tiny_run_writes_outputs_and_eval_reproduces_its_accuracy() {
     let cpu = Exec::on(&Device::Cpu);
     let err = train(&config(1), &dir, &cpu, Start::New, |_| {}).unwrap_err();
     assert!(err.to_string().contains("already holds a run"), "{err}");
-    let e = eval_checkpoint(
-        &dir.join("best.safetensors"),
-        None,
-        None,
-        &Exec::on(&Device::Cpu),
-    )
-    .unwrap();
+    let e = eval_best(&dir, None);
     assert!(
         (e.accuracy - summary.test_accuracy).abs() < 1e-12,
         "eval {} vs run {}",
@@ -276,13 +281,7 @@ fn image_tasks_train_from_idx_files() {
             "{task}: test accuracy {} (chance 0.1)",
             summary.test_accuracy
         );
-        let e = eval_checkpoint(
-            &dir.join("best.safetensors"),
-            None,
-            None,
-            &Exec::on(&Device::Cpu),
-        )
-        .unwrap();
+        let e = eval_best(&dir, None);
         assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
     }
 }
@@ -367,13 +366,7 @@ fn ssm2d_and_bilinear_s5_learn_digits_from_the_command_line() {
             "{name}: test accuracy {} (chance 0.1)",
             summary.test_accuracy
         );
-        let e = eval_checkpoint(
-            &dir.join("best.safetensors"),
-            None,
-            None,
-            &Exec::on(&Device::Cpu),
-        )
-        .unwrap();
+        let e = eval_best(&dir, None);
         assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12, "{name}");
         assert_eq!(e.examples, 100, "{name}: the whole test split");
         checkpoint = dir.join("best.safetensors");
@@ -438,13 +431,7 @@ fn myo_with_a_chain_tree_trains_on_generated_listops() {
         assert!(r["loss"].as_f64().unwrap().is_finite(), "{r}");
     }
     // The run scored the first 64 test examples; so does eval when told to.
-    let e = eval_checkpoint(
-        &dir.join("best.safetensors"),
-        None,
-        Some(64),
-        &Exec::on(&Device::Cpu),
-    )
-    .unwrap();
+    let e = eval_best(&dir, Some(64));
     assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
     assert_eq!(e.examples, 64);
 }
@@ -484,13 +471,7 @@ fn a_task_defined_outside_the_registry_is_one_entry() {
         "test accuracy {} (chance 0.1)",
         summary.test_accuracy
     );
-    let e = eval_checkpoint(
-        &dir.join("best.safetensors"),
-        None,
-        None,
-        &Exec::on(&Device::Cpu),
-    )
-    .unwrap();
+    let e = eval_best(&dir, None);
     assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
 }
 
