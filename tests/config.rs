@@ -307,7 +307,10 @@ fn bad_flags_are_errors_that_name_the_flag() {
         ),
         (&["--layers", "0"][..], "--layers must be at least 1"),
         (&["--dropout", "1"][..], "--dropout 1"),
-        (&["--bn-momentum", "1.5"][..], "--bn-momentum 1.5"),
+        (
+            &["--bn-momentum", "1.5", "--norm", "batch"][..],
+            "--bn-momentum 1.5",
+        ),
         (
             &["--model", "myo", "--coupling-init", "2:1"][..],
             "--coupling-init 2:1",
@@ -320,6 +323,54 @@ fn bad_flags_are_errors_that_name_the_flag() {
         let e = err(flags);
         assert!(e.contains(says), "{flags:?}: {e}");
     }
+}
+
+/// A flag the chosen model would ignore is refused with the models it is for, and a preset is
+/// its task's: it implies the task, and another task's preset is refused.
+#[test]
+fn flags_that_would_be_ignored_are_refused() {
+    for (flags, says) in [
+        (
+            &["--model", "s5", "--heads", "7"][..],
+            "--heads applies to --model myo, not s5",
+        ),
+        (&["--tree", "3-ary"][..], "--tree applies to --model myo"),
+        (&["--coupling", "free"][..], "--coupling applies to --model myo"),
+        (&["--per-level"][..], "--per-level applies to --model myo"),
+        (
+            &["--model", "myo", "--blocks", "2"][..],
+            "--blocks applies to --model s5, not myo",
+        ),
+        (
+            &["--model", "mingru", "--bidirectional", "true"][..],
+            "--bidirectional applies to --model s5, not mingru",
+        ),
+        (
+            &["--model", "mingru", "--state-size", "8"][..],
+            "--state-size applies to --model s5 or myo or ssm2d, not mingru",
+        ),
+        (&["--directions", "2"][..], "--directions applies to --model ssm2d"),
+        (&["--pooling", "root"][..], "--pooling root or top:K applies to --model myo"),
+        (
+            &["--bn-momentum", "0.9"][..],
+            "--bn-momentum applies to --norm batch",
+        ),
+        (
+            &["--task", "zmnist", "--data-dir", "d", "--preset", "smnist"][..],
+            "--preset smnist holds task smnist's settings, not --task zmnist's (use --preset zmnist)",
+        ),
+    ] {
+        let e = err(flags);
+        assert!(e.contains(says), "{flags:?}: {e}");
+    }
+    // The preset's task, and what it needs (its files).
+    let e = err(&["--preset", "smnist"]);
+    assert!(e.contains("--task smnist needs --data-dir"), "{e}");
+    let cfg = ok(&["--preset", "zmnist", "--data-dir", "d", "--model", "myo"]);
+    assert_eq!(cfg.task.name, "zmnist");
+    // BatchNorm's decay is taken where the norm is BatchNorm, from the flag or a preset.
+    let bn = ok(&["--preset", "listops", "--bn-momentum", "0.8"]);
+    assert_eq!(bn.model.bn_momentum, 0.8);
 }
 
 #[test]

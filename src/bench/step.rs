@@ -39,7 +39,7 @@ impl StepArgs {
         let device = parse_device(&self.device)?;
         Exec::for_process(&device, Some(self.threads))?;
         let mut run = self.run.clone();
-        if run.data_dir.is_none() && !run.hub && run.task != "listops" {
+        if run.data_dir.is_none() && !run.hub && run.task_name()? != "listops" {
             run.data_dir = Some("(not read)".into());
         }
         let cfg = run.resolve()?;

@@ -126,9 +126,9 @@ pub struct RunArgs {
     pub model: ModelKind,
     /// listops (generated unless --data-dir has basic_{train,val,test}.tsv), or with
     /// --data-dir: smnist, psmnist, zmnist (MNIST IDX), scifar, zcifar, lra-image (CIFAR-10
-    /// binary), pathfinder, pathx (LRA folders).
-    #[arg(long, default_value = "listops")]
-    pub task: String,
+    /// binary), pathfinder, pathx (LRA folders). [default: the --preset's task, else listops]
+    #[arg(long)]
+    pub task: Option<String>,
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// MNIST / CIFAR-10 tasks: fetch the data from the Hugging Face Hub (ylecun/mnist,
@@ -275,6 +275,24 @@ impl RunArgs {
         Ok(Flags::try_parse_from(flags)?.args)
     }
 
+    /// The task's name: `--task`, else the preset's task, else listops. A preset is one task's
+    /// settings, so a preset of another task is refused.
+    pub fn task_name(&self) -> Result<&str> {
+        match (&self.task, &self.preset) {
+            (Some(t), Some(p)) if t != p => bail!(
+                "--preset {p} holds task {p}'s settings, not --task {t}'s{}",
+                if preset::TASKS.contains(&t.as_str()) {
+                    format!(" (use --preset {t})")
+                } else {
+                    String::new()
+                }
+            ),
+            (Some(t), _) => Ok(t),
+            (None, Some(p)) => Ok(p),
+            (None, None) => Ok("listops"),
+        }
+    }
+
     /// The run these flags describe: flags over the preset over the task over the quick
     /// defaults.
     pub fn resolve(&self) -> Result<RunConfig> {
@@ -284,6 +302,7 @@ impl RunArgs {
             })?),
             None => None,
         };
+        self.refuse_ignored(preset.as_ref())?;
         let p = preset.as_ref();
         let pick = |flag: Option<usize>, from: fn(&Preset) -> usize, quick: usize| {
             flag.or(p.map(from)).unwrap_or(quick)
@@ -447,9 +466,58 @@ impl RunArgs {
         Ok(cfg)
     }
 
+    /// Refuses a flag that the chosen model would ignore, naming it and the models it is for.
+    fn refuse_ignored(&self, preset: Option<&Preset>) -> Result<()> {
+        use ModelKind::*;
+        let flags: [(&str, bool, &[ModelKind]); 16] = [
+            ("--heads", self.heads.is_some(), &[Myo]),
+            ("--block-size", self.block_size.is_some(), &[Myo]),
+            ("--tree", self.tree.is_some(), &[Myo]),
+            ("--coupling", self.coupling.is_some(), &[Myo]),
+            ("--coupling-init", self.coupling_init.is_some(), &[Myo]),
+            ("--uniform-phase", self.uniform_phase, &[Myo]),
+            ("--per-level", self.per_level, &[Myo]),
+            ("--all-nodes", self.all_nodes.is_some(), &[Myo]),
+            ("--blocks", self.blocks.is_some(), &[S5]),
+            ("--bidirectional", self.bidirectional.is_some(), &[S5]),
+            ("--discretization", self.discretization.is_some(), &[S5]),
+            ("--c-init", self.c_init.is_some(), &[S5]),
+            ("--clip-eigs", self.clip_eigs.is_some(), &[S5]),
+            ("--directions", self.directions.is_some(), &[Ssm2d]),
+            ("--state-size", self.state_size.is_some(), &[S5, Myo, Ssm2d]),
+            (
+                "--pooling root or top:K",
+                matches!(
+                    self.pooling,
+                    Some(Pooling::Root | Pooling::TopLevels { .. })
+                ),
+                &[Myo],
+            ),
+        ];
+        let name = |m: &ModelKind| m.to_possible_value().map(|v| v.get_name().to_string());
+        for (flag, given, models) in flags {
+            if given && !models.contains(&self.model) {
+                let names: Vec<String> = models.iter().filter_map(name).collect();
+                bail!(
+                    "{flag} applies to --model {}, not {}: leave it out",
+                    names.join(" or "),
+                    name(&self.model).unwrap_or_default()
+                );
+            }
+        }
+        let norm = self
+            .norm
+            .or(preset.map(|p| p.norm))
+            .unwrap_or(NormKind::Layer);
+        if self.bn_momentum.is_some() && norm != NormKind::Batch {
+            bail!("--bn-momentum applies to --norm batch: leave it out");
+        }
+        Ok(())
+    }
+
     /// The task and where its data comes from.
     fn task_and_data(&self) -> Result<(Task, DataSource)> {
-        let mut task = task::find(&self.task)?;
+        let mut task = task::find(self.task_name()?)?;
         let listops = matches!(task.input, Input::Listops { .. });
         let data = match &self.data_dir {
             Some(dir) => DataSource::Dir { dir: dir.clone() },
