@@ -3,13 +3,13 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 use myosotis::bench::{copy_bandwidth, HeadBench, ScanBench, StepArgs, TreeBench};
 use myosotis::data::listops::{self, ListOpsConfig, Splits};
 use myosotis::device::{describe, parse_device, rank_cuda_device};
 use myosotis::train::config::RunArgs;
 use myosotis::train::dist::World;
-use myosotis::train::run::{eval_checkpoint, train, Event, Exec, Start};
+use myosotis::train::progress::Progress;
+use myosotis::train::run::{eval_checkpoint, train, Exec, Start};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,6 +87,10 @@ struct TrainCmd {
     /// stops them all (a rank that died or cannot be reached).
     #[arg(long, default_value_t = 300)]
     rank_timeout: u64,
+    /// Where standard error is not a terminal (a log file, a pipe): seconds between progress
+    /// lines within an epoch (on a terminal a progress bar shows it).
+    #[arg(long, default_value_t = 30.0)]
+    progress_every: f64,
 }
 
 #[derive(Subcommand)]
@@ -159,91 +163,6 @@ fn emit<R: serde::Serialize + std::fmt::Display>(report: &R, json: bool) -> Resu
         print!("{report}");
     }
     Ok(())
-}
-
-/// Shows a run's [`Event`]s: a progress bar per epoch with the running loss and accuracy, and
-/// a line per finished epoch.
-#[derive(Default)]
-struct Progress {
-    bar: Option<ProgressBar>,
-    samples: usize,
-    loss_sum: f64,
-    correct: usize,
-}
-
-impl Progress {
-    fn show(&mut self, ev: Event) {
-        match ev {
-            Event::EpochStart {
-                epoch,
-                epochs,
-                samples,
-                ..
-            } => {
-                let bar =
-                    ProgressBar::new(samples as u64).with_prefix(format!("epoch {epoch}/{epochs}"));
-                bar.set_style(
-                    ProgressStyle::with_template(
-                        "{prefix} [{bar:30}] {pos}/{len} {msg} {per_sec} ETA {eta}",
-                    )
-                    .expect("valid template")
-                    .progress_chars("=> "),
-                );
-                *self = Progress {
-                    bar: Some(bar),
-                    ..Progress::default()
-                };
-            }
-            Event::Batch {
-                samples,
-                loss,
-                correct,
-            } => {
-                self.samples += samples;
-                self.loss_sum += loss * samples as f64;
-                self.correct += correct;
-                if let Some(bar) = &self.bar {
-                    bar.inc(samples as u64);
-                    bar.set_message(format!(
-                        "loss {:.4} acc {:.3}",
-                        self.loss_sum / self.samples as f64,
-                        self.correct as f64 / self.samples as f64
-                    ));
-                }
-            }
-            Event::Evaluating { split } => {
-                if let Some(bar) = &self.bar {
-                    bar.set_message(format!("evaluating {split}"));
-                }
-            }
-            Event::EpochEnd {
-                epoch,
-                epochs,
-                train,
-                val,
-                test,
-                seconds,
-            } => {
-                if let Some(bar) = self.bar.take() {
-                    bar.finish_and_clear();
-                }
-                let test = test
-                    .map(|t| format!("  test acc {:.4} (new best val)", t.accuracy))
-                    .unwrap_or_default();
-                eprintln!(
-                    "epoch {epoch:>3}/{epochs}  train loss {:.4} acc {:.4}  val loss {:.4} acc {:.4}{test}  [{seconds:.0} s]",
-                    train.loss, train.accuracy, val.loss, val.accuracy
-                );
-                tracing::info!(
-                    epoch,
-                    train_loss = train.loss,
-                    val_accuracy = val.accuracy,
-                    seconds,
-                    "epoch done"
-                );
-            }
-        }
-    }
 }
 
 fn main() {
@@ -321,7 +240,13 @@ fn run(cli: Cli, world: Arc<World>) -> Result<()> {
                 (false, true) => Start::Replace,
                 (false, false) => Start::New,
             };
-            let mut progress = Progress::default();
+            if !(a.progress_every.is_finite() && a.progress_every >= 0.0) {
+                anyhow::bail!(
+                    "--progress-every {}: expected seconds ≥ 0",
+                    a.progress_every
+                );
+            }
+            let mut progress = Progress::new(Duration::from_secs_f64(a.progress_every));
             let summary = train(&cfg, &out, &exec, start, |ev| progress.show(ev))?;
             if !world.is_root() {
                 return Ok(());

@@ -475,6 +475,73 @@ fn a_task_defined_outside_the_registry_is_one_entry() {
     assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
 }
 
+/// Piped to a file, `myo train` starts with a banner (model and size, device and threads, task
+/// and splits, outputs) and writes a progress line within the epoch, not only at its end.
+#[test]
+fn a_piped_run_shows_a_banner_and_progress_lines() {
+    let dir = out("banner");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
+        .args([
+            "train",
+            "--epochs",
+            "1",
+            "--max-train-samples",
+            "48",
+            "--batch-size",
+            "16",
+        ])
+        .args([
+            "--max-eval-samples",
+            "16",
+            "--d-model",
+            "8",
+            "--state-size",
+            "4",
+        ])
+        .args(["--threads", "1", "--progress-every", "0", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines[0].starts_with("model   2 layers of S5 P 4 bidirectional, width 8 (")
+            && lines[0].ends_with(" parameters)"),
+        "{stderr}"
+    );
+    assert_eq!(lines[1], "device  cpu, 1 thread", "{stderr}");
+    assert_eq!(
+        lines[2], "task    listops: 48 training, 16 validation, 16 test examples",
+        "{stderr}"
+    );
+    assert_eq!(lines[3], format!("out     {}", dir.display()), "{stderr}");
+    assert!(
+        lines[4].starts_with("epoch 1/1  16/48 samples  loss "),
+        "{stderr}"
+    );
+    assert!(lines[5].starts_with("epoch 1/1  32/48 samples"), "{stderr}");
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
+        .args(["train", "--progress-every=-1", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("--progress-every -1: expected seconds ≥ 0"),
+        "{stderr}"
+    );
+    use myosotis::train::progress::significant;
+    for (x, text) in [
+        (1234.0, "1230"),
+        (45.67, "45.7"),
+        (0.1234, "0.123"),
+        (7.0, "7.00"),
+    ] {
+        assert_eq!(significant(x), text);
+    }
+}
+
 /// A panic (in the caller's thread or one it joins) becomes an error naming where it happened,
 /// so that `myo` can report it and abort the other ranks as for any error.
 #[test]

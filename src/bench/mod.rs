@@ -12,9 +12,7 @@ use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use serde::Serialize;
 
-use crate::nn::{
-    ClassifierConfig, DropoutKey, EncoderConfig, Mode, SeqLayerConfig, SequenceClassifier,
-};
+use crate::nn::{ClassifierConfig, DropoutKey, EncoderConfig, Mode, SequenceClassifier};
 
 use crate::ops::{
     head_solve, head_solve_backward, linear_scan, linear_scan_backward, linear_scan_reference,

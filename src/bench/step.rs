@@ -256,7 +256,7 @@ impl StepBench {
             device: describe(device),
             shape: format!(
                 "{}, {} layers, H {h}, batch {b}, length {l} ({width} positions)",
-                describe_layer(&self.model.layer),
+                self.model.layer.summary(),
                 self.model.layers
             ),
             config: serde_json::to_value(&self.model).unwrap_or_default(),
@@ -285,33 +285,6 @@ impl StepBench {
         pause()?;
         s.opt.step(&grads)?;
         device.synchronize()
-    }
-}
-
-fn describe_layer(layer: &SeqLayerConfig) -> String {
-    match layer {
-        SeqLayerConfig::S5(c) => format!(
-            "S5 P {}{}",
-            c.state,
-            if c.bidirectional {
-                " bidirectional"
-            } else {
-                ""
-            }
-        ),
-        SeqLayerConfig::Myo(c) => format!(
-            "Myo heads {} d {} {:?} over {}",
-            c.heads,
-            c.block,
-            c.coupling,
-            if c.all_nodes {
-                "all nodes"
-            } else {
-                "the leaves"
-            }
-        ),
-        SeqLayerConfig::Ssm2d(_) => "2-D SSM".into(),
-        SeqLayerConfig::MinGru(_) => "minGRU".into(),
     }
 }
 

@@ -36,6 +36,35 @@ pub enum SeqLayerConfig {
     MinGru(MinGruConfig),
 }
 
+impl SeqLayerConfig {
+    /// The layer in a few words, e.g. "S5 P 32 bidirectional".
+    pub fn summary(&self) -> String {
+        match self {
+            SeqLayerConfig::S5(c) => {
+                let direction = if c.bidirectional {
+                    " bidirectional"
+                } else {
+                    ""
+                };
+                format!("S5 P {}{direction}", c.state)
+            }
+            SeqLayerConfig::Myo(c) => format!(
+                "Myo heads {} d {} {:?} over {}",
+                c.heads,
+                c.block,
+                c.coupling,
+                if c.all_nodes {
+                    "all nodes"
+                } else {
+                    "the leaves"
+                }
+            ),
+            SeqLayerConfig::Ssm2d(_) => "2-D SSM".into(),
+            SeqLayerConfig::MinGru(_) => "minGRU".into(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EncoderConfig {

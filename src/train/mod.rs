@@ -1,7 +1,7 @@
 //! Training: what defines a run and how flags resolve into one (`config`, `preset`), whole
 //! runs (`run`), the epoch loop (`trainer`), the optimiser (AdamW in the model's parameter
 //! groups, warm-up + cosine schedule), a run folder's files and checkpoints (`checkpoint`),
-//! and the curves (`plot`).
+//! the curves (`plot`) and what `myo train` shows of a run (`progress`).
 
 pub mod checkpoint;
 pub mod config;
@@ -12,6 +12,7 @@ pub mod optim;
 pub(crate) mod pause;
 pub mod plot;
 pub mod preset;
+pub mod progress;
 pub mod run;
 pub mod shards;
 pub mod trainer;

@@ -153,6 +153,8 @@ impl Exec {
 /// What [`train`] reports while it runs (for progress bars and logs).
 #[derive(Clone, Debug)]
 pub enum Event {
+    /// The run is set up: what it trains, where, on what data, into where.
+    Start(RunInfo),
     /// An epoch (1-based) of `batches` batches over `samples` examples begins.
     EpochStart {
         epoch: usize,
@@ -178,6 +180,25 @@ pub enum Event {
         test: Option<Evaluation>,
         seconds: f64,
     },
+}
+
+/// What a run trains, where, on what, into where (the start banner).
+#[derive(Clone, Debug)]
+pub struct RunInfo {
+    /// The classifier in a few words (layers, width, sequence layer).
+    pub model: String,
+    pub parameters: usize,
+    /// `cpu`, `cuda:N`.
+    pub device: String,
+    /// Data-parallel shards (threads) per process, and processes (ranks).
+    pub threads: usize,
+    pub ranks: usize,
+    pub task: String,
+    /// Examples in the training, validation and test splits used.
+    pub splits: [usize; 3],
+    pub out: std::path::PathBuf,
+    /// The epoch a resumed run continues after (0 for a new run).
+    pub resumed_after: usize,
 }
 
 /// How [`train`] treats what `out` already holds.
@@ -290,6 +311,22 @@ pub fn train(
         cfg.batching(exec.shards, true),
         cfg.batching(exec.shards, false),
     );
+    on_event(Event::Start(RunInfo {
+        model: format!(
+            "{} layers of {}, width {}",
+            cfg.model.layers,
+            cfg.model.layer.summary(),
+            cfg.model.d_model
+        ),
+        parameters: vars(&varmap).values().map(|v| v.elem_count()).sum(),
+        device: crate::device::describe(device),
+        threads: exec.shards,
+        ranks: world.size(),
+        task: cfg.task.name.clone(),
+        splits: [train_set.len(), val_set.len(), test_set.len()],
+        out: out.to_path_buf(),
+        resumed_after: progress.epoch,
+    }));
     let start = Instant::now() - std::time::Duration::from_secs_f64(progress.seconds);
     for epoch in progress.epoch..cfg.epochs {
         pause::set_epoch(epoch + 1);

@@ -1,0 +1,175 @@
+//! What `myo train` shows of a run ([`Event`]s) on standard error: a start banner, then on a
+//! terminal a progress bar per epoch, elsewhere (a log file, a pipe) a progress line every few
+//! seconds; and a line per finished epoch.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::run::{Event, RunInfo};
+
+/// The display of one run's events.
+pub struct Progress {
+    /// Progress lines instead of a bar (the output is not a terminal), at most one per `every`.
+    lines: Option<Duration>,
+    bar: Option<ProgressBar>,
+    last_line: Instant,
+    epoch_start: Instant,
+    /// The epoch (1-based), of how many, and its training examples.
+    epoch: (usize, usize, usize),
+    samples: usize,
+    loss_sum: f64,
+    correct: usize,
+}
+
+impl Progress {
+    /// A bar where standard error is a terminal, else a line every `every`.
+    pub fn new(every: Duration) -> Self {
+        Progress::with_lines((!std::io::stderr().is_terminal()).then_some(every))
+    }
+
+    /// Progress lines every `every` (`Some`), or a bar (`None`), whatever standard error is.
+    pub fn with_lines(every: Option<Duration>) -> Self {
+        Progress {
+            lines: every,
+            bar: None,
+            last_line: Instant::now(),
+            epoch_start: Instant::now(),
+            epoch: (0, 0, 0),
+            samples: 0,
+            loss_sum: 0.0,
+            correct: 0,
+        }
+    }
+
+    pub fn show(&mut self, ev: Event) {
+        match ev {
+            Event::Start(info) => eprint!("{}", banner(&info)),
+            Event::EpochStart {
+                epoch,
+                epochs,
+                samples,
+                ..
+            } => {
+                (self.epoch, self.samples, self.loss_sum, self.correct) =
+                    ((epoch, epochs, samples), 0, 0.0, 0);
+                (self.epoch_start, self.last_line) = (Instant::now(), Instant::now());
+                self.bar = self.lines.is_none().then(|| {
+                    let bar = ProgressBar::new(samples as u64)
+                        .with_prefix(format!("epoch {epoch}/{epochs}"));
+                    bar.set_style(
+                        ProgressStyle::with_template(
+                            "{prefix} [{bar:30}] {pos}/{len} {msg} {per_sec} ETA {eta}",
+                        )
+                        .expect("a valid template")
+                        .progress_chars("=> "),
+                    );
+                    bar
+                });
+            }
+            Event::Batch {
+                samples,
+                loss,
+                correct,
+            } => {
+                self.samples += samples;
+                self.loss_sum += loss * samples as f64;
+                self.correct += correct;
+                let (loss, accuracy) = (
+                    self.loss_sum / self.samples as f64,
+                    self.correct as f64 / self.samples as f64,
+                );
+                if let Some(bar) = &self.bar {
+                    bar.inc(samples as u64);
+                    bar.set_message(format!("loss {loss:.4} acc {accuracy:.3}"));
+                }
+                if self
+                    .lines
+                    .is_some_and(|every| self.last_line.elapsed() >= every)
+                {
+                    self.last_line = Instant::now();
+                    let (epoch, epochs, total) = self.epoch;
+                    let rate = self.samples as f64 / self.epoch_start.elapsed().as_secs_f64();
+                    eprintln!(
+                        "epoch {epoch}/{epochs}  {}/{total} samples  loss {loss:.4} acc \
+                         {accuracy:.4}  {} samples/s",
+                        self.samples,
+                        significant(rate)
+                    );
+                }
+            }
+            Event::Evaluating { split } => {
+                if let Some(bar) = &self.bar {
+                    bar.set_message(format!("evaluating {split}"));
+                }
+            }
+            Event::EpochEnd {
+                epoch,
+                epochs,
+                train,
+                val,
+                test,
+                seconds,
+            } => {
+                if let Some(bar) = self.bar.take() {
+                    bar.finish_and_clear();
+                }
+                let test = test
+                    .map(|t| format!("  test acc {:.4} (new best val)", t.accuracy))
+                    .unwrap_or_default();
+                eprintln!(
+                    "epoch {epoch:>3}/{epochs}  train loss {:.4} acc {:.4}  val loss {:.4} acc \
+                     {:.4}{test}  [{seconds:.0} s]",
+                    train.loss, train.accuracy, val.loss, val.accuracy
+                );
+                tracing::info!(
+                    epoch,
+                    train_loss = train.loss,
+                    val_accuracy = val.accuracy,
+                    seconds,
+                    "epoch done"
+                );
+            }
+        }
+    }
+}
+
+/// The start banner: the model and its size, where it runs, the data and the outputs.
+pub fn banner(info: &RunInfo) -> String {
+    let threads = match (info.threads, info.ranks) {
+        (1, 1) => "1 thread".to_string(),
+        (t, 1) => format!("{t} threads"),
+        (t, r) => format!("{r} ranks of {t} thread{}", if t == 1 { "" } else { "s" }),
+    };
+    let [train, val, test] = info.splits;
+    let resumed = match info.resumed_after {
+        0 => String::new(),
+        e => format!("; resuming after epoch {e}"),
+    };
+    format!(
+        "model   {} ({} parameters)\ndevice  {}, {threads}\ntask    {}: {train} training, {val} \
+         validation, {test} test examples\nout     {}{resumed}\n",
+        info.model,
+        info.parameters,
+        info.device,
+        info.task,
+        info.out.display()
+    )
+}
+
+/// `x` to three significant digits (a rate: 1234 → "1230", 45.67 → "45.7", 0.1234 → "0.123").
+pub fn significant(x: f64) -> String {
+    if !x.is_finite() || x == 0.0 {
+        return format!("{x}");
+    }
+    let magnitude = x.abs().log10().floor() as i32;
+    let decimals = (2 - magnitude).max(0) as usize;
+    let scale = 10f64.powi(magnitude - 2);
+    let rounded = if magnitude > 2 {
+        (x / scale).round() * scale
+    } else {
+        x
+    };
+    format!("{rounded:.decimals$}")
+}
