@@ -5,6 +5,7 @@
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=kernels");
+    commit();
     #[cfg(feature = "cuda")]
     if let Err(e) = cuda::build() {
         eprintln!("error: building kernels/*.cu failed: {e}");
@@ -13,6 +14,28 @@ fn main() {
              CUDA_COMPUTE_CAP on a machine without a GPU; scripts/cuda-toolchain.sh installs one"
         );
         std::process::exit(1);
+    }
+}
+
+/// The commit of a build from a git checkout, as `MYO_COMMIT` (a run's `config.json` records
+/// it), renewed when HEAD moves.
+fn commit() {
+    let Ok(head) = std::fs::read_to_string(".git/HEAD") else {
+        return;
+    };
+    println!("cargo::rerun-if-changed=.git/HEAD");
+    if let Some(branch) = head.trim().strip_prefix("ref: ") {
+        let r = format!(".git/{branch}");
+        if std::path::Path::new(&r).exists() {
+            println!("cargo::rerun-if-changed={r}");
+        }
+    }
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output();
+    if let Some(out) = out.ok().filter(|o| o.status.success()) {
+        let commit = String::from_utf8_lossy(&out.stdout);
+        println!("cargo::rustc-env=MYO_COMMIT={}", commit.trim());
     }
 }
 

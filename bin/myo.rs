@@ -2,14 +2,14 @@
 //! flags, the progress display and the printing; what a run is lives in `myosotis::train`.
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use myosotis::bench::{copy_bandwidth, HeadBench, ScanBench, StepArgs, TreeBench};
 use myosotis::data::listops::{self, ListOpsConfig, Splits};
 use myosotis::device::{describe, parse_device, rank_cuda_device};
-use myosotis::train::config::RunArgs;
+use myosotis::train::config::{given_flags, recorded_flags, RunArgs};
 use myosotis::train::dist::World;
 use myosotis::train::progress::Progress;
-use myosotis::train::run::{eval_checkpoint, train, Exec, Start};
+use myosotis::train::run::{eval_checkpoint, train, Exec, Origin, Start};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,9 +76,13 @@ struct TrainCmd {
     /// runs/latest, is replaced by each run that leaves --out unset. [default: runs/latest]
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Continue the run in --out from its last checkpoint.
+    /// Continue the run in --out from its last checkpoint, with its own settings: flags given
+    /// too must agree with them, except a larger --epochs, which extends the run.
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
+    /// Start from the flags of an earlier run's config.json; flags given too override them.
+    #[arg(long, value_name = "FILE", conflicts_with = "resume")]
+    config: Option<PathBuf>,
     /// Delete the run files that --out holds (checkpoints, metrics, config, curves) and start a
     /// new run there.
     #[arg(long)]
@@ -171,7 +175,13 @@ fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // The run flags given (for config.json, --resume and --config).
+    let given = matches
+        .subcommand_matches("train")
+        .map(given_flags)
+        .unwrap_or_default();
     // The ranks of `mpirun` / `srun`, before any thread starts; one rank otherwise.
     let world = match &cli.command {
         Command::Train(a) => World::from_env(Duration::from_secs(a.rank_timeout)),
@@ -185,7 +195,7 @@ fn main() {
         }
     };
     // A panic too ends every rank, with its message.
-    if let Err(e) = myosotis::fail::catch_panics(|| run(cli, world.clone())) {
+    if let Err(e) = myosotis::fail::catch_panics(|| run(cli, given, world.clone())) {
         // The message chain only: users read it, backtraces are for RUST_BACKTRACE debugging.
         if world.size() > 1 {
             eprintln!("error: rank {}: {e:#}", world.rank());
@@ -198,7 +208,7 @@ fn main() {
     }
 }
 
-fn run(cli: Cli, world: Arc<World>) -> Result<()> {
+fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
     match cli.command {
         Command::Bench { which } => match which {
             BenchCmd::Scan(k) => {
@@ -232,9 +242,29 @@ fn run(cli: Cli, world: Arc<World>) -> Result<()> {
                 "cuda" if world.size() > 1 => rank_cuda_device(world.local_rank())?,
                 d => parse_device(d)?,
             };
-            let exec = Exec::for_process(&device, a.threads)?.in_world(world.clone());
-            let cfg = a.run.resolve()?;
             let out = a.out.clone().unwrap_or_else(|| "runs/latest".into());
+            // The run flags: those of the run resumed or of --config (rank 0 reads them), then
+            // the ones given now, which override them.
+            let mut base = Vec::new();
+            if world.is_root() {
+                let flags = match (&a.config, a.resume) {
+                    (Some(file), _) => recorded_flags(file).context("--config")?,
+                    (None, true) => recorded_flags(&out.join("config.json")).unwrap_or_default(),
+                    (None, false) => vec![],
+                };
+                base = serde_json::to_vec(&flags)?;
+            }
+            world.broadcast_bytes(&mut base)?;
+            let mut flags: Vec<String> = serde_json::from_slice(&base)?;
+            flags.extend(given);
+            let cfg = RunArgs::from_flags(&flags)?.resolve()?;
+            let origin = Origin {
+                command_line: std::env::args().collect(),
+                flags: Some(flags),
+            };
+            let exec = Exec::for_process(&device, a.threads)?
+                .in_world(world.clone())
+                .started_by(origin);
             let start = match (a.resume, a.overwrite || a.out.is_none()) {
                 (true, _) => Start::Resume,
                 (false, true) => Start::Replace,

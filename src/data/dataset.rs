@@ -34,6 +34,39 @@ impl Dataset {
         }
     }
 
+    /// Feeds the split's examples and labels, in order, to `hash`: with the other splits, a
+    /// digest that identifies a run's data by its content wherever the files lie.
+    pub fn hash_into(&self, hash: &mut impl sha2::Digest) {
+        match self {
+            Dataset::Tokens { seqs, .. } => {
+                for s in seqs {
+                    hash.update((s.len() as u64).to_le_bytes());
+                    for t in s {
+                        hash.update(t.to_le_bytes());
+                    }
+                }
+            }
+            Dataset::Real {
+                values,
+                len,
+                features,
+                ..
+            } => {
+                hash.update((*len as u64).to_le_bytes());
+                hash.update((*features as u64).to_le_bytes());
+                let mut bytes = Vec::with_capacity(4 << 12);
+                for chunk in values.chunks(1 << 12) {
+                    bytes.clear();
+                    bytes.extend(chunk.iter().flat_map(|v| v.to_le_bytes()));
+                    hash.update(&bytes);
+                }
+            }
+        }
+        for l in self.labels() {
+            hash.update(l.to_le_bytes());
+        }
+    }
+
     /// The first `n` examples (all when fewer).
     pub fn truncated(&self, n: usize) -> Dataset {
         match self {

@@ -41,6 +41,10 @@ struct Progress {
     best_epoch: usize,
     best_val: f64,
     test_at_best: f64,
+    /// The digest of the run's data (its three splits' examples and labels), which a resumed
+    /// run must match; absent in checkpoints of earlier versions.
+    #[serde(default)]
+    data: Option<String>,
     /// Wall time so far: kept in `metrics.jsonl`, not in the checkpoint, whose bytes then
     /// depend on the training alone.
     #[serde(skip)]
@@ -94,6 +98,17 @@ pub struct Exec {
     pub shards: usize,
     /// The ranks training together ([`World::single`] for one process).
     pub world: Arc<World>,
+    /// The command line that started the run, recorded in its `config.json`.
+    pub origin: Origin,
+}
+
+/// The command line a run was started from: the whole of it, and the run flags it gave (with
+/// those of the run it resumed or took its config from before them), which `--resume` and
+/// `--config` read back. Empty for a run started from code.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Origin {
+    pub command_line: Vec<String>,
+    pub flags: Option<Vec<String>>,
 }
 
 impl Exec {
@@ -103,6 +118,7 @@ impl Exec {
             device: device.clone(),
             shards: 1,
             world: Arc::new(World::single()),
+            origin: Origin::default(),
         }
     }
 
@@ -141,12 +157,18 @@ impl Exec {
             device: device.clone(),
             shards: n,
             world: Arc::new(World::single()),
+            origin: Origin::default(),
         })
     }
 
     /// This execution as one rank of `world`.
     pub fn in_world(self, world: Arc<World>) -> Self {
         Exec { world, ..self }
+    }
+
+    /// This execution, started by `origin`'s command line.
+    pub fn started_by(self, origin: Origin) -> Self {
+        Exec { origin, ..self }
     }
 }
 
@@ -274,18 +296,19 @@ pub fn train(
         ..cfg.optim.clone()
     };
     let mut opt = Optimizer::new(optim_cfg, &vars(&varmap), |n| model.param_group(n))?;
-    let mut progress = Progress::default();
+    // Rank 0 keeps the run's records, the others take its progress.
+    let data = match root {
+        true => data_digest(&[&train_set, &val_set, &test_set]),
+        false => String::new(),
+    };
+    let mut progress = Progress {
+        data: Some(data.clone()),
+        ..Progress::default()
+    };
     let (last, best) = (run.last(), run.best());
     if resume && root {
         let ck = checkpoint::read::<RunConfig>(&last)
             .context("--resume needs a previous run's last.safetensors")?;
-        if ck.config != *cfg {
-            bail!(
-                "--resume: {} was written by a run with a different configuration",
-                last.display()
-            );
-        }
-        checkpoint::load_into(&varmap, &ck.tensors, &last)?;
         let json = ck.metadata.get(PROGRESS_KEY).with_context(|| {
             format!(
                 "--resume: {} has no training progress (a `best` checkpoint, or one written \
@@ -295,12 +318,17 @@ pub fn train(
         })?;
         progress = serde_json::from_str(json)
             .with_context(|| format!("{}: the progress record does not parse", last.display()))?;
+        resumable(&ck.config, cfg, &progress, &data)
+            .with_context(|| format!("--resume: {}", last.display()))?;
+        progress.data = Some(data);
+        checkpoint::load_into(&varmap, &ck.tensors, &last)?;
         opt.load_state(&ck.optimizer)
             .with_context(|| format!("--resume: {}", last.display()))?;
         // Records of an epoch that did not reach its checkpoint are dropped: it runs again.
         progress.seconds = run.keep_metrics_until(progress.epoch)?;
-    } else if root {
-        run.write_config(cfg)?;
+    }
+    if root {
+        run.write_config(&with_environment(cfg, exec)?)?;
     }
     world.use_device(device)?;
     if world.size() > 1 {
@@ -419,6 +447,107 @@ pub fn train(
         test_accuracy: progress.test_at_best,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Whether a run with `cfg` may continue one with `run`'s config and `progress`: the same
+/// settings, except that `--epochs` may extend it (the cosine schedule then spans the longer
+/// run from the step reached), and the same data by content (`data`, the digest of the splits
+/// now read), wherever it lies. Names each differing setting with both values.
+fn resumable(run: &RunConfig, cfg: &RunConfig, progress: &Progress, data: &str) -> Result<()> {
+    let flat = |c: &RunConfig| -> Result<Vec<(String, serde_json::Value)>> {
+        let mut v = serde_json::to_value(c)?;
+        if let Some(o) = v.as_object_mut() {
+            o.remove("epochs");
+            // Compared by content when the checkpoint holds the digest.
+            if progress.data.is_some() {
+                o.remove("data");
+            }
+        }
+        let mut out = vec![];
+        flatten("", &v, &mut out);
+        Ok(out)
+    };
+    let (was, now) = (flat(run)?, flat(cfg)?);
+    let mut differ: Vec<String> = vec![];
+    for (key, a) in &was {
+        match now.iter().find(|(k, _)| k == key) {
+            Some((_, b)) if a == b => {}
+            Some((_, b)) => differ.push(format!("{key} is {a} in the run, {b} now")),
+            None => differ.push(format!("{key} is {a} in the run, unset now")),
+        }
+    }
+    for (key, b) in &now {
+        if !was.iter().any(|(k, _)| k == key) {
+            differ.push(format!("{key} is unset in the run, {b} now"));
+        }
+    }
+    if !differ.is_empty() {
+        bail!(
+            "the run has other settings: {} (leave out the flags that change them)",
+            differ.join("; ")
+        );
+    }
+    if progress.data.as_deref().is_some_and(|d| d != data) {
+        bail!(
+            "the data read now differs from the run's (compared by content, not by path): \
+             another dataset, or other --max-train-samples / --max-eval-samples"
+        );
+    }
+    if cfg.epochs < progress.epoch {
+        bail!(
+            "--epochs {}: the run has already completed {} epochs",
+            cfg.epochs,
+            progress.epoch
+        );
+    }
+    Ok(())
+}
+
+/// The leaves of a JSON value, each with its dotted path.
+fn flatten(path: &str, v: &serde_json::Value, out: &mut Vec<(String, serde_json::Value)>) {
+    let join = |k: &str| {
+        if path.is_empty() {
+            k.to_string()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
+    match v {
+        serde_json::Value::Object(o) => o.iter().for_each(|(k, v)| flatten(&join(k), v, out)),
+        serde_json::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .for_each(|(i, v)| flatten(&join(&i.to_string()), v, out)),
+        leaf => out.push((path.to_string(), leaf.clone())),
+    }
+}
+
+/// The SHA-256 of the splits' examples and labels, in hex.
+fn data_digest(splits: &[&Dataset]) -> String {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    for s in splits {
+        s.hash_into(&mut hash);
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `config.json`: the run's config, with where and from what command line it was started.
+fn with_environment(cfg: &RunConfig, exec: &Exec) -> Result<serde_json::Value> {
+    let mut v = serde_json::to_value(cfg)?;
+    let environment = serde_json::json!({
+        "device": crate::device::describe(&exec.device),
+        "threads": exec.shards,
+        "ranks": exec.world.size(),
+        "version": env!("CARGO_PKG_VERSION"),
+        "commit": option_env!("MYO_COMMIT"),
+        "command_line": exec.origin.command_line,
+        "flags": exec.origin.flags,
+    });
+    if let Some(o) = v.as_object_mut() {
+        o.insert("environment".into(), environment);
+    }
+    Ok(v)
 }
 
 /// Stops the run at a non-finite evaluation loss, as at a non-finite training loss: a model
