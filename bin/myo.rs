@@ -9,8 +9,10 @@ use myosotis::device::{describe, parse_device, rank_cuda_device};
 use myosotis::train::config::{given_flags, recorded_flags, RunArgs};
 use myosotis::train::dist::World;
 use myosotis::train::progress::Progress;
-use myosotis::train::run::{eval_checkpoint, train, Exec, Origin, Start};
-use std::path::PathBuf;
+use myosotis::train::run::{
+    eval_checkpoint, fresh_run_dir, point_latest_at, train, Event, Exec, Origin, Start,
+};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,8 +74,8 @@ struct TrainCmd {
     /// BatchNorm's batch statistics are summed over the shards.
     #[arg(long)]
     threads: Option<usize>,
-    /// Output folder. A folder that holds a run needs --resume or --overwrite; the default,
-    /// runs/latest, is replaced by each run that leaves --out unset. [default: runs/latest]
+    /// Output folder; one that holds a run needs --resume or --overwrite. [default: a new
+    /// runs/TASK-MODEL-TIME, linked as runs/latest; with --resume: runs/latest]
     #[arg(long)]
     out: Option<PathBuf>,
     /// Continue the run in --out from its last checkpoint, with its own settings: flags given
@@ -242,14 +244,19 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
                 "cuda" if world.size() > 1 => rank_cuda_device(world.local_rank())?,
                 d => parse_device(d)?,
             };
-            let out = a.out.clone().unwrap_or_else(|| "runs/latest".into());
+            // Without --out: --resume continues the newest run, a new run gets its own folder.
+            let latest = (a.out.is_none() && a.resume).then(|| PathBuf::from("runs/latest"));
+            let out = a.out.clone().or(latest);
             // The run flags: those of the run resumed or of --config (rank 0 reads them), then
             // the ones given now, which override them.
             let mut base = Vec::new();
             if world.is_root() {
                 let flags = match (&a.config, a.resume) {
                     (Some(file), _) => recorded_flags(file).context("--config")?,
-                    (None, true) => recorded_flags(&out.join("config.json")).unwrap_or_default(),
+                    (None, true) => out
+                        .as_ref()
+                        .and_then(|o| recorded_flags(&o.join("config.json")).ok())
+                        .unwrap_or_default(),
                     (None, false) => vec![],
                 };
                 base = serde_json::to_vec(&flags)?;
@@ -265,11 +272,12 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
             let exec = Exec::for_process(&device, a.threads)?
                 .in_world(world.clone())
                 .started_by(origin);
-            let start = match (a.resume, a.overwrite || a.out.is_none()) {
+            let start = match (a.resume, a.overwrite) {
                 (true, _) => Start::Resume,
                 (false, true) => Start::Replace,
                 (false, false) => Start::New,
             };
+            let out = out.unwrap_or_else(|| fresh_run_dir(Path::new("runs"), &cfg));
             if !(a.progress_every.is_finite() && a.progress_every >= 0.0) {
                 anyhow::bail!(
                     "--progress-every {}: expected seconds ≥ 0",
@@ -277,7 +285,15 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
                 );
             }
             let mut progress = Progress::new(Duration::from_secs_f64(a.progress_every));
-            let summary = train(&cfg, &out, &exec, start, |ev| progress.show(ev))?;
+            let summary = train(&cfg, &out, &exec, start, |ev| {
+                if matches!(ev, Event::Start(_)) && a.out.is_none() && !a.resume {
+                    // A convenience: a link that cannot be made does not stop the run.
+                    if let Err(e) = point_latest_at(&out) {
+                        eprintln!("warning: {e:#}");
+                    }
+                }
+                progress.show(ev)
+            })?;
             if !world.is_root() {
                 return Ok(());
             }

@@ -643,6 +643,72 @@ fn resume_continues_with_the_runs_own_settings() {
     );
 }
 
+/// Without `--out` a run gets a fresh folder named by task, model and time, linked as
+/// `runs/latest`, which `--resume` continues; a start that fails leaves no folder, and an
+/// `--overwrite` that fails to start leaves the run it would replace.
+#[test]
+fn runs_get_their_own_folders_and_failed_starts_leave_none() {
+    let cwd = out("fresh-folders");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let myo = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
+            .current_dir(&cwd)
+            .arg("train")
+            .args(args)
+            .args(["--d-model", "8", "--state-size", "4", "--threads", "1"])
+            .output()
+            .unwrap()
+    };
+    let tiny = [
+        "--epochs",
+        "1",
+        "--max-train-samples",
+        "32",
+        "--max-eval-samples",
+        "16",
+    ];
+    assert!(myo(&tiny).status.success());
+    let folders = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(cwd.join("runs"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let names = folders();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(
+        names[0].starts_with("latest") && names[1].starts_with("listops-s5-2"),
+        "{names:?}"
+    );
+    let link = std::fs::read_link(cwd.join("runs/latest")).unwrap();
+    assert_eq!(link.to_str().unwrap(), names[1]);
+    let resumed = myo(&["--resume", "--epochs", "2"]);
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let records = metrics(&cwd.join("runs").join(&names[1]));
+    assert_eq!(records.iter().filter(|r| r["split"] == "train").count(), 2);
+    // A start that fails (no data) makes no folder; nor does an --overwrite that fails remove
+    // the run it would replace.
+    let bad = ["--task", "smnist", "--data-dir", "/nonexistent"];
+    assert!(!myo(&bad).status.success());
+    assert_eq!(folders(), names);
+    let run = cwd.join("runs").join(&names[1]);
+    let over: Vec<&str> = bad
+        .iter()
+        .copied()
+        .chain(["--overwrite", "--out"])
+        .collect();
+    let mut args = over.clone();
+    args.push(run.to_str().unwrap());
+    assert!(!myo(&args).status.success());
+    assert!(run.join("last.safetensors").exists());
+}
+
 /// A panic (in the caller's thread or one it joins) becomes an error naming where it happened,
 /// so that `myo` can report it and abort the other ranks as for any error.
 #[test]

@@ -4,7 +4,7 @@
 //! The output folder and its files: [`RunDir`].
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,7 +21,7 @@ use super::pause;
 use super::trainer::{evaluate, report_interval, train_epoch, Evaluation};
 use crate::data::dataset::Dataset;
 use crate::data::task::DataSource;
-use crate::nn::{ClassifierConfig, SequenceClassifier};
+use crate::nn::{ClassifierConfig, SeqLayerConfig, SequenceClassifier};
 
 /// What a finished run reports.
 #[derive(Clone, Debug, Serialize)]
@@ -253,20 +253,14 @@ pub fn train(
     };
     let run = RunDir::at(out);
     let resume = start == Start::Resume;
-    if root {
-        RunDir::create(out)?;
-        let held = run.held();
-        match start {
-            Start::New if !held.is_empty() => bail!(
-                "{} already holds a run ({}): continue it with --resume, replace it with \
-                 --overwrite, or choose another --out",
-                out.display(),
-                held.join(", ")
-            ),
-            Start::Replace => run.remove_run()?,
-            _ => {}
-        }
-        run.remove_stale_temporaries()?;
+    let held = run.held();
+    if root && start == Start::New && !held.is_empty() {
+        bail!(
+            "{} already holds a run ({}): continue it with --resume, replace it with \
+             --overwrite, or choose another --out",
+            out.display(),
+            held.join(", ")
+        );
     }
     let [train_set, val_set, test_set] = cfg.task.load(&cfg.data)?;
     let cut = |d: Dataset, n: Option<usize>| match n {
@@ -327,7 +321,14 @@ pub fn train(
         // Records of an epoch that did not reach its checkpoint are dropped: it runs again.
         progress.seconds = run.keep_metrics_until(progress.epoch)?;
     }
+    // The folder is made, or an earlier run in it replaced, only once the run can start: a
+    // start that fails leaves no empty folder and no lost run.
     if root {
+        if start == Start::Replace {
+            run.remove_run()?;
+        }
+        RunDir::create(out)?;
+        run.remove_stale_temporaries()?;
         run.write_config(&with_environment(cfg, exec)?)?;
     }
     world.use_device(device)?;
@@ -560,6 +561,58 @@ fn finite(split: &str, loss: f64, epoch: usize) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A new folder for a run of `cfg` under `runs`: `TASK-MODEL-YYYYmmdd-HHMMSS` (UTC), with a
+/// suffix `-2`, `-3`, … when that name is taken. Not created.
+pub fn fresh_run_dir(runs: &Path, cfg: &RunConfig) -> PathBuf {
+    let model = match cfg.model.layer {
+        SeqLayerConfig::S5(_) => "s5",
+        SeqLayerConfig::Myo(_) => "myo",
+        SeqLayerConfig::MinGru(_) => "mingru",
+        SeqLayerConfig::Ssm2d(_) => "ssm2d",
+    };
+    let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S");
+    let name = format!("{}-{model}-{stamp}", cfg.task.name);
+    (1..)
+        .map(|k| match k {
+            1 => runs.join(&name),
+            k => runs.join(format!("{name}-{k}")),
+        })
+        .find(|p| !p.exists())
+        .expect("a free name")
+}
+
+/// Points the link `latest` in `run`'s parent folder at `run` (replacing the link atomically),
+/// so that `runs/latest` is the newest run.
+pub fn point_latest_at(run: &Path) -> Result<()> {
+    let (Some(parent), Some(name)) = (run.parent(), run.file_name()) else {
+        bail!("{}: not a folder in a folder", run.display());
+    };
+    let link = parent.join("latest");
+    if link.exists() && !link.is_symlink() {
+        bail!(
+            "{} is not a link (a run of an earlier version?): move it to point it at the newest run",
+            link.display()
+        );
+    }
+    let tmp = parent.join(format!(".latest.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    symlink(name, &tmp).with_context(|| format!("linking {}", tmp.display()))?;
+    std::fs::rename(&tmp, &link).with_context(|| format!("replacing {}", link.display()))
+}
+
+#[cfg(unix)]
+fn symlink(target: &std::ffi::OsStr, at: &Path) -> std::io::Result<()> {
+    std::os::unix::fs::symlink(target, at)
+}
+
+#[cfg(not(unix))]
+fn symlink(_: &std::ffi::OsStr, _: &Path) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "symbolic links are made on Unix only",
+    ))
 }
 
 /// Rank 0's variables, optimiser state and progress on every rank of `world`.
