@@ -97,6 +97,10 @@ struct TrainCmd {
     /// lines within an epoch (on a terminal a progress bar shows it).
     #[arg(long, default_value_t = 30.0)]
     progress_every: f64,
+    /// Optimiser steps between step records in metrics.jsonl (loss, accuracy, learning rate,
+    /// gradient norm, samples/s); 0: none.
+    #[arg(long, value_name = "STEPS", default_value_t = 50)]
+    log_every: usize,
 }
 
 #[derive(Subcommand)]
@@ -269,9 +273,12 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
                 command_line: std::env::args().collect(),
                 flags: Some(flags),
             };
-            let exec = Exec::for_process(&device, a.threads)?
-                .in_world(world.clone())
-                .started_by(origin);
+            let exec = Exec {
+                log_every: a.log_every,
+                ..Exec::for_process(&device, a.threads)?
+                    .in_world(world.clone())
+                    .started_by(origin)
+            };
             let start = match (a.resume, a.overwrite) {
                 (true, _) => Start::Resume,
                 (false, true) => Start::Replace,

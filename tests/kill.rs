@@ -51,7 +51,7 @@ fn dir(name: &str) -> PathBuf {
     d
 }
 
-/// Every record of metrics.jsonl but its wall time.
+/// Every record of metrics.jsonl but its wall time and speed.
 fn metrics(d: &Path) -> Vec<String> {
     std::fs::read_to_string(d.join("metrics.jsonl"))
         .unwrap()
@@ -59,6 +59,7 @@ fn metrics(d: &Path) -> Vec<String> {
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
             v.as_object_mut().unwrap().remove("seconds");
+            v.as_object_mut().unwrap().remove("samples_per_s");
             v.to_string()
         })
         .collect()

@@ -539,6 +539,61 @@ fn a_piped_run_shows_a_banner_and_progress_lines() {
     }
 }
 
+/// Every `log_every`-th step writes a step record (its batch's loss and accuracy, the learning
+/// rate, the gradient norm, samples/s) to metrics.jsonl, and the curves are drawn against the
+/// step; keeping them changes nothing in the training.
+#[test]
+fn step_records_are_written_and_leave_training_unchanged() {
+    let (plain, logged) = (out("steps-plain"), out("steps-logged"));
+    let cpu = Exec::on(&Device::Cpu);
+    train(&config(2), &plain, &cpu, Start::New, |_| {}).unwrap();
+    let every_2 = Exec {
+        log_every: 2,
+        ..Exec::on(&Device::Cpu)
+    };
+    train(&config(2), &logged, &every_2, Start::New, |_| {}).unwrap();
+    let (with, without) = (metrics(&logged), metrics(&plain));
+    let steps: Vec<&serde_json::Value> = with.iter().filter(|r| r["split"] == "step").collect();
+    // 96 examples in batches of 16: 6 steps per epoch.
+    let numbers: Vec<u64> = steps.iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, [2, 4, 6, 8, 10, 12]);
+    for r in &steps {
+        for key in ["lr", "grad_norm", "samples_per_s", "loss", "accuracy"] {
+            let v = r[key].as_f64().unwrap_or(f64::NAN);
+            assert!(v.is_finite() && v >= 0.0, "{key} in {r}");
+        }
+        assert!(r["grad_norm"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // Warm-up over 3 steps from lr 0.01: step 2 trains at 2/3 of it.
+    assert!(
+        (steps[0]["lr"].as_f64().unwrap() - 0.01 * 2.0 / 3.0).abs() < 1e-12,
+        "{}",
+        steps[0]
+    );
+    let epochs = |m: &[serde_json::Value]| -> Vec<String> {
+        m.iter()
+            .filter(|r| r["split"] != "step")
+            .map(|r| {
+                format!(
+                    "{} {} {} {}",
+                    r["epoch"], r["split"], r["loss"], r["accuracy"]
+                )
+            })
+            .collect()
+    };
+    assert_eq!(epochs(&with), epochs(&without));
+    let bytes = |d: &std::path::Path| std::fs::read(d.join("last.safetensors")).unwrap();
+    assert!(
+        bytes(&plain) == bytes(&logged),
+        "the logged run trained differently"
+    );
+    let svg = std::fs::read_to_string(logged.join("curves.svg")).unwrap();
+    assert!(
+        svg.contains(">\nstep\n<") || svg.contains(">step<"),
+        "no step axis"
+    );
+}
+
 /// `myo train` with `args`, which must succeed (`ok`) or fail; its standard error.
 fn myo_train(args: &[&str], ok: bool) -> String {
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))

@@ -145,9 +145,9 @@ fn training_on_listops_lowers_the_loss() {
                 &Device::Cpu,
                 1 + e % 3,
                 &std::sync::Arc::new(World::single()),
-                |n, loss, correct| {
-                    assert!(loss.is_finite() && correct <= n);
-                    seen += n;
+                |r| {
+                    assert!(r.loss.is_finite() && r.correct <= r.samples);
+                    seen += r.samples;
                 },
             )
             .unwrap();
@@ -232,7 +232,7 @@ fn sharded_batch_takes_the_same_step(norm: NormKind) {
             &Device::Cpu,
             1,
             &std::sync::Arc::new(World::single()),
-            |n, loss, c| reports.push((n, loss, c)),
+            |r| reports.push((r.samples, r.loss, r.correct)),
         )
         .unwrap();
         // The trained parameters' update and BatchNorm's running averages, apart: the
@@ -313,7 +313,7 @@ fn failed_epoch(
         &Device::Cpu,
         report_every,
         &world,
-        |n, l, _| on_batch(n, l),
+        |r| on_batch(r.samples, r.loss),
     )
     .unwrap_err()
     .to_string()

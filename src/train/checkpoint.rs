@@ -335,12 +335,12 @@ pub fn load_into(varmap: &VarMap, tensors: &HashMap<String, Tensor>, path: &Path
     Ok(())
 }
 
-/// One evaluation of a run, a line of its `metrics.jsonl`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One evaluation of a run, or one training step's record, a line of its `metrics.jsonl`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct MetricRecord {
     /// 1-based.
     pub epoch: usize,
-    /// `train`, `val` or `test`.
+    /// `train`, `val` or `test`; `step` for a training step (its batch's loss and accuracy).
     pub split: String,
     /// Mean loss (JSON `null` when not finite).
     #[serde(deserialize_with = "nan_if_null")]
@@ -350,6 +350,15 @@ pub struct MetricRecord {
     pub step: usize,
     /// Wall time since the run began.
     pub seconds: f64,
+    /// A step record's learning rate (the regular group's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// A step record's global gradient norm, before clipping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    /// A step record's training samples per second since the previous one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples_per_s: Option<f64>,
 }
 
 fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {

@@ -112,6 +112,10 @@ pub struct Optimizer {
     cfg: OptimConfig,
     slots: Vec<Slot>,
     step: usize,
+    /// Keep the gradient norm of every step whose number (1-based) is a multiple of this.
+    log_every: usize,
+    /// The last kept step: (step, its learning rate, its gradient norm on the device).
+    logged: Option<(usize, f64, Tensor)>,
 }
 
 impl Optimizer {
@@ -147,7 +151,21 @@ impl Optimizer {
             cfg,
             slots,
             step: 0,
+            log_every: 0,
+            logged: None,
         })
+    }
+
+    /// Keeps the learning rate and the global gradient norm (before clipping) of every
+    /// `every`-th step, for [`Optimizer::take_logged`] (0: none).
+    pub fn log_every(&mut self, every: usize) {
+        self.log_every = every;
+    }
+
+    /// The step, regular learning rate and gradient norm (an f64 scalar on the device) kept
+    /// since the last call, if the last step was one to keep.
+    pub fn take_logged(&mut self) -> Option<(usize, f64, Tensor)> {
+        self.logged.take()
     }
 
     /// Steps taken so far.
@@ -330,14 +348,20 @@ impl Optimizer {
 
     /// The step itself, with each slot's gradient (`None`: zero).
     fn apply(&mut self, grads: &[Option<Tensor>]) -> Result<()> {
-        let scale = match self.cfg.clip {
-            Some(c) => {
-                let norm = self.norm_of(grads)?;
-                Some(Tensor::new(c, norm.device())?.div(&norm.maximum(c)?)?)
-            }
-            None => None,
+        let kept = self.log_every > 0 && (self.step + 1).is_multiple_of(self.log_every);
+        let norm = match (self.cfg.clip, kept) {
+            (None, false) => None,
+            _ => Some(self.norm_of(grads)?),
+        };
+        let scale = match (self.cfg.clip, &norm) {
+            (Some(c), Some(norm)) => Some(Tensor::new(c, norm.device())?.div(&norm.maximum(c)?)?),
+            _ => None,
         };
         let (lr, ssm_lr) = self.rates();
+        self.logged = match (kept, norm) {
+            (true, Some(norm)) => Some((self.step + 1, lr, norm)),
+            _ => None,
+        };
         self.step += 1;
         let t = self.step as i32;
         let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);

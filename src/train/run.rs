@@ -100,6 +100,8 @@ pub struct Exec {
     pub world: Arc<World>,
     /// The command line that started the run, recorded in its `config.json`.
     pub origin: Origin,
+    /// Optimiser steps between step records in `metrics.jsonl` (0: none).
+    pub log_every: usize,
 }
 
 /// The command line a run was started from: the whole of it, and the run flags it gave (with
@@ -119,6 +121,7 @@ impl Exec {
             shards: 1,
             world: Arc::new(World::single()),
             origin: Origin::default(),
+            log_every: 0,
         }
     }
 
@@ -158,6 +161,7 @@ impl Exec {
             shards: n,
             world: Arc::new(World::single()),
             origin: Origin::default(),
+            log_every: 0,
         })
     }
 
@@ -357,6 +361,10 @@ pub fn train(
         resumed_after: progress.epoch,
     }));
     let start = Instant::now() - std::time::Duration::from_secs_f64(progress.seconds);
+    opt.log_every(exec.log_every);
+    // Since the last step record: (its time, the samples trained).
+    let mut since_log = (start.elapsed().as_secs_f64(), 0usize);
+    let mut log_failed = None;
     for epoch in progress.epoch..cfg.epochs {
         pause::set_epoch(epoch + 1);
         on_event(Event::EpochStart {
@@ -374,14 +382,37 @@ pub fn train(
             device,
             report_interval(device),
             &exec.world,
-            |samples, loss, correct| {
+            |r| {
                 on_event(Event::Batch {
-                    samples,
-                    loss,
-                    correct,
-                })
+                    samples: r.samples,
+                    loss: r.loss,
+                    correct: r.correct,
+                });
+                since_log.1 += r.samples;
+                if let (Some((lr, grad_norm)), true) = (r.logged, root) {
+                    let seconds = start.elapsed().as_secs_f64();
+                    let rate = since_log.1 as f64 / (seconds - since_log.0).max(1e-9);
+                    let step = MetricRecord {
+                        epoch: epoch + 1,
+                        split: "step".into(),
+                        loss: r.loss,
+                        accuracy: r.correct as f64 / r.samples.max(1) as f64,
+                        step: r.step,
+                        seconds,
+                        lr: Some(lr),
+                        grad_norm: Some(grad_norm),
+                        samples_per_s: Some(rate),
+                    };
+                    if let Err(e) = run.append_metric(&step) {
+                        log_failed.get_or_insert(e);
+                    }
+                    since_log = (seconds, 0);
+                }
             },
         )?;
+        if let Some(e) = log_failed.take() {
+            return Err(e);
+        }
         on_event(Event::Evaluating { split: "val" });
         let val = evaluate(&model, &val_set, eval_batching, device, world)?;
         let mut seconds = start.elapsed().as_secs_f64();
@@ -392,6 +423,7 @@ pub fn train(
             accuracy: e.accuracy,
             step: opt.step_count(),
             seconds,
+            ..MetricRecord::default()
         };
         if root {
             run.append_metric(&record("train", tr, seconds))?;

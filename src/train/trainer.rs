@@ -211,39 +211,96 @@ fn count_correct(logp: &Tensor, y: &Tensor) -> Result<Tensor> {
     logp.argmax(1)?.eq(y)?.to_dtype(DType::F64)?.sum_all()
 }
 
-/// Per-batch results still on the device: (step, batch size, mean loss, correct count), the
-/// last two f64 scalar tensors. Reading them waits for the device, so training reads them in
-/// groups.
+/// Per-batch results still on the device: (step, batch size, mean loss, correct count, and at
+/// the steps the optimiser keeps, its learning rate and gradient norm), the tensors f64
+/// scalars. Reading them waits for the device, so training reads them in groups.
 #[derive(Default)]
-struct Pending(Vec<(usize, usize, Tensor, Tensor)>);
+struct Pending(Vec<PendingBatch>);
 
-/// A batch's results read back: (step, batch size, mean loss, correct count).
-type BatchResult = (usize, usize, f64, usize);
+struct PendingBatch {
+    step: usize,
+    samples: usize,
+    loss: Tensor,
+    correct: Tensor,
+    logged: Option<(f64, Tensor)>,
+}
+
+/// A training batch's results, read back.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchRecord {
+    /// The optimiser step it took (1-based).
+    pub step: usize,
+    pub samples: usize,
+    /// Mean loss over the batch.
+    pub loss: f64,
+    pub correct: usize,
+    /// At the steps the optimiser keeps ([`Optimizer::log_every`]): the regular group's
+    /// learning rate and the global gradient norm before clipping.
+    pub logged: Option<(f64, f64)>,
+}
 
 impl Pending {
     /// Adds the results of step `step` (1-based), detached from the graph that made them (which
     /// would otherwise keep the batch's activations alive until the read).
     fn push(&mut self, step: usize, n: usize, loss: &Tensor, correct: &Tensor) {
-        self.0.push((step, n, loss.detach(), correct.detach()));
+        self.0.push(PendingBatch {
+            step,
+            samples: n,
+            loss: loss.detach(),
+            correct: correct.detach(),
+            logged: None,
+        });
+    }
+
+    /// Adds the learning rate and gradient norm of the last step pushed.
+    fn log(&mut self, lr: f64, norm: Tensor) {
+        if let Some(last) = self.0.last_mut() {
+            last.logged = Some((lr, norm));
+        }
     }
 
     /// Reads every pending result back in one transfer and empties the list. With them comes
     /// the tree solves' pivot status on `device` (which the same synchronisation makes free),
     /// for the caller to report after any non-finite loss: a loss that diverged is the cause
     /// of the singular pivots that follow it.
-    fn read(&mut self, device: &Device) -> Result<(Vec<BatchResult>, Result<()>)> {
+    fn read(&mut self, device: &Device) -> Result<(Vec<BatchRecord>, Result<()>)> {
         if self.0.is_empty() {
             return Ok((Vec::new(), Ok(())));
         }
-        let values: Vec<&Tensor> = self.0.iter().flat_map(|(_, _, l, c)| [l, c]).collect();
-        let host = Tensor::stack(&values, 0)?.to_vec1::<f64>()?;
-        let pivots = crate::ops::check_pivots(device);
-        let out = self
+        let values: Vec<&Tensor> = self
             .0
             .iter()
-            .zip(host.chunks(2))
-            .map(|((step, n, _, _), v)| (*step, *n, v[0], v[1] as usize))
+            .flat_map(|b| {
+                [
+                    Some(&b.loss),
+                    Some(&b.correct),
+                    b.logged.as_ref().map(|g| &g.1),
+                ]
+            })
+            .flatten()
             .collect();
+        let host = Tensor::stack(&values, 0)?.to_vec1::<f64>()?;
+        let pivots = crate::ops::check_pivots(device);
+        let mut at = host.iter().copied();
+        let mut next = || {
+            at.next()
+                .ok_or_else(|| internal("fewer results than pending"))
+        };
+        let mut out = Vec::with_capacity(self.0.len());
+        for b in &self.0 {
+            let (loss, correct) = (next()?, next()? as usize);
+            let logged = match &b.logged {
+                Some((lr, _)) => Some((*lr, next()?)),
+                None => None,
+            };
+            out.push(BatchRecord {
+                step: b.step,
+                samples: b.samples,
+                loss,
+                correct,
+                logged,
+            });
+        }
         self.0.clear();
         Ok((out, pivots))
     }
@@ -288,9 +345,9 @@ pub fn evaluate(
     let (mut loss, mut correct) = (0.0, 0.0);
     let (results, pivots) = pending.read(device)?;
     pivots?;
-    for (_, _, l, c) in results {
-        loss += l;
-        correct += c as f64;
+    for r in results {
+        loss += r.loss;
+        correct += r.correct as f64;
     }
     let [loss, correct] = world
         .sum_in_rank_order(&[loss, correct], world.size())
@@ -327,8 +384,7 @@ pub fn report_interval(device: &Device) -> usize {
 /// batch ([`Optimizer::step_across`]).
 ///
 /// The losses and correct counts stay on the device and are read back every `report_every`
-/// batches and at the end of the epoch; `on_batch` then sees each batch's size, mean loss and
-/// correct count, in order. A non-finite loss, or a singular pivot in a tree solve, stops the
+/// batches and at the end of the epoch; `on_batch` then sees each batch's record, in order. A non-finite loss, or a singular pivot in a tree solve, stops the
 /// epoch with an error at that read (naming the step of the first non-finite loss). Returns the
 /// mean training loss and accuracy.
 #[allow(clippy::too_many_arguments)]
@@ -341,7 +397,7 @@ pub fn train_epoch(
     device: &Device,
     report_every: usize,
     world: &Arc<World>,
-    mut on_batch: impl FnMut(usize, f64, usize),
+    mut on_batch: impl FnMut(&BatchRecord),
 ) -> Result<Evaluation> {
     one_shard_on_cuda(device, batching)?;
     // Ranks sum BatchNorm's statistics in the forward pass: each must hold part of every batch
@@ -371,16 +427,18 @@ pub fn train_epoch(
         // The sums on the GPUs first, with the ranks' deadline: a read would wait without one.
         world.wait_for_devices().map_err(collective)?;
         let (results, pivots) = pending.read(device)?;
-        for (step, n, value, right) in results {
-            if !value.is_finite() {
+        for r in results {
+            if !r.loss.is_finite() {
                 candle_core::bail!(
-                    "the training loss is {value} at step {step}; stopping (the last good \
-                     checkpoint is kept)"
+                    "the training loss is {} at step {}; stopping (the last good checkpoint is \
+                     kept)",
+                    r.loss,
+                    r.step
                 );
             }
-            loss_sum += value * n as f64;
-            correct += right;
-            on_batch(n, value, right);
+            loss_sum += r.loss * r.samples as f64;
+            correct += r.correct;
+            on_batch(&r);
         }
         pivots
     };
@@ -398,6 +456,9 @@ pub fn train_epoch(
             }
         };
         pending.push(opt.step_count(), idx.len(), &value, &right);
+        if let Some((_, lr, norm)) = opt.take_logged() {
+            pending.log(lr, norm);
+        }
         if (b + 1) % report_every.max(1) == 0 || b + 1 == count {
             report(&mut pending)?;
         }
