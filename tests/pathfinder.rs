@@ -167,6 +167,7 @@ fn pathfinder_trains_and_evaluates() {
         max_train_samples: None,
         max_eval_samples: None,
         warmup_epochs: None,
+        early_stop: None,
     };
     let out = tmp("train-out");
     let summary = train(&cfg, &out, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();

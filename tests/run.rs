@@ -69,6 +69,7 @@ fn config(epochs: usize) -> RunConfig {
         max_train_samples: None,
         max_eval_samples: None,
         warmup_epochs: None,
+        early_stop: None,
     }
 }
 
@@ -592,6 +593,40 @@ fn step_records_are_written_and_leave_training_unchanged() {
         svg.contains(">\nstep\n<") || svg.contains(">step<"),
         "no step axis"
     );
+}
+
+/// With a learning rate too small to change any prediction the validation accuracy never
+/// improves after epoch 1: `--early-stop 2` ends the run of 6 epochs after epoch 3, keeps epoch
+/// 1 as the best, and a resumed run stops at once.
+#[test]
+fn early_stopping_ends_a_run_that_stopped_improving() {
+    let dir = out("early-stop");
+    let mut cfg = config(6);
+    cfg.early_stop = Some(2);
+    (cfg.optim.lr, cfg.optim.ssm_lr) = (1e-12, 1e-12);
+    let mut stopped = None;
+    let summary = train(&cfg, &dir, &Exec::on(&Device::Cpu), Start::New, |e| {
+        if let Event::StoppedEarly {
+            epoch,
+            best_epoch,
+            patience,
+        } = e
+        {
+            stopped = Some((epoch, best_epoch, patience));
+        }
+    })
+    .unwrap();
+    assert_eq!(stopped, Some((3, 1, 2)));
+    assert_eq!((summary.epochs, summary.best_epoch), (3, 1));
+    let trained = |d: &std::path::Path| metrics(d).iter().filter(|r| r["split"] == "train").count();
+    assert_eq!(trained(&dir), 3);
+    let resumed = train(&cfg, &dir, &Exec::on(&Device::Cpu), Start::Resume, |_| {}).unwrap();
+    assert_eq!((resumed.epochs, trained(&dir)), (3, 3));
+    let e = myosotis::train::config::RunArgs::from_flags(["--early-stop", "0"])
+        .unwrap()
+        .resolve()
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("--early-stop 0"), "{e:#}");
 }
 
 /// `myo train` with `args`, which must succeed (`ok`) or fail; its standard error.

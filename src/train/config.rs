@@ -30,6 +30,9 @@ pub struct RunConfig {
     /// Warm-up in epochs (the reference's `warmup_end`), replacing `optim.warmup_steps`.
     #[serde(default)]
     pub warmup_epochs: Option<usize>,
+    /// Stop once the validation accuracy has not improved for this many epochs.
+    #[serde(default)]
+    pub early_stop: Option<usize>,
 }
 
 impl RunConfig {
@@ -247,6 +250,10 @@ pub struct RunArgs {
     /// Clip the global gradient norm.
     #[arg(long)]
     pub clip: Option<f64>,
+    /// Stop once the validation accuracy has not improved for PATIENCE epochs (the best
+    /// checkpoint is that of the best epoch). [default: never]
+    #[arg(long, value_name = "PATIENCE")]
+    pub early_stop: Option<usize>,
     #[arg(long)]
     pub max_train_samples: Option<usize>,
     #[arg(long)]
@@ -504,6 +511,10 @@ impl RunArgs {
             max_train_samples: self.max_train_samples,
             max_eval_samples: self.max_eval_samples,
             // Presets warm up over one epoch, as the reference's warmup_end = 1.
+            early_stop: match self.early_stop {
+                Some(0) => bail!("--early-stop 0: the patience is at least 1 epoch"),
+                patience => patience,
+            },
             warmup_epochs: match (self.warmup_steps, p) {
                 (None, Some(p)) => Some(p.warmup_epochs),
                 _ => None,

@@ -99,6 +99,15 @@ impl Progress {
                     );
                 }
             }
+            Event::StoppedEarly {
+                epoch,
+                best_epoch,
+                patience,
+            } => eprintln!(
+                "stopping after epoch {epoch}: the validation accuracy has not improved for \
+                 {patience} epoch{} (best: epoch {best_epoch})",
+                if patience == 1 { "" } else { "s" }
+            ),
             Event::Evaluating { split } => {
                 if let Some(bar) = &self.bar {
                     bar.set_message(format!("evaluating {split}"));

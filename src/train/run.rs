@@ -194,6 +194,13 @@ pub enum Event {
         loss: f64,
         correct: usize,
     },
+    /// The run stops after epoch `epoch`: the validation accuracy has not improved for
+    /// `patience` epochs, since epoch `best_epoch`.
+    StoppedEarly {
+        epoch: usize,
+        best_epoch: usize,
+        patience: usize,
+    },
     /// Evaluation of a split ("val", "test") begins.
     Evaluating { split: &'static str },
     /// Epoch `epoch` of `epochs` ended (`test` when validation improved), `seconds` since the
@@ -366,6 +373,15 @@ pub fn train(
     let mut since_log = (start.elapsed().as_secs_f64(), 0usize);
     let mut log_failed = None;
     for epoch in progress.epoch..cfg.epochs {
+        // Epochs since the best one (also when a run that stopped early is resumed).
+        if let Some(patience) = cfg.early_stop.filter(|&p| epoch - progress.best_epoch >= p) {
+            on_event(Event::StoppedEarly {
+                epoch,
+                best_epoch: progress.best_epoch,
+                patience,
+            });
+            break;
+        }
         pause::set_epoch(epoch + 1);
         on_event(Event::EpochStart {
             epoch: epoch + 1,
