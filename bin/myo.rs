@@ -6,6 +6,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use myosotis::bench::{copy_bandwidth, HeadBench, ScanBench, StepArgs, TreeBench};
 use myosotis::data::listops::{self, ListOpsConfig, Splits};
 use myosotis::device::{describe, parse_device, rank_cuda_device};
+use myosotis::fail::message;
 use myosotis::train::config::{given_flags, recorded_flags, RunArgs};
 use myosotis::train::dist::World;
 use myosotis::train::progress::Progress;
@@ -196,19 +197,19 @@ fn main() {
     let world = match world {
         Ok(world) => Arc::new(world),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             std::process::exit(1);
         }
     };
     // A panic too ends every rank, with its message.
     if let Err(e) = myosotis::fail::catch_panics(|| run(cli, given, world.clone())) {
-        // The message chain only: users read it, backtraces are for RUST_BACKTRACE debugging.
+        // The message chain only: users read it, backtraces are for debuggers.
         if world.size() > 1 {
-            eprintln!("error: rank {}: {e:#}", world.rank());
+            eprintln!("error: rank {}: {}", world.rank(), message(&e));
             // The other ranks would wait for this one until their timeout.
             world.abort_others();
         } else {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
         }
         std::process::exit(1);
     }

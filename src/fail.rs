@@ -3,7 +3,8 @@
 //! unwind past the launcher and leave the other ranks waiting for this one. [`catch_panics`]
 //! turns a panic in `f` (or in a thread it joins) into an error naming where it happened; the
 //! panic hook it installs keeps the message and prints nothing, unless `RUST_BACKTRACE` asks for
-//! the usual report.
+//! the usual report. [`message`] is an error as a user reads it: its chain, without the
+//! backtraces candle attaches when `RUST_BACKTRACE` is set.
 
 use std::sync::{Mutex, Once};
 
@@ -55,4 +56,22 @@ pub fn catch_panics<T>(f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<
             ))
         }
     }
+}
+
+/// `e`'s chain of messages (`outer: inner: …`) without the stack frames candle's errors carry
+/// when `RUST_BACKTRACE` is set: what a user of `myo` reads.
+pub fn message(e: &anyhow::Error) -> String {
+    let frame = |line: &str| {
+        let t = line.trim_start();
+        t == "stack backtrace:"
+            || t.split_once(": ")
+                .is_some_and(|(n, _)| n.parse::<u32>().is_ok())
+            || t.starts_with("at ")
+                && t.rsplit(':')
+                    .next()
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+    };
+    let text = format!("{e:#}");
+    let kept: Vec<&str> = text.lines().filter(|l| !frame(l)).collect();
+    kept.join("\n").trim_end().to_string()
 }

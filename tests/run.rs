@@ -629,6 +629,27 @@ fn early_stopping_ends_a_run_that_stopped_improving() {
     assert!(format!("{e:#}").contains("--early-stop 0"), "{e:#}");
 }
 
+/// An error is one line for the user, also when `RUST_BACKTRACE` asks candle to attach its
+/// stack to the error.
+#[test]
+fn errors_are_one_line_even_with_rust_backtrace_set() {
+    for backtrace in ["1", "full"] {
+        let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
+            .args(["train", "--model", "myo", "--heads", "0", "--out"])
+            .arg(out("one-line-error"))
+            .env("RUST_BACKTRACE", backtrace)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success());
+        assert_eq!(
+            stderr.trim_end(),
+            "error: Myo: d_model, heads and block must be positive",
+            "RUST_BACKTRACE={backtrace}"
+        );
+    }
+}
+
 /// `myo train` with `args`, which must succeed (`ok`) or fail; its standard error.
 fn myo_train(args: &[&str], ok: bool) -> String {
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
