@@ -10,9 +10,8 @@ use myosotis::fail::message;
 use myosotis::train::config::{given_flags, recorded_flags, RunArgs};
 use myosotis::train::dist::World;
 use myosotis::train::progress::Progress;
-use myosotis::train::run::{
-    eval_checkpoint, fresh_run_dir, point_latest_at, train, Event, Exec, Origin, Start,
-};
+use myosotis::train::run::{eval_checkpoint, train, Event, Exec, Origin, Start};
+use myosotis::train::start::{fresh_run_dir, point_latest_at};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

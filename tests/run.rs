@@ -2,7 +2,10 @@
 //! down, `eval` reloads the best checkpoint to the accuracy the run recorded, and a resumed run
 //! equals an uninterrupted one.
 
+mod common;
+
 use candle_core::Device;
+use common::runs::{metrics, out, synthetic_mnist};
 use myosotis::data::task::{self, DataSource, Generated};
 use myosotis::nn::*;
 use myosotis::train::config::RunConfig;
@@ -73,12 +76,6 @@ fn config(epochs: usize) -> RunConfig {
     }
 }
 
-fn out(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-run-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
 /// The score of `dir`'s best checkpoint on the first `max` test examples (all with `None`).
 fn eval_best(dir: &std::path::Path, max: Option<usize>) -> TestScore {
     eval_checkpoint(
@@ -88,14 +85,6 @@ fn eval_best(dir: &std::path::Path, max: Option<usize>) -> TestScore {
         &Exec::on(&Device::Cpu),
     )
     .unwrap()
-}
-
-fn metrics(dir: &std::path::Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]
@@ -208,32 +197,6 @@ fn resumed_run_equals_the_uninterrupted_run() {
     let e = train(&other, &b, &Exec::on(&Device::Cpu), Start::Resume, |_| {}).unwrap_err();
     let e = format!("{e:#}");
     assert!(e.contains("batch_size is 16 in the run, 8 now"), "{e}");
-}
-
-/// Synthetic MNIST IDX files: class k has pixels around brightness 22k, plus noise (a task any
-/// sequence model with mean pooling can learn; the pipeline is under test here, not vision).
-fn synthetic_mnist(dir: &std::path::Path, train: usize, test: usize) {
-    use rand::{Rng, SeedableRng};
-    std::fs::create_dir_all(dir).unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    for (split, n) in [("train", train), ("t10k", test)] {
-        let (mut images, mut labels) = (vec![], vec![]);
-        for x in [2051u32, n as u32, 28, 28] {
-            images.extend(x.to_be_bytes());
-        }
-        for x in [2049u32, n as u32] {
-            labels.extend(x.to_be_bytes());
-        }
-        for _ in 0..n {
-            let k: u8 = rng.random_range(0..10);
-            labels.push(k);
-            for _ in 0..28 * 28 {
-                images.push(22 * k + rng.random_range(0..30));
-            }
-        }
-        std::fs::write(dir.join(format!("{split}-images-idx3-ubyte")), images).unwrap();
-        std::fs::write(dir.join(format!("{split}-labels-idx1-ubyte")), labels).unwrap();
-    }
 }
 
 #[test]
@@ -473,73 +436,6 @@ fn a_task_defined_outside_the_registry_is_one_entry() {
     assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
 }
 
-/// Piped to a file, `myo train` starts with a banner (model and size, device and threads, task
-/// and splits, outputs) and writes a progress line within the epoch, not only at its end.
-#[test]
-fn a_piped_run_shows_a_banner_and_progress_lines() {
-    let dir = out("banner");
-    let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
-        .args([
-            "train",
-            "--epochs",
-            "1",
-            "--max-train-samples",
-            "48",
-            "--batch-size",
-            "16",
-        ])
-        .args([
-            "--max-eval-samples",
-            "16",
-            "--d-model",
-            "8",
-            "--state-size",
-            "4",
-        ])
-        .args(["--threads", "1", "--progress-every", "0", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert!(
-        lines[0].starts_with("model   2 layers of S5 P 4 bidirectional, width 8 (")
-            && lines[0].ends_with(" parameters)"),
-        "{stderr}"
-    );
-    assert_eq!(lines[1], "device  cpu, 1 thread", "{stderr}");
-    assert_eq!(
-        lines[2], "task    listops: 48 training, 16 validation, 16 test examples",
-        "{stderr}"
-    );
-    assert_eq!(lines[3], format!("out     {}", dir.display()), "{stderr}");
-    assert!(
-        lines[4].starts_with("epoch 1/1  16/48 samples  loss "),
-        "{stderr}"
-    );
-    assert!(lines[5].starts_with("epoch 1/1  32/48 samples"), "{stderr}");
-    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
-        .args(["train", "--progress-every=-1", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&bad.stderr);
-    assert!(
-        stderr.contains("--progress-every -1: expected seconds ≥ 0"),
-        "{stderr}"
-    );
-    use myosotis::train::progress::significant;
-    for (x, text) in [
-        (1234.0, "1230"),
-        (45.67, "45.7"),
-        (0.1234, "0.123"),
-        (7.0, "7.00"),
-    ] {
-        assert_eq!(significant(x), text);
-    }
-}
-
 /// Every `log_every`-th step writes a step record (its batch's loss and accuracy, the learning
 /// rate, the gradient norm, samples/s) to metrics.jsonl, and the curves are drawn against the
 /// step; keeping them changes nothing in the training.
@@ -627,197 +523,6 @@ fn early_stopping_ends_a_run_that_stopped_improving() {
         .resolve()
         .unwrap_err();
     assert!(format!("{e:#}").contains("--early-stop 0"), "{e:#}");
-}
-
-/// An error is one line for the user, also when `RUST_BACKTRACE` asks candle to attach its
-/// stack to the error.
-#[test]
-fn errors_are_one_line_even_with_rust_backtrace_set() {
-    for backtrace in ["1", "full"] {
-        let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
-            .args(["train", "--model", "myo", "--heads", "0", "--out"])
-            .arg(out("one-line-error"))
-            .env("RUST_BACKTRACE", backtrace)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&run.stderr);
-        assert!(!run.status.success());
-        assert_eq!(
-            stderr.trim_end(),
-            "error: Myo: d_model, heads and block must be positive",
-            "RUST_BACKTRACE={backtrace}"
-        );
-    }
-}
-
-/// `myo train` with `args`, which must succeed (`ok`) or fail; its standard error.
-fn myo_train(args: &[&str], ok: bool) -> String {
-    let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
-        .arg("train")
-        .args(args)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
-    assert_eq!(run.status.success(), ok, "{args:?}: {stderr}");
-    stderr
-}
-
-/// `--resume` continues with the run's own settings: it needs no flags, extends the run with a
-/// larger `--epochs`, finds the same data at another path (compared by content), and refuses a
-/// flag that changes a setting, or other data, naming what differs. `--config` starts a new run
-/// from a run's flags, with flags given overriding them.
-#[test]
-fn resume_continues_with_the_runs_own_settings() {
-    let (a, b, other) = (out("resume-a"), out("resume-b"), out("resume-other"));
-    synthetic_mnist(&a, 48, 16);
-    synthetic_mnist(&other, 64, 16);
-    let run = out("resume-run");
-    let (a_str, run_str) = (a.to_str().unwrap(), run.to_str().unwrap());
-    let flags = [
-        "--task",
-        "smnist",
-        "--epochs",
-        "1",
-        "--d-model",
-        "8",
-        "--state-size",
-        "4",
-    ];
-    let more = [
-        "--layers",
-        "1",
-        "--batch-size",
-        "16",
-        "--threads",
-        "1",
-        "--progress-every",
-        "9",
-    ];
-    let mut first = vec!["--data-dir", a_str, "--out", run_str];
-    first.extend(flags.iter().chain(&more));
-    myo_train(&first, true);
-    // The data moves; the run continues from it for one more epoch, its settings its own.
-    std::fs::rename(&a, &b).unwrap();
-    let (b_str, other_str) = (b.to_str().unwrap(), other.to_str().unwrap());
-    let resume = |extra: &[&str], ok: bool| {
-        let mut args = vec!["--resume", "--out", run_str, "--threads", "1"];
-        args.extend(extra);
-        myo_train(&args, ok)
-    };
-    resume(&["--data-dir", b_str, "--epochs", "2"], true);
-    let epochs: Vec<u64> = metrics(&run)
-        .iter()
-        .filter(|r| r["split"] == "train")
-        .map(|r| r["epoch"].as_u64().unwrap())
-        .collect();
-    assert_eq!(epochs, [1, 2]);
-    let cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("config.json")).unwrap()).unwrap();
-    assert_eq!(cfg["epochs"], 2);
-    assert_eq!(cfg["model"]["d_model"], 8);
-    assert_eq!(cfg["environment"]["threads"], 1);
-    assert!(cfg["environment"]["command_line"][1] == "train", "{cfg}");
-    let e = resume(&["--data-dir", b_str, "--d-model", "16"], false);
-    assert!(e.contains("model.d_model is 8 in the run, 16 now"), "{e}");
-    let e = resume(&["--data-dir", other_str, "--epochs", "3"], false);
-    assert!(
-        e.contains("the data read now differs from the run's"),
-        "{e}"
-    );
-    let e = resume(&["--data-dir", b_str, "--epochs", "1"], false);
-    assert!(
-        e.contains("--epochs 1: the run has already completed 2 epochs"),
-        "{e}"
-    );
-    // A new run from this one's flags, one of them overridden.
-    let again = out("resume-config");
-    let config = run.join("config.json");
-    myo_train(
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--out",
-            again.to_str().unwrap(),
-            "--layers",
-            "2",
-        ],
-        true,
-    );
-    let cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(again.join("config.json")).unwrap()).unwrap();
-    assert_eq!(
-        (
-            cfg["model"]["layers"].clone(),
-            cfg["model"]["d_model"].clone()
-        ),
-        (2.into(), 8.into())
-    );
-}
-
-/// Without `--out` a run gets a fresh folder named by task, model and time, linked as
-/// `runs/latest`, which `--resume` continues; a start that fails leaves no folder, and an
-/// `--overwrite` that fails to start leaves the run it would replace.
-#[test]
-fn runs_get_their_own_folders_and_failed_starts_leave_none() {
-    let cwd = out("fresh-folders");
-    std::fs::create_dir_all(&cwd).unwrap();
-    let myo = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
-            .current_dir(&cwd)
-            .arg("train")
-            .args(args)
-            .args(["--d-model", "8", "--state-size", "4", "--threads", "1"])
-            .output()
-            .unwrap()
-    };
-    let tiny = [
-        "--epochs",
-        "1",
-        "--max-train-samples",
-        "32",
-        "--max-eval-samples",
-        "16",
-    ];
-    assert!(myo(&tiny).status.success());
-    let folders = || -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(cwd.join("runs"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    };
-    let names = folders();
-    assert_eq!(names.len(), 2, "{names:?}");
-    assert!(
-        names[0].starts_with("latest") && names[1].starts_with("listops-s5-2"),
-        "{names:?}"
-    );
-    let link = std::fs::read_link(cwd.join("runs/latest")).unwrap();
-    assert_eq!(link.to_str().unwrap(), names[1]);
-    let resumed = myo(&["--resume", "--epochs", "2"]);
-    assert!(
-        resumed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&resumed.stderr)
-    );
-    let records = metrics(&cwd.join("runs").join(&names[1]));
-    assert_eq!(records.iter().filter(|r| r["split"] == "train").count(), 2);
-    // A start that fails (no data) makes no folder; nor does an --overwrite that fails remove
-    // the run it would replace.
-    let bad = ["--task", "smnist", "--data-dir", "/nonexistent"];
-    assert!(!myo(&bad).status.success());
-    assert_eq!(folders(), names);
-    let run = cwd.join("runs").join(&names[1]);
-    let over: Vec<&str> = bad
-        .iter()
-        .copied()
-        .chain(["--overwrite", "--out"])
-        .collect();
-    let mut args = over.clone();
-    args.push(run.to_str().unwrap());
-    assert!(!myo(&args).status.success());
-    assert!(run.join("last.safetensors").exists());
 }
 
 /// A panic (in the caller's thread or one it joins) becomes an error naming where it happened,

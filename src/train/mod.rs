@@ -15,4 +15,5 @@ pub mod preset;
 pub mod progress;
 pub mod run;
 pub mod shards;
+pub mod start;
 pub mod trainer;

@@ -8,6 +8,7 @@ use rand::{Rng, SeedableRng};
 
 pub mod files;
 pub mod heads;
+pub mod runs;
 
 /// Asserts that every variable of `varmap` (but those whose names end in one of `skip`) has a
 /// finite, non-zero gradient in `grads`.

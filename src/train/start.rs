@@ -1,0 +1,171 @@
+//! How a run starts: what a resumed run must share with the run it continues (its settings,
+//! and its data by content), what `config.json` records of the environment, and the folder of a
+//! run started without `--out`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use super::config::RunConfig;
+use super::run::Exec;
+use crate::data::dataset::Dataset;
+use crate::nn::SeqLayerConfig;
+
+/// Whether a run with `cfg` may continue one with `run`'s config, `done` epochs completed and
+/// the data digest `digest` (absent in checkpoints of earlier versions): the same settings,
+/// except that `--epochs` may extend it (the cosine schedule then spans the longer run from the
+/// step reached), and the same data by content (`data`, the digest of the splits now read),
+/// wherever it lies. Names each differing setting with both values.
+pub(crate) fn resumable(
+    run: &RunConfig,
+    cfg: &RunConfig,
+    done: usize,
+    digest: Option<&str>,
+    data: &str,
+) -> Result<()> {
+    let flat = |c: &RunConfig| -> Result<Vec<(String, serde_json::Value)>> {
+        let mut v = serde_json::to_value(c)?;
+        if let Some(o) = v.as_object_mut() {
+            o.remove("epochs");
+            // Compared by content when the checkpoint holds the digest.
+            if digest.is_some() {
+                o.remove("data");
+            }
+        }
+        let mut out = vec![];
+        flatten("", &v, &mut out);
+        Ok(out)
+    };
+    let (was, now) = (flat(run)?, flat(cfg)?);
+    let mut differ: Vec<String> = vec![];
+    for (key, a) in &was {
+        match now.iter().find(|(k, _)| k == key) {
+            Some((_, b)) if a == b => {}
+            Some((_, b)) => differ.push(format!("{key} is {a} in the run, {b} now")),
+            None => differ.push(format!("{key} is {a} in the run, unset now")),
+        }
+    }
+    for (key, b) in &now {
+        if !was.iter().any(|(k, _)| k == key) {
+            differ.push(format!("{key} is unset in the run, {b} now"));
+        }
+    }
+    if !differ.is_empty() {
+        bail!(
+            "the run has other settings: {} (leave out the flags that change them)",
+            differ.join("; ")
+        );
+    }
+    if digest.is_some_and(|d| d != data) {
+        bail!(
+            "the data read now differs from the run's (compared by content, not by path): \
+             another dataset, or other --max-train-samples / --max-eval-samples"
+        );
+    }
+    if cfg.epochs < done {
+        bail!(
+            "--epochs {}: the run has already completed {done} epochs",
+            cfg.epochs
+        );
+    }
+    Ok(())
+}
+
+/// The leaves of a JSON value, each with its dotted path.
+fn flatten(path: &str, v: &serde_json::Value, out: &mut Vec<(String, serde_json::Value)>) {
+    let join = |k: &str| {
+        if path.is_empty() {
+            k.to_string()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
+    match v {
+        serde_json::Value::Object(o) => o.iter().for_each(|(k, v)| flatten(&join(k), v, out)),
+        serde_json::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .for_each(|(i, v)| flatten(&join(&i.to_string()), v, out)),
+        leaf => out.push((path.to_string(), leaf.clone())),
+    }
+}
+
+/// The SHA-256 of the splits' examples and labels, in hex.
+pub(crate) fn data_digest(splits: &[&Dataset]) -> String {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    for s in splits {
+        s.hash_into(&mut hash);
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `config.json`: the run's config, with where and from what command line it was started.
+pub(crate) fn with_environment(cfg: &RunConfig, exec: &Exec) -> Result<serde_json::Value> {
+    let mut v = serde_json::to_value(cfg)?;
+    let environment = serde_json::json!({
+        "device": crate::device::describe(&exec.device),
+        "threads": exec.shards,
+        "ranks": exec.world.size(),
+        "version": env!("CARGO_PKG_VERSION"),
+        "commit": option_env!("MYO_COMMIT"),
+        "command_line": exec.origin.command_line,
+        "flags": exec.origin.flags,
+    });
+    if let Some(o) = v.as_object_mut() {
+        o.insert("environment".into(), environment);
+    }
+    Ok(v)
+}
+
+/// A new folder for a run of `cfg` under `runs`: `TASK-MODEL-YYYYmmdd-HHMMSS` (UTC), with a
+/// suffix `-2`, `-3`, … when that name is taken. Not created.
+pub fn fresh_run_dir(runs: &Path, cfg: &RunConfig) -> PathBuf {
+    let model = match cfg.model.layer {
+        SeqLayerConfig::S5(_) => "s5",
+        SeqLayerConfig::Myo(_) => "myo",
+        SeqLayerConfig::MinGru(_) => "mingru",
+        SeqLayerConfig::Ssm2d(_) => "ssm2d",
+    };
+    let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S");
+    let name = format!("{}-{model}-{stamp}", cfg.task.name);
+    (1..)
+        .map(|k| match k {
+            1 => runs.join(&name),
+            k => runs.join(format!("{name}-{k}")),
+        })
+        .find(|p| !p.exists())
+        .expect("a free name")
+}
+
+/// Points the link `latest` in `run`'s parent folder at `run` (replacing the link atomically),
+/// so that `runs/latest` is the newest run.
+pub fn point_latest_at(run: &Path) -> Result<()> {
+    let (Some(parent), Some(name)) = (run.parent(), run.file_name()) else {
+        bail!("{}: not a folder in a folder", run.display());
+    };
+    let link = parent.join("latest");
+    if link.exists() && !link.is_symlink() {
+        bail!(
+            "{} is not a link (a run of an earlier version?): move it to point it at the newest run",
+            link.display()
+        );
+    }
+    let tmp = parent.join(format!(".latest.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    symlink(name, &tmp).with_context(|| format!("linking {}", tmp.display()))?;
+    std::fs::rename(&tmp, &link).with_context(|| format!("replacing {}", link.display()))
+}
+
+#[cfg(unix)]
+fn symlink(target: &std::ffi::OsStr, at: &Path) -> std::io::Result<()> {
+    std::os::unix::fs::symlink(target, at)
+}
+
+#[cfg(not(unix))]
+fn symlink(_: &std::ffi::OsStr, _: &Path) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "symbolic links are made on Unix only",
+    ))
+}
