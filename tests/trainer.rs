@@ -133,6 +133,10 @@ fn training_on_listops_lowers_the_loss() {
         };
         let epochs = 12;
         let mut opt = optimizer(&m, &varmap, epochs * 4);
+        // Every other step keeps its rate and gradient norm, read back with its batch's loss
+        // in groups of 1 to 3, each stamped when its step was queued.
+        opt.log_every(2);
+        let mut logged = vec![];
         let before = evaluate(&m, &data, batching, &Device::Cpu, &World::single()).unwrap();
         let mut seen = 0;
         for e in 0..epochs {
@@ -148,11 +152,21 @@ fn training_on_listops_lowers_the_loss() {
                 |r| {
                     assert!(r.loss.is_finite() && r.correct <= r.samples);
                     seen += r.samples;
+                    if let Some((lr, norm)) = r.logged {
+                        assert!(lr > 0.0 && norm.is_finite() && norm > 0.0, "{r:?}");
+                        logged.push((r.step, r.queued));
+                    }
                 },
             )
             .unwrap();
         }
         assert_eq!(seen, epochs * 64);
+        let steps: Vec<usize> = logged.iter().map(|l| l.0).collect();
+        assert_eq!(steps, (1..=epochs * 2).map(|k| 2 * k).collect::<Vec<_>>());
+        assert!(
+            logged.windows(2).all(|w| w[0].1 < w[1].1),
+            "queue times not increasing"
+        );
         let after = evaluate(&m, &data, batching, &Device::Cpu, &World::single()).unwrap();
         assert!(
             after.loss < 0.9 * before.loss,

@@ -413,7 +413,8 @@ pub fn train(
                 });
                 since_log.1 += r.samples;
                 if let (Some((lr, grad_norm)), true) = (r.logged, root) {
-                    let seconds = start.elapsed().as_secs_f64();
+                    // Timed when queued: records read back together keep their own times.
+                    let seconds = r.queued.saturating_duration_since(start).as_secs_f64();
                     let rate = since_log.1 as f64 / (seconds - since_log.0).max(1e-9);
                     let step = MetricRecord {
                         epoch: epoch + 1,

@@ -218,6 +218,8 @@ fn count_correct(logp: &Tensor, y: &Tensor) -> Result<Tensor> {
 struct Pending(Vec<PendingBatch>);
 
 struct PendingBatch {
+    /// When the host finished queueing the step.
+    queued: std::time::Instant,
     step: usize,
     samples: usize,
     loss: Tensor,
@@ -228,6 +230,8 @@ struct PendingBatch {
 /// A training batch's results, read back.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchRecord {
+    /// When the host finished queueing the step (on CUDA the device may finish it later).
+    pub queued: std::time::Instant,
     /// The optimiser step it took (1-based).
     pub step: usize,
     pub samples: usize,
@@ -244,6 +248,7 @@ impl Pending {
     /// would otherwise keep the batch's activations alive until the read).
     fn push(&mut self, step: usize, n: usize, loss: &Tensor, correct: &Tensor) {
         self.0.push(PendingBatch {
+            queued: std::time::Instant::now(),
             step,
             samples: n,
             loss: loss.detach(),
@@ -294,6 +299,7 @@ impl Pending {
                 None => None,
             };
             out.push(BatchRecord {
+                queued: b.queued,
                 step: b.step,
                 samples: b.samples,
                 loss,
