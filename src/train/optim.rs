@@ -114,8 +114,8 @@ pub struct Optimizer {
     step: usize,
     /// Keep the gradient norm of every step whose number (1-based) is a multiple of this.
     log_every: usize,
-    /// The last kept step: (step, its learning rate, its gradient norm on the device).
-    logged: Option<(usize, f64, Tensor)>,
+    /// The last step, if kept: its learning rate and gradient norm (on the device).
+    logged: Option<(f64, Tensor)>,
 }
 
 impl Optimizer {
@@ -162,9 +162,9 @@ impl Optimizer {
         self.log_every = every;
     }
 
-    /// The step, regular learning rate and gradient norm (an f64 scalar on the device) kept
-    /// since the last call, if the last step was one to keep.
-    pub fn take_logged(&mut self) -> Option<(usize, f64, Tensor)> {
+    /// The regular learning rate and gradient norm (an f64 scalar on the device) of the last
+    /// step, if it was one to keep.
+    pub fn take_logged(&mut self) -> Option<(f64, Tensor)> {
         self.logged.take()
     }
 
@@ -359,7 +359,7 @@ impl Optimizer {
         };
         let (lr, ssm_lr) = self.rates();
         self.logged = match (kept, norm) {
-            (true, Some(norm)) => Some((self.step + 1, lr, norm)),
+            (true, Some(norm)) => Some((lr, norm)),
             _ => None,
         };
         self.step += 1;

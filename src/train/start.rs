@@ -2,6 +2,7 @@
 //! and its data by content), what `config.json` records of the environment, and the folder of a
 //! run started without `--out`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -23,7 +24,7 @@ pub(crate) fn resumable(
     digest: Option<&str>,
     data: &str,
 ) -> Result<()> {
-    let flat = |c: &RunConfig| -> Result<Vec<(String, serde_json::Value)>> {
+    let flat = |c: &RunConfig| -> Result<BTreeMap<String, serde_json::Value>> {
         let mut v = serde_json::to_value(c)?;
         if let Some(o) = v.as_object_mut() {
             o.remove("epochs");
@@ -34,22 +35,19 @@ pub(crate) fn resumable(
         }
         let mut out = vec![];
         flatten("", &v, &mut out);
-        Ok(out)
+        Ok(out.into_iter().collect())
     };
     let (was, now) = (flat(run)?, flat(cfg)?);
-    let mut differ: Vec<String> = vec![];
-    for (key, a) in &was {
-        match now.iter().find(|(k, _)| k == key) {
-            Some((_, b)) if a == b => {}
-            Some((_, b)) => differ.push(format!("{key} is {a} in the run, {b} now")),
-            None => differ.push(format!("{key} is {a} in the run, unset now")),
-        }
-    }
-    for (key, b) in &now {
-        if !was.iter().any(|(k, _)| k == key) {
-            differ.push(format!("{key} is unset in the run, {b} now"));
-        }
-    }
+    let shown = |v: Option<&serde_json::Value>| v.map_or("unset".into(), |v| v.to_string());
+    let differ: Vec<String> = was
+        .keys()
+        .chain(now.keys().filter(|k| !was.contains_key(*k)))
+        .filter(|key| was.get(*key) != now.get(*key))
+        .map(|key| {
+            let (a, b) = (shown(was.get(key)), shown(now.get(key)));
+            format!("{key} is {a} in the run, {b} now")
+        })
+        .collect();
     if !differ.is_empty() {
         bail!(
             "the run has other settings: {} (leave out the flags that change them)",

@@ -390,9 +390,10 @@ pub fn report_interval(device: &Device) -> usize {
 /// batch ([`Optimizer::step_across`]).
 ///
 /// The losses and correct counts stay on the device and are read back every `report_every`
-/// batches and at the end of the epoch; `on_batch` then sees each batch's record, in order. A non-finite loss, or a singular pivot in a tree solve, stops the
-/// epoch with an error at that read (naming the step of the first non-finite loss). Returns the
-/// mean training loss and accuracy.
+/// batches and at the end of the epoch; `on_batch` then sees each batch's record, in order. A
+/// non-finite loss, or a singular pivot in a tree solve, stops the epoch with an error at that
+/// read (naming the step of the first non-finite loss). Returns the mean training loss and
+/// accuracy.
 #[allow(clippy::too_many_arguments)]
 pub fn train_epoch(
     model: &SequenceClassifier,
@@ -462,7 +463,7 @@ pub fn train_epoch(
             }
         };
         pending.push(opt.step_count(), idx.len(), &value, &right);
-        if let Some((_, lr, norm)) = opt.take_logged() {
+        if let Some((lr, norm)) = opt.take_logged() {
             pending.log(lr, norm);
         }
         if (b + 1) % report_every.max(1) == 0 || b + 1 == count {
