@@ -9,8 +9,8 @@ use myosotis::device::{describe, parse_device, rank_cuda_device};
 use myosotis::fail::message;
 use myosotis::train::config::{given_flags, recorded_flags, RunArgs};
 use myosotis::train::dist::World;
-use myosotis::train::progress::Progress;
-use myosotis::train::run::{eval_checkpoint, train, Event, Exec, Origin, Start};
+use myosotis::train::progress::{Event, Progress};
+use myosotis::train::run::{eval_checkpoint, train, Exec, Origin, Start};
 use myosotis::train::start::{fresh_run_dir, point_latest_at};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -101,6 +101,16 @@ struct TrainCmd {
     /// gradient norm, samples/s); 0: none.
     #[arg(long, value_name = "STEPS", default_value_t = 50)]
     log_every: usize,
+    /// Also write last.safetensors every STEPS optimiser steps within an epoch: a run killed
+    /// mid-epoch resumes from there, exactly as from the end of an epoch. [default: at the end
+    /// of each epoch only]
+    #[arg(
+        long,
+        value_name = "STEPS",
+        default_value_t = 0,
+        hide_default_value = true
+    )]
+    save_every: usize,
 }
 
 #[derive(Subcommand)]
@@ -275,6 +285,7 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
             };
             let exec = Exec {
                 log_every: a.log_every,
+                save_every: a.save_every,
                 ..Exec::for_process(&device, a.threads)?
                     .in_world(world.clone())
                     .started_by(origin)
@@ -305,12 +316,13 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
                 return Ok(());
             }
             println!(
-                "done: {} epochs, {} steps in {:.0} s; best val accuracy {:.4} (epoch {}), test accuracy {:.4}; outputs in {}",
+                "done: {} epochs, {} steps in {:.0} s; best val accuracy {:.4} (epoch {}, step {}), test accuracy {:.4}; outputs in {}",
                 summary.epochs,
                 summary.steps,
                 summary.seconds,
                 summary.best_val_accuracy,
                 summary.best_epoch,
+                summary.best_step,
                 summary.test_accuracy,
                 out.display()
             );

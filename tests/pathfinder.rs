@@ -168,6 +168,8 @@ fn pathfinder_trains_and_evaluates() {
         max_eval_samples: None,
         warmup_epochs: None,
         early_stop: None,
+        eval_every: None,
+        monitor: Default::default(),
     };
     let out = tmp("train-out");
     let summary = train(&cfg, &out, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();

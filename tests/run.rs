@@ -8,9 +8,10 @@ use candle_core::Device;
 use common::runs::{metrics, out, synthetic_mnist};
 use myosotis::data::task::{self, DataSource, Generated};
 use myosotis::nn::*;
-use myosotis::train::config::RunConfig;
+use myosotis::train::config::{Monitor, RunConfig};
 use myosotis::train::optim::OptimConfig;
-use myosotis::train::run::{eval_checkpoint, train, Event, Exec, Start, TestScore};
+use myosotis::train::progress::Event;
+use myosotis::train::run::{eval_checkpoint, train, Exec, Start, TestScore};
 
 /// The ListOps task with sequences of at most `max_len` tokens.
 fn listops_task(max_len: usize) -> task::Task {
@@ -73,6 +74,8 @@ fn config(epochs: usize) -> RunConfig {
         max_eval_samples: None,
         warmup_epochs: None,
         early_stop: None,
+        eval_every: None,
+        monitor: Default::default(),
     }
 }
 
@@ -506,6 +509,7 @@ fn early_stopping_ends_a_run_that_stopped_improving() {
             epoch,
             best_epoch,
             patience,
+            ..
         } = e
         {
             stopped = Some((epoch, best_epoch, patience));
@@ -523,6 +527,102 @@ fn early_stopping_ends_a_run_that_stopped_improving() {
         .resolve()
         .unwrap_err();
     assert!(format!("{e:#}").contains("--early-stop 0"), "{e:#}");
+}
+
+/// `eval_every: 4` validates within the epochs of 6 steps (at steps 4, 8, 16, 20) as well as at
+/// their ends, each record with its step; with `Monitor::Loss` the best checkpoint is that of
+/// the lowest validation loss, and the test split is scored exactly at each new lowest.
+#[test]
+fn evaluations_within_epochs_choose_the_best_checkpoint() {
+    let dir = out("eval-every");
+    let mut cfg = config(4);
+    (cfg.eval_every, cfg.monitor) = (Some(4), Monitor::Loss);
+    (cfg.optim.lr, cfg.optim.ssm_lr) = (0.3, 0.1);
+    let mut within = vec![];
+    let summary = train(&cfg, &dir, &Exec::on(&Device::Cpu), Start::New, |e| {
+        if let Event::Evaluated { epoch, step, .. } = e {
+            within.push((epoch, step));
+        }
+    })
+    .unwrap();
+    assert_eq!(within, [(1, 4), (2, 8), (3, 16), (4, 20)]);
+    let records = metrics(&dir);
+    let at = |split: &str| -> Vec<(u64, u64, f64)> {
+        records
+            .iter()
+            .filter(|r| r["split"] == split)
+            .map(|r| {
+                let n = |k: &str| r[k].as_u64().unwrap();
+                (n("epoch"), n("step"), r["loss"].as_f64().unwrap())
+            })
+            .collect()
+    };
+    let val = at("val");
+    let steps: Vec<(u64, u64)> = val.iter().map(|v| (v.0, v.1)).collect();
+    let every = [
+        (1, 4),
+        (1, 6),
+        (2, 8),
+        (2, 12),
+        (3, 16),
+        (3, 18),
+        (4, 20),
+        (4, 24),
+    ];
+    assert_eq!(steps, every);
+    let mut lowest = f64::INFINITY;
+    let new_lows: Vec<u64> = val
+        .iter()
+        .filter(|v| {
+            let new = v.2 < lowest;
+            lowest = lowest.min(v.2);
+            new
+        })
+        .map(|v| v.1)
+        .collect();
+    let tested: Vec<u64> = at("test").iter().map(|t| t.1).collect();
+    assert_eq!(tested, new_lows);
+    // At this learning rate the loss goes up and down: not every evaluation is a new best.
+    assert!(new_lows.len() < val.len(), "{val:?}");
+    let best = new_lows.last().copied().unwrap() as usize;
+    assert_eq!(summary.best_step, best);
+    assert_eq!(summary.best_epoch, best.div_ceil(6));
+    assert_eq!(eval_best(&dir, None).accuracy, summary.test_accuracy);
+    // A finished run resumed adds nothing.
+    let again = train(&cfg, &dir, &Exec::on(&Device::Cpu), Start::Resume, |_| {}).unwrap();
+    assert_eq!((again.steps, again.best_step), (24, best));
+    assert_eq!(metrics(&dir), records);
+}
+
+/// Early stopping counts the evaluations within epochs: at a learning rate too small to change
+/// any prediction, patience 1 stops the run at its second evaluation (step 4, mid-epoch),
+/// whose checkpoint a resumed run then stops at again.
+#[test]
+fn early_stopping_counts_evaluations_within_epochs() {
+    let dir = out("early-stop-steps");
+    let mut cfg = config(3);
+    (cfg.eval_every, cfg.early_stop) = (Some(2), Some(1));
+    (cfg.optim.lr, cfg.optim.ssm_lr) = (1e-12, 1e-12);
+    let stops = |dir: &std::path::Path, start| {
+        let mut stopped = None;
+        let summary = train(&cfg, dir, &Exec::on(&Device::Cpu), start, |e| {
+            if let Event::StoppedEarly {
+                epoch,
+                step,
+                best_step,
+                ..
+            } = e
+            {
+                stopped = Some((epoch, step, best_step));
+            }
+        })
+        .unwrap();
+        (stopped, summary.steps)
+    };
+    assert_eq!(stops(&dir, Start::New), (Some((1, 4, 2)), 4));
+    assert_eq!(stops(&dir, Start::Resume), (Some((1, 4, 2)), 4));
+    let val = metrics(&dir).iter().filter(|r| r["split"] == "val").count();
+    assert_eq!(val, 2);
 }
 
 /// A panic (in the caller's thread or one it joins) becomes an error naming where it happened,

@@ -498,10 +498,10 @@ impl RunDir {
             .with_context(|| format!("writing {}", path.display()))
     }
 
-    /// Keeps the records of `metrics.jsonl` up to epoch `epochs` (those a resumed run has in its
-    /// checkpoint) and drops the rest, a line cut short included; returns the wall time of the
-    /// last one kept.
-    pub fn keep_metrics_until(&self, epochs: usize) -> Result<f64> {
+    /// Keeps the records of `metrics.jsonl` up to optimiser step `step` (those a resumed run has
+    /// in its checkpoint: a checkpoint is written after its step's records) and drops the rest,
+    /// a line cut short included; returns the wall time of the last one kept.
+    pub fn keep_metrics_until(&self, step: usize) -> Result<f64> {
         let path = self.metrics();
         let Ok(text) = std::fs::read_to_string(&path) else {
             return Ok(0.0);
@@ -510,7 +510,7 @@ impl RunDir {
         let kept: String = text
             .lines()
             .filter(|l| match serde_json::from_str::<MetricRecord>(l) {
-                Ok(r) if r.epoch <= epochs => {
+                Ok(r) if r.step <= step => {
                     seconds = seconds.max(r.seconds);
                     true
                 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::optim::OptimConfig;
 use super::preset::{self, Preset};
-use super::trainer::Batching;
+use super::trainer::{Batching, Evaluation};
 use crate::data::task::{self, DataSource, Generated, Input, Order, Task, TreeShape};
 use crate::nn::*;
 
@@ -30,9 +30,37 @@ pub struct RunConfig {
     /// Warm-up in epochs (the reference's `warmup_end`), replacing `optim.warmup_steps`.
     #[serde(default)]
     pub warmup_epochs: Option<usize>,
-    /// Stop once the validation accuracy has not improved for this many epochs.
+    /// Stop once the validation result ([`RunConfig::monitor`]) has not improved for this many
+    /// evaluations (epochs, without `eval_every`).
     #[serde(default)]
     pub early_stop: Option<usize>,
+    /// Also evaluate on the validation split every this many optimiser steps within an epoch.
+    #[serde(default)]
+    pub eval_every: Option<usize>,
+    /// What makes a validation result the best: the best checkpoint and early stopping follow it.
+    #[serde(default)]
+    pub monitor: Monitor,
+}
+
+/// What makes a validation result better than another.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Monitor {
+    /// A higher accuracy.
+    #[default]
+    Accuracy,
+    /// A lower loss.
+    Loss,
+}
+
+impl Monitor {
+    /// Whether the validation result `val` improves on `best`.
+    pub fn improves(self, val: Evaluation, best: Evaluation) -> bool {
+        match self {
+            Monitor::Accuracy => val.accuracy > best.accuracy,
+            Monitor::Loss => val.loss < best.loss,
+        }
+    }
 }
 
 impl RunConfig {
@@ -250,10 +278,19 @@ pub struct RunArgs {
     /// Clip the global gradient norm.
     #[arg(long)]
     pub clip: Option<f64>,
-    /// Stop once the validation accuracy has not improved for PATIENCE epochs (the best
-    /// checkpoint is that of the best epoch). [default: never]
+    /// Stop once the validation result (--monitor) has not improved in PATIENCE evaluations:
+    /// epochs, or with --eval-every also those within epochs. [default: never]
     #[arg(long, value_name = "PATIENCE")]
     pub early_stop: Option<usize>,
+    /// Also evaluate on the validation split every STEPS optimiser steps within an epoch (the
+    /// best checkpoint and --early-stop then count these evaluations too). [default: at the end
+    /// of each epoch only]
+    #[arg(long, value_name = "STEPS")]
+    pub eval_every: Option<usize>,
+    /// The validation result that makes the best checkpoint and that --early-stop watches:
+    /// the highest accuracy or the lowest loss. [default: accuracy]
+    #[arg(long, value_enum)]
+    pub monitor: Option<Monitor>,
     #[arg(long)]
     pub max_train_samples: Option<usize>,
     #[arg(long)]
@@ -512,9 +549,14 @@ impl RunArgs {
             max_eval_samples: self.max_eval_samples,
             // Presets warm up over one epoch, as the reference's warmup_end = 1.
             early_stop: match self.early_stop {
-                Some(0) => bail!("--early-stop 0: the patience is at least 1 epoch"),
+                Some(0) => bail!("--early-stop 0: the patience is at least 1 evaluation"),
                 patience => patience,
             },
+            eval_every: match self.eval_every {
+                Some(0) => bail!("--eval-every 0: expected a number of steps ≥ 1"),
+                steps => steps,
+            },
+            monitor: self.monitor.unwrap_or_default(),
             warmup_epochs: match (self.warmup_steps, p) {
                 (None, Some(p)) => Some(p.warmup_epochs),
                 _ => None,

@@ -1,13 +1,81 @@
-//! What `myo train` shows of a run ([`Event`]s) on standard error: a start banner, then on a
-//! terminal a progress bar per epoch, elsewhere (a log file, a pipe) a progress line every few
-//! seconds; and a line per finished epoch.
+//! What a run reports while it runs ([`Event`]s), and how `myo train` shows it on standard
+//! error: a start banner, then on a terminal a progress bar per epoch, elsewhere (a log file, a
+//! pipe) a progress line every few seconds; and a line per evaluation.
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::run::{Event, RunInfo};
+use super::trainer::Evaluation;
+
+/// What [`train`](super::run::train) reports while it runs (for progress bars and logs).
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// The run is set up: what it trains, where, on what data, into where.
+    Start(RunInfo),
+    /// An epoch (1-based) of `batches` batches over `samples` examples begins.
+    EpochStart {
+        epoch: usize,
+        epochs: usize,
+        samples: usize,
+        batches: usize,
+    },
+    /// A training batch: its size, mean loss and number of correct predictions.
+    Batch {
+        samples: usize,
+        loss: f64,
+        correct: usize,
+    },
+    /// The run stops at step `step`, in or after epoch `epoch`: the validation result has not
+    /// improved in `patience` evaluations, since step `best_step` (epoch `best_epoch`).
+    StoppedEarly {
+        epoch: usize,
+        step: usize,
+        best_epoch: usize,
+        best_step: usize,
+        patience: usize,
+    },
+    /// A validation within epoch `epoch` at step `step` (`--eval-every`), with `test` when it
+    /// is the best so far.
+    Evaluated {
+        epoch: usize,
+        step: usize,
+        val: Evaluation,
+        test: Option<Evaluation>,
+    },
+    /// Evaluation of a split ("val", "test") begins.
+    Evaluating { split: &'static str },
+    /// Epoch `epoch` of `epochs` ended (`test` when validation improved), `seconds` since the
+    /// run began.
+    EpochEnd {
+        epoch: usize,
+        epochs: usize,
+        train: Evaluation,
+        val: Evaluation,
+        test: Option<Evaluation>,
+        seconds: f64,
+    },
+}
+
+/// What a run trains, where, on what, into where (the start banner).
+#[derive(Clone, Debug)]
+pub struct RunInfo {
+    /// The classifier in a few words (layers, width, sequence layer).
+    pub model: String,
+    pub parameters: usize,
+    /// `cpu`, `cuda:N`.
+    pub device: String,
+    /// Data-parallel shards (threads) per process, and processes (ranks).
+    pub threads: usize,
+    pub ranks: usize,
+    pub task: String,
+    /// Examples in the training, validation and test splits used.
+    pub splits: [usize; 3],
+    pub out: std::path::PathBuf,
+    /// The optimiser step a resumed run continues from (0 for a new run).
+    pub resumed_at: usize,
+}
 
 /// The display of one run's events.
 pub struct Progress {
@@ -101,13 +169,32 @@ impl Progress {
             }
             Event::StoppedEarly {
                 epoch,
+                step,
                 best_epoch,
+                best_step,
                 patience,
             } => eprintln!(
-                "stopping after epoch {epoch}: the validation accuracy has not improved for \
-                 {patience} epoch{} (best: epoch {best_epoch})",
+                "stopping at step {step} (epoch {epoch}): no better validation result in \
+                 {patience} evaluation{} (best: step {best_step}, epoch {best_epoch})",
                 if patience == 1 { "" } else { "s" }
             ),
+            Event::Evaluated {
+                epoch,
+                step,
+                val,
+                test,
+            } => {
+                let line = format!(
+                    "step {step} (epoch {epoch})  val loss {:.4} acc {:.4}{}",
+                    val.loss,
+                    val.accuracy,
+                    best(test)
+                );
+                match &self.bar {
+                    Some(bar) => bar.println(line),
+                    None => eprintln!("{line}"),
+                }
+            }
             Event::Evaluating { split } => {
                 if let Some(bar) = &self.bar {
                     bar.set_message(format!("evaluating {split}"));
@@ -124,13 +211,14 @@ impl Progress {
                 if let Some(bar) = self.bar.take() {
                     bar.finish_and_clear();
                 }
-                let test = test
-                    .map(|t| format!("  test acc {:.4} (new best val)", t.accuracy))
-                    .unwrap_or_default();
                 eprintln!(
                     "epoch {epoch:>3}/{epochs}  train loss {:.4} acc {:.4}  val loss {:.4} acc \
-                     {:.4}{test}  [{seconds:.0} s]",
-                    train.loss, train.accuracy, val.loss, val.accuracy
+                     {:.4}{}  [{seconds:.0} s]",
+                    train.loss,
+                    train.accuracy,
+                    val.loss,
+                    val.accuracy,
+                    best(test)
                 );
                 tracing::info!(
                     epoch,
@@ -144,6 +232,12 @@ impl Progress {
     }
 }
 
+/// The test accuracy shown with a validation result that is the best so far.
+fn best(test: Option<Evaluation>) -> String {
+    test.map(|t| format!("  test acc {:.4} (new best val)", t.accuracy))
+        .unwrap_or_default()
+}
+
 /// The start banner: the model and its size, where it runs, the data and the outputs.
 pub fn banner(info: &RunInfo) -> String {
     let threads = match (info.threads, info.ranks) {
@@ -152,9 +246,9 @@ pub fn banner(info: &RunInfo) -> String {
         (t, r) => format!("{r} ranks of {t} thread{}", if t == 1 { "" } else { "s" }),
     };
     let [train, val, test] = info.splits;
-    let resumed = match info.resumed_after {
+    let resumed = match info.resumed_at {
         0 => String::new(),
-        e => format!("; resuming after epoch {e}"),
+        step => format!("; resuming from step {step}"),
     };
     format!(
         "model   {} ({} parameters)\ndevice  {}, {threads}\ntask    {}: {train} training, {val} \

@@ -18,8 +18,9 @@ use super::config::RunConfig;
 use super::dist::World;
 use super::optim::{OptimConfig, Optimizer};
 use super::pause;
+use super::progress::{Event, RunInfo};
 use super::start::{data_digest, resumable, with_environment};
-use super::trainer::{evaluate, report_interval, train_epoch, Evaluation};
+use super::trainer::{evaluate, report_interval, Batching, Epoch, EpochSoFar, Evaluation};
 use crate::data::dataset::Dataset;
 use crate::data::task::DataSource;
 use crate::nn::{ClassifierConfig, SequenceClassifier};
@@ -29,7 +30,9 @@ use crate::nn::{ClassifierConfig, SequenceClassifier};
 pub struct Summary {
     pub epochs: usize,
     pub steps: usize,
+    /// The epoch and step of the best validation result.
     pub best_epoch: usize,
+    pub best_step: usize,
     pub best_val_accuracy: f64,
     /// Test accuracy of the best-validation model.
     pub test_accuracy: f64,
@@ -38,10 +41,23 @@ pub struct Summary {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Progress {
+    /// Epochs completed.
     epoch: usize,
+    /// How far the epoch under way has trained (at a mid-epoch checkpoint).
+    #[serde(default)]
+    within: EpochSoFar,
+    /// The best validation result so far: its epoch (0: none yet) and step, its accuracy and
+    /// loss, and the test accuracy of its model (the best checkpoint).
     best_epoch: usize,
+    #[serde(default)]
+    best_step: usize,
     best_val: f64,
+    #[serde(default)]
+    best_val_loss: f64,
     test_at_best: f64,
+    /// Evaluations since the best one (for `--early-stop`).
+    #[serde(default)]
+    since_best: usize,
     /// The digest of the run's data (its three splits' examples and labels), which a resumed
     /// run must match; absent in checkpoints of earlier versions.
     #[serde(default)]
@@ -50,6 +66,13 @@ struct Progress {
     /// depend on the training alone.
     #[serde(skip)]
     seconds: f64,
+}
+
+impl Progress {
+    /// The epoch (1-based) the run is in, or last completed between epochs.
+    fn current_epoch(&self) -> usize {
+        self.epoch + usize::from(self.within.batches > 0)
+    }
 }
 
 const PROGRESS_KEY: &str = "myosotis.progress";
@@ -103,6 +126,9 @@ pub struct Exec {
     pub origin: Origin,
     /// Optimiser steps between step records in `metrics.jsonl` (0: none).
     pub log_every: usize,
+    /// Optimiser steps between mid-epoch checkpoints (`last.safetensors`, resumable as those
+    /// at the ends of epochs; 0: none).
+    pub save_every: usize,
 }
 
 /// The command line a run was started from: the whole of it, and the run flags it gave (with
@@ -123,6 +149,7 @@ impl Exec {
             world: Arc::new(World::single()),
             origin: Origin::default(),
             log_every: 0,
+            save_every: 0,
         }
     }
 
@@ -163,6 +190,7 @@ impl Exec {
             world: Arc::new(World::single()),
             origin: Origin::default(),
             log_every: 0,
+            save_every: 0,
         })
     }
 
@@ -175,64 +203,6 @@ impl Exec {
     pub fn started_by(self, origin: Origin) -> Self {
         Exec { origin, ..self }
     }
-}
-
-/// What [`train`] reports while it runs (for progress bars and logs).
-#[derive(Clone, Debug)]
-pub enum Event {
-    /// The run is set up: what it trains, where, on what data, into where.
-    Start(RunInfo),
-    /// An epoch (1-based) of `batches` batches over `samples` examples begins.
-    EpochStart {
-        epoch: usize,
-        epochs: usize,
-        samples: usize,
-        batches: usize,
-    },
-    /// A training batch: its size, mean loss and number of correct predictions.
-    Batch {
-        samples: usize,
-        loss: f64,
-        correct: usize,
-    },
-    /// The run stops after epoch `epoch`: the validation accuracy has not improved for
-    /// `patience` epochs, since epoch `best_epoch`.
-    StoppedEarly {
-        epoch: usize,
-        best_epoch: usize,
-        patience: usize,
-    },
-    /// Evaluation of a split ("val", "test") begins.
-    Evaluating { split: &'static str },
-    /// Epoch `epoch` of `epochs` ended (`test` when validation improved), `seconds` since the
-    /// run began.
-    EpochEnd {
-        epoch: usize,
-        epochs: usize,
-        train: Evaluation,
-        val: Evaluation,
-        test: Option<Evaluation>,
-        seconds: f64,
-    },
-}
-
-/// What a run trains, where, on what, into where (the start banner).
-#[derive(Clone, Debug)]
-pub struct RunInfo {
-    /// The classifier in a few words (layers, width, sequence layer).
-    pub model: String,
-    pub parameters: usize,
-    /// `cpu`, `cuda:N`.
-    pub device: String,
-    /// Data-parallel shards (threads) per process, and processes (ranks).
-    pub threads: usize,
-    pub ranks: usize,
-    pub task: String,
-    /// Examples in the training, validation and test splits used.
-    pub splits: [usize; 3],
-    pub out: std::path::PathBuf,
-    /// The epoch a resumed run continues after (0 for a new run).
-    pub resumed_after: usize,
 }
 
 /// How [`train`] treats what `out` already holds.
@@ -311,8 +281,8 @@ pub fn train(
         data: Some(data.clone()),
         ..Progress::default()
     };
-    let (last, best) = (run.last(), run.best());
     if resume && root {
+        let last = run.last();
         let ck = checkpoint::read::<RunConfig>(&last)
             .context("--resume needs a previous run's last.safetensors")?;
         let json = ck.metadata.get(PROGRESS_KEY).with_context(|| {
@@ -324,20 +294,15 @@ pub fn train(
         })?;
         progress = serde_json::from_str(json)
             .with_context(|| format!("{}: the progress record does not parse", last.display()))?;
-        resumable(
-            &ck.config,
-            cfg,
-            progress.epoch,
-            progress.data.as_deref(),
-            &data,
-        )
-        .with_context(|| format!("--resume: {}", last.display()))?;
+        let done = (progress.epoch, progress.within.batches);
+        resumable(&ck.config, cfg, done, progress.data.as_deref(), &data)
+            .with_context(|| format!("--resume: {}", last.display()))?;
         progress.data = Some(data);
         checkpoint::load_into(&varmap, &ck.tensors, &last)?;
         opt.load_state(&ck.optimizer)
             .with_context(|| format!("--resume: {}", last.display()))?;
-        // Records of an epoch that did not reach its checkpoint are dropped: it runs again.
-        progress.seconds = run.keep_metrics_until(progress.epoch)?;
+        // Records made after the checkpoint are dropped: that part of the run trains again.
+        progress.seconds = run.keep_metrics_until(opt.step_count())?;
     }
     // The folder is made, or an earlier run in it replaced, only once the run can start: a
     // start that fails leaves no empty folder and no lost run.
@@ -354,10 +319,6 @@ pub fn train(
         // Every rank starts from rank 0's model, optimiser state and progress.
         share_root_state(world, &varmap, &mut opt, &mut progress)?;
     }
-    let (train_batching, eval_batching) = (
-        cfg.batching(exec.shards, true),
-        cfg.batching(exec.shards, false),
-    );
     on_event(Event::Start(RunInfo {
         model: format!(
             "{} layers of {}, width {}",
@@ -372,148 +333,247 @@ pub fn train(
         task: cfg.task.name.clone(),
         splits: [train_set.len(), val_set.len(), test_set.len()],
         out: out.to_path_buf(),
-        resumed_after: progress.epoch,
+        resumed_at: opt.step_count(),
     }));
-    let start = Instant::now() - std::time::Duration::from_secs_f64(progress.seconds);
+    let started = Instant::now() - std::time::Duration::from_secs_f64(progress.seconds);
     opt.log_every(exec.log_every);
+    let mut r = Running {
+        cfg,
+        root,
+        run,
+        varmap,
+        model,
+        opt,
+        progress,
+        sets: [val_set, test_set],
+        batching: cfg.batching(exec.shards, false),
+        exec,
+        started,
+    };
     // Since the last step record: (its time, the samples trained).
-    let mut since_log = (start.elapsed().as_secs_f64(), 0usize);
+    let mut since_log = (started.elapsed().as_secs_f64(), 0usize);
     let mut log_failed = None;
-    for epoch in progress.epoch..cfg.epochs {
-        // Epochs since the best one (also when a run that stopped early is resumed).
-        if let Some(patience) = cfg.early_stop.filter(|&p| epoch - progress.best_epoch >= p) {
+    'run: while r.progress.epoch < cfg.epochs {
+        // Also when a run that stopped early is resumed.
+        if let Some(patience) = cfg.early_stop.filter(|&p| r.progress.since_best >= p) {
             on_event(Event::StoppedEarly {
-                epoch,
-                best_epoch: progress.best_epoch,
+                epoch: r.progress.current_epoch(),
+                step: r.opt.step_count(),
+                best_epoch: r.progress.best_epoch,
+                best_step: r.progress.best_step,
                 patience,
             });
             break;
         }
-        pause::set_epoch(epoch + 1);
+        let epoch = r.progress.epoch + 1;
+        pause::set_epoch(epoch);
         on_event(Event::EpochStart {
-            epoch: epoch + 1,
+            epoch,
             epochs: cfg.epochs,
             samples: train_set.len(),
             batches: steps_per_epoch,
         });
-        let tr = train_epoch(
-            &model,
-            &mut opt,
-            &train_set,
-            train_batching,
-            cfg.seed.wrapping_add(epoch as u64),
-            device,
-            report_interval(device),
-            &exec.world,
-            |r| {
+        // Train to each step of a mid-epoch evaluation or checkpoint, then to the epoch's end.
+        loop {
+            let step = r.opt.step_count();
+            let to_next = [cfg.eval_every.unwrap_or(0), exec.save_every]
+                .into_iter()
+                .filter(|&n| n > 0)
+                .map(|n| n - step % n)
+                .min();
+            let part = Epoch {
+                model: &r.model,
+                data: &train_set,
+                batching: cfg.batching(exec.shards, true),
+                seed: cfg.seed.wrapping_add(epoch as u64 - 1),
+                device,
+                report_every: report_interval(device),
+                world: &exec.world,
+            };
+            let until = to_next.map_or(usize::MAX, |n| r.progress.within.batches + n);
+            part.train(&mut r.opt, &mut r.progress.within, until, |b| {
                 on_event(Event::Batch {
-                    samples: r.samples,
-                    loss: r.loss,
-                    correct: r.correct,
+                    samples: b.samples,
+                    loss: b.loss,
+                    correct: b.correct,
                 });
-                since_log.1 += r.samples;
-                if let (Some((lr, grad_norm)), true) = (r.logged, root) {
+                since_log.1 += b.samples;
+                if let (Some((lr, grad_norm)), true) = (b.logged, root) {
                     // Timed when queued: records read back together keep their own times.
-                    let seconds = r.queued.saturating_duration_since(start).as_secs_f64();
+                    let seconds = b.queued.saturating_duration_since(started).as_secs_f64();
                     let rate = since_log.1 as f64 / (seconds - since_log.0).max(1e-9);
                     let step = MetricRecord {
-                        epoch: epoch + 1,
+                        epoch,
                         split: "step".into(),
-                        loss: r.loss,
-                        accuracy: r.correct as f64 / r.samples.max(1) as f64,
-                        step: r.step,
+                        loss: b.loss,
+                        accuracy: b.correct as f64 / b.samples.max(1) as f64,
+                        step: b.step,
                         seconds,
                         lr: Some(lr),
                         grad_norm: Some(grad_norm),
                         samples_per_s: Some(rate),
                     };
-                    if let Err(e) = run.append_metric(&step) {
+                    if let Err(e) = r.run.append_metric(&step) {
                         log_failed.get_or_insert(e);
                     }
                     since_log = (seconds, 0);
                 }
-            },
-        )?;
-        if let Some(e) = log_failed.take() {
-            return Err(e);
-        }
-        on_event(Event::Evaluating { split: "val" });
-        let val = evaluate(&model, &val_set, eval_batching, device, world)?;
-        let mut seconds = start.elapsed().as_secs_f64();
-        let record = |split: &str, e: Evaluation, seconds: f64| MetricRecord {
-            epoch: epoch + 1,
-            split: split.into(),
-            loss: e.loss,
-            accuracy: e.accuracy,
-            step: opt.step_count(),
-            seconds,
-            ..MetricRecord::default()
-        };
-        if root {
-            run.append_metric(&record("train", tr, seconds))?;
-            run.append_metric(&record("val", val, seconds))?;
-        }
-        pause::point("metrics");
-        finite("validation", val.loss, epoch + 1)?;
-        let mut test = None;
-        if epoch == 0 || val.accuracy > progress.best_val {
-            on_event(Event::Evaluating { split: "test" });
-            let t = evaluate(&model, &test_set, eval_batching, device, world)?;
-            seconds = start.elapsed().as_secs_f64();
-            if root {
-                run.append_metric(&record("test", t, seconds))?;
+            })?;
+            if let Some(e) = log_failed.take() {
+                return Err(e);
             }
-            finite("test", t.loss, epoch + 1)?;
-            progress.best_val = val.accuracy;
-            progress.best_epoch = epoch + 1;
-            progress.test_at_best = t.accuracy;
-            pause::point("test metrics");
-            if root {
-                checkpoint::save(&varmap, cfg, &best)?;
+            if r.progress.within.batches == steps_per_epoch {
+                break;
             }
-            test = Some(t);
+            let step = r.opt.step_count();
+            let mut save = exec.save_every > 0 && step.is_multiple_of(exec.save_every);
+            let mut stop = false;
+            if cfg.eval_every.is_some_and(|n| step.is_multiple_of(n)) {
+                let (val, test) = r.validate(None, &mut on_event)?;
+                on_event(Event::Evaluated {
+                    epoch,
+                    step,
+                    val,
+                    test,
+                });
+                // A run that stops here keeps its state there.
+                stop = cfg.early_stop.is_some_and(|p| r.progress.since_best >= p);
+                save |= stop;
+            }
+            if save {
+                r.save_last()?;
+            }
+            if stop {
+                continue 'run;
+            }
         }
-        pause::point("last");
-        progress.epoch = epoch + 1;
-        progress.seconds = seconds;
-        let meta = [(PROGRESS_KEY, serde_json::to_string(&progress)?)];
-        if root {
-            checkpoint::save_resumable(&varmap, cfg, &opt.state()?, &meta, &last)?;
-        }
+        let train = r.progress.within.evaluation(train_set.len());
+        let (val, test) = r.validate(Some(train), &mut on_event)?;
+        (r.progress.epoch, r.progress.within) = (epoch, EpochSoFar::default());
+        r.save_last()?;
         on_event(Event::EpochEnd {
-            epoch: epoch + 1,
+            epoch,
             epochs: cfg.epochs,
-            train: tr,
+            train,
             val,
             test,
-            seconds,
+            seconds: started.elapsed().as_secs_f64(),
         });
     }
     // The curves are a convenience: a failure to draw them does not fail the run.
     if root {
-        if let Err(e) = super::plot::curves(&run.metrics(), &run.curves()) {
+        if let Err(e) = super::plot::curves(&r.run.metrics(), &r.run.curves()) {
             tracing::warn!("{e:#}");
         }
     }
     world.barrier()?;
     Ok(Summary {
-        epochs: progress.epoch,
-        steps: opt.step_count(),
-        best_epoch: progress.best_epoch,
-        best_val_accuracy: progress.best_val,
-        test_accuracy: progress.test_at_best,
-        seconds: start.elapsed().as_secs_f64(),
+        epochs: r.progress.epoch,
+        steps: r.opt.step_count(),
+        best_epoch: r.progress.best_epoch,
+        best_step: r.progress.best_step,
+        best_val_accuracy: r.progress.best_val,
+        test_accuracy: r.progress.test_at_best,
+        seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// A run under way: its model and optimiser, where it stands, and where it writes.
+struct Running<'a> {
+    cfg: &'a RunConfig,
+    exec: &'a Exec,
+    /// Rank 0, which alone writes the run's files.
+    root: bool,
+    run: RunDir,
+    varmap: VarMap,
+    model: SequenceClassifier,
+    opt: Optimizer,
+    progress: Progress,
+    /// The validation and test splits, and their batches.
+    sets: [Dataset; 2],
+    batching: Batching,
+    started: Instant,
+}
+
+impl Running<'_> {
+    /// Evaluates the validation split at the step reached and records it (after the epoch's
+    /// training result `train` at the end of an epoch). When it is the best so far
+    /// ([`Monitor`](super::config::Monitor)), also the test split, and saves the best
+    /// checkpoint. A non-finite loss stops the run.
+    fn validate(
+        &mut self,
+        train: Option<Evaluation>,
+        on_event: &mut impl FnMut(Event),
+    ) -> Result<(Evaluation, Option<Evaluation>)> {
+        let (epoch, step) = (self.progress.current_epoch(), self.opt.step_count());
+        let (device, world) = (&self.exec.device, self.exec.world.as_ref());
+        let [val_set, test_set] = &self.sets;
+        let when = match train {
+            Some(_) => format!("after epoch {epoch}"),
+            None => format!("at step {step}"),
+        };
+        let record = |split: &str, e: Evaluation, started: Instant| MetricRecord {
+            epoch,
+            split: split.into(),
+            loss: e.loss,
+            accuracy: e.accuracy,
+            step,
+            seconds: started.elapsed().as_secs_f64(),
+            ..MetricRecord::default()
+        };
+        on_event(Event::Evaluating { split: "val" });
+        let val = evaluate(&self.model, val_set, self.batching, device, world)?;
+        if self.root {
+            if let Some(train) = train {
+                self.run
+                    .append_metric(&record("train", train, self.started))?;
+            }
+            self.run.append_metric(&record("val", val, self.started))?;
+        }
+        pause::point("metrics");
+        finite("validation", val.loss, &when)?;
+        let p = &mut self.progress;
+        let best = Evaluation {
+            loss: p.best_val_loss,
+            accuracy: p.best_val,
+        };
+        if p.best_epoch > 0 && !self.cfg.monitor.improves(val, best) {
+            p.since_best += 1;
+            return Ok((val, None));
+        }
+        on_event(Event::Evaluating { split: "test" });
+        let test = evaluate(&self.model, test_set, self.batching, device, world)?;
+        if self.root {
+            self.run
+                .append_metric(&record("test", test, self.started))?;
+        }
+        finite("test", test.loss, &when)?;
+        (p.best_epoch, p.best_step, p.since_best) = (epoch, step, 0);
+        (p.best_val, p.best_val_loss, p.test_at_best) = (val.accuracy, val.loss, test.accuracy);
+        pause::point("test metrics");
+        if self.root {
+            checkpoint::save(&self.varmap, self.cfg, &self.run.best())?;
+        }
+        Ok((val, Some(test)))
+    }
+
+    /// Writes `last.safetensors`: the model, the optimiser's state and the run's progress.
+    fn save_last(&mut self) -> Result<()> {
+        pause::point("last");
+        let meta = [(PROGRESS_KEY, serde_json::to_string(&self.progress)?)];
+        if self.root {
+            let state = self.opt.state()?;
+            checkpoint::save_resumable(&self.varmap, self.cfg, &state, &meta, &self.run.last())?;
+        }
+        Ok(())
+    }
 }
 
 /// Stops the run at a non-finite evaluation loss, as at a non-finite training loss: a model
 /// that diverged is never the best one, and the last good checkpoint stays.
-fn finite(split: &str, loss: f64, epoch: usize) -> Result<()> {
+fn finite(split: &str, loss: f64, when: &str) -> Result<()> {
     if !loss.is_finite() {
-        bail!(
-            "the {split} loss is {loss} after epoch {epoch}; stopping (the last good checkpoint \
-             is kept)"
-        );
+        bail!("the {split} loss is {loss} {when}; stopping (the last good checkpoint is kept)");
     }
     Ok(())
 }

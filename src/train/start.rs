@@ -12,15 +12,15 @@ use super::run::Exec;
 use crate::data::dataset::Dataset;
 use crate::nn::SeqLayerConfig;
 
-/// Whether a run with `cfg` may continue one with `run`'s config, `done` epochs completed and
-/// the data digest `digest` (absent in checkpoints of earlier versions): the same settings,
+/// Whether a run with `cfg` may continue one with `run`'s config, `done` = (epochs completed,
+/// batches trained of the next) and the data digest `digest` (absent in checkpoints of earlier versions): the same settings,
 /// except that `--epochs` may extend it (the cosine schedule then spans the longer run from the
 /// step reached), and the same data by content (`data`, the digest of the splits now read),
 /// wherever it lies. Names each differing setting with both values.
 pub(crate) fn resumable(
     run: &RunConfig,
     cfg: &RunConfig,
-    done: usize,
+    done: (usize, usize),
     digest: Option<&str>,
     data: &str,
 ) -> Result<()> {
@@ -60,11 +60,17 @@ pub(crate) fn resumable(
              another dataset, or other --max-train-samples / --max-eval-samples"
         );
     }
-    if cfg.epochs < done {
-        bail!(
-            "--epochs {}: the run has already completed {done} epochs",
+    match done {
+        (epochs, 0) if cfg.epochs < epochs => bail!(
+            "--epochs {}: the run has already completed {epochs} epochs",
             cfg.epochs
-        );
+        ),
+        (epochs, within) if within > 0 && cfg.epochs <= epochs => bail!(
+            "--epochs {}: the run is already in epoch {}",
+            cfg.epochs,
+            epochs + 1
+        ),
+        _ => {}
     }
     Ok(())
 }

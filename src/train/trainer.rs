@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 
 use super::dist::{part, World};
 use super::optim::Optimizer;
@@ -404,75 +405,151 @@ pub fn train_epoch(
     device: &Device,
     report_every: usize,
     world: &Arc<World>,
-    mut on_batch: impl FnMut(&BatchRecord),
+    on_batch: impl FnMut(&BatchRecord),
 ) -> Result<Evaluation> {
-    one_shard_on_cuda(device, batching)?;
-    // Ranks sum BatchNorm's statistics in the forward pass: each must hold part of every batch
-    // (a rank with none would skip the forward pass, and the collectives would mismatch).
-    let (ranks, size) = (world.size(), batching.batch_size.max(1));
-    let short = data.len() % size;
-    let too_small = if data.len().min(size) < ranks {
-        Some(("every batch holds", data.len().min(size)))
-    } else if short > 0 && short < ranks {
-        Some(("the last batch of an epoch holds", short))
-    } else {
-        None
+    let epoch = Epoch {
+        model,
+        data,
+        batching,
+        seed,
+        device,
+        report_every,
+        world,
     };
-    if let (true, Some((which, n))) = (batching.batch_norm && ranks > 1, too_small) {
-        candle_core::bail!(
-            "BatchNorm across {ranks} ranks needs at least {ranks} examples in every batch, but \
-             {which} {n} ({} training examples in batches of {size}): choose another \
-             --batch-size or --max-train-samples, or fewer ranks",
-            data.len()
-        );
-    }
-    let mut order: Vec<usize> = (0..data.len()).collect();
-    order.shuffle(&mut StdRng::seed_from_u64(seed));
-    let (mut loss_sum, mut correct) = (0.0, 0usize);
-    let mut pending = Pending::default();
-    let mut report = |pending: &mut Pending| -> Result<()> {
-        // The sums on the GPUs first, with the ranks' deadline: a read would wait without one.
-        world.wait_for_devices().map_err(collective)?;
-        let (results, pivots) = pending.read(device)?;
-        for r in results {
-            if !r.loss.is_finite() {
-                candle_core::bail!(
-                    "the training loss is {} at step {}; stopping (the last good checkpoint is \
-                     kept)",
-                    r.loss,
-                    r.step
-                );
-            }
-            loss_sum += r.loss * r.samples as f64;
-            correct += r.correct;
-            on_batch(&r);
+    let mut so_far = EpochSoFar::default();
+    epoch.train(opt, &mut so_far, epoch.batches(), on_batch)?;
+    Ok(so_far.evaluation(data.len()))
+}
+
+/// How far an epoch has trained: its first `batches` batches, the sum of their mean losses
+/// weighted by their sizes, and their correct predictions. A mid-epoch checkpoint keeps it, and
+/// the epoch continues from it as if it had never stopped (the same order, dropout and sums).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochSoFar {
+    pub batches: usize,
+    pub loss_sum: f64,
+    pub correct: usize,
+}
+
+impl EpochSoFar {
+    /// Mean loss and accuracy over an epoch of `examples` examples.
+    pub fn evaluation(&self, examples: usize) -> Evaluation {
+        let n = examples.max(1) as f64;
+        Evaluation {
+            loss: self.loss_sum / n,
+            accuracy: self.correct as f64 / n,
         }
-        pivots
-    };
-    let batches = order.chunks(batching.batch_size.max(1));
-    let count = batches.len();
-    for (b, idx) in batches.enumerate() {
-        let step_result = train_batch(model, opt, data, batching, seed, device, world, idx);
-        let (value, right) = match step_result {
-            Ok(r) => r,
-            // A step that fails after a non-finite loss (a singular pivot from the diverged
-            // parameters, say) is reported as that loss.
-            Err(e) => {
-                report(&mut pending)?;
-                return Err(e);
-            }
+    }
+}
+
+/// An epoch of training, as [`train_epoch`] describes, that can be trained in parts.
+pub struct Epoch<'a> {
+    pub model: &'a SequenceClassifier,
+    pub data: &'a Dataset,
+    pub batching: Batching,
+    /// Shuffles the examples and keys dropout.
+    pub seed: u64,
+    pub device: &'a Device,
+    /// Batches between read-backs of the losses ([`report_interval`]).
+    pub report_every: usize,
+    pub world: &'a Arc<World>,
+}
+
+impl Epoch<'_> {
+    /// The number of batches (optimiser steps) in the epoch.
+    pub fn batches(&self) -> usize {
+        self.data.len().div_ceil(self.batching.batch_size.max(1))
+    }
+
+    /// Trains the epoch's batches from `so_far.batches` up to (not including) `until`, adding
+    /// them to `so_far`; the losses are read back by the last of them, so that the model then
+    /// is the one of the step reached.
+    pub fn train(
+        &self,
+        opt: &mut Optimizer,
+        so_far: &mut EpochSoFar,
+        until: usize,
+        mut on_batch: impl FnMut(&BatchRecord),
+    ) -> Result<()> {
+        let Epoch {
+            model,
+            data,
+            batching,
+            seed,
+            device,
+            report_every,
+            world,
+        } = *self;
+        one_shard_on_cuda(device, batching)?;
+        // Ranks sum BatchNorm's statistics in the forward pass: each must hold part of every
+        // batch (a rank with none would skip the forward pass, and the collectives would
+        // mismatch).
+        let (ranks, size) = (world.size(), batching.batch_size.max(1));
+        let short = data.len() % size;
+        let too_small = if data.len().min(size) < ranks {
+            Some(("every batch holds", data.len().min(size)))
+        } else if short > 0 && short < ranks {
+            Some(("the last batch of an epoch holds", short))
+        } else {
+            None
         };
-        pending.push(opt.step_count(), idx.len(), &value, &right);
-        if let Some((lr, norm)) = opt.take_logged() {
-            pending.log(lr, norm);
+        if let (true, Some((which, n))) = (batching.batch_norm && ranks > 1, too_small) {
+            candle_core::bail!(
+                "BatchNorm across {ranks} ranks needs at least {ranks} examples in every batch, \
+                 but {which} {n} ({} training examples in batches of {size}): choose another \
+                 --batch-size or --max-train-samples, or fewer ranks",
+                data.len()
+            );
         }
-        if (b + 1) % report_every.max(1) == 0 || b + 1 == count {
-            report(&mut pending)?;
+        let mut order: Vec<usize> = (0..data.len()).collect();
+        order.shuffle(&mut StdRng::seed_from_u64(seed));
+        let mut pending = Pending::default();
+        let mut report = |pending: &mut Pending, so_far: &mut EpochSoFar| -> Result<()> {
+            // The sums on the GPUs first, with the ranks' deadline: a read would wait without
+            // one.
+            world.wait_for_devices().map_err(collective)?;
+            let (results, pivots) = pending.read(device)?;
+            for r in results {
+                if !r.loss.is_finite() {
+                    candle_core::bail!(
+                        "the training loss is {} at step {}; stopping (the last good checkpoint \
+                         is kept)",
+                        r.loss,
+                        r.step
+                    );
+                }
+                so_far.batches += 1;
+                so_far.loss_sum += r.loss * r.samples as f64;
+                so_far.correct += r.correct;
+                on_batch(&r);
+            }
+            pivots
+        };
+        let until = until.min(self.batches());
+        let batches = order
+            .chunks(size)
+            .enumerate()
+            .take(until)
+            .skip(so_far.batches);
+        for (b, idx) in batches {
+            let step_result = train_batch(model, opt, data, batching, seed, device, world, idx);
+            let (value, right) = match step_result {
+                Ok(r) => r,
+                // A step that fails after a non-finite loss (a singular pivot from the diverged
+                // parameters, say) is reported as that loss.
+                Err(e) => {
+                    report(&mut pending, so_far)?;
+                    return Err(e);
+                }
+            };
+            pending.push(opt.step_count(), idx.len(), &value, &right);
+            if let Some((lr, norm)) = opt.take_logged() {
+                pending.log(lr, norm);
+            }
+            if (b + 1) % report_every.max(1) == 0 || b + 1 == until {
+                report(&mut pending, so_far)?;
+            }
         }
+        Ok(())
     }
-    let n = data.len().max(1) as f64;
-    Ok(Evaluation {
-        loss: loss_sum / n,
-        accuracy: correct as f64 / n,
-    })
 }
