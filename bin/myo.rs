@@ -9,7 +9,7 @@ use myosotis::device::{describe, parse_device, rank_cuda_device};
 use myosotis::fail::message;
 use myosotis::train::config::{given_flags, recorded_flags, RunArgs};
 use myosotis::train::dist::World;
-use myosotis::train::progress::{Event, Progress};
+use myosotis::train::progress::{significant, Event, Progress};
 use myosotis::train::run::{eval_checkpoint, train, Exec, Origin, Start};
 use myosotis::train::start::{fresh_run_dir, point_latest_at};
 use std::path::{Path, PathBuf};
@@ -35,7 +35,8 @@ enum Command {
     /// Evaluate a checkpoint on its task's whole test split; prints JSON (loss, accuracy and
     /// the number of examples).
     Eval {
-        #[arg(long)]
+        /// A run's best.safetensors or last.safetensors.
+        #[arg(long, value_name = "FILE")]
         checkpoint: PathBuf,
         /// Read the task's files from here instead of the checkpoint's own task (the test files
         /// alone suffice where the task has them).
@@ -44,6 +45,7 @@ enum Command {
         /// Evaluate the first N test examples only. [default: all]
         #[arg(long, value_name = "N")]
         max_samples: Option<usize>,
+        /// cpu, cuda or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: String,
         /// CPU threads (data-parallel shards; see `myo train --threads`).
@@ -67,6 +69,7 @@ enum Command {
 struct TrainCmd {
     #[command(flatten)]
     run: RunArgs,
+    /// cpu, cuda or cuda:N (under mpirun: cuda, one GPU per rank).
     #[arg(long, default_value = "cpu")]
     device: String,
     /// CPU threads: each batch is cut into this many data-parallel shards, one per thread, with
@@ -119,18 +122,23 @@ enum DataCmd {
     /// download: class k is a bar (horizontal for k < 5, vertical otherwise) whose position is
     /// k, with jitter and noise.
     Strokes {
-        #[arg(long)]
+        /// The folder to write the IDX files into.
+        #[arg(long, value_name = "DIR")]
         out: PathBuf,
+        /// Training images.
         #[arg(long, default_value_t = 6_000)]
         train: usize,
+        /// Test images.
         #[arg(long, default_value_t = 1_000)]
         test: usize,
+        /// Seeds the jitter and noise.
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
     /// ListOps in the LRA TSV format (basic_{train,val,test}.tsv) from the built-in generator.
     Listops {
-        #[arg(long)]
+        /// The folder to write the TSV files into.
+        #[arg(long, value_name = "DIR")]
         out: PathBuf,
         #[command(flatten)]
         splits: Splits,
@@ -154,6 +162,7 @@ enum BenchCmd {
     Step(Box<StepArgs>),
     /// The device's copy bandwidth (bytes read + written per second).
     Copy {
+        /// cpu, cuda or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: String,
         /// Millions of f32 elements copied.
@@ -246,9 +255,10 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
                 let dev = parse_device(&device)?;
                 let gbps = copy_bandwidth(&dev, mega_elems << 20, 20)?;
                 println!(
-                    "copy  device={}  {} MiB f32  {gbps:.1} GB/s (read + write)",
+                    "copy  device={}  {} MiB f32  {} GB/s (read + write)",
                     describe(&dev),
-                    mega_elems * 4
+                    mega_elems * 4,
+                    significant(gbps)
                 );
             }
         },
@@ -375,3 +385,8 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
     }
     Ok(())
 }
+
+/// The command line's own checks (every flag documented).
+#[cfg(test)]
+#[path = "myo_tests.rs"]
+mod tests;

@@ -129,7 +129,7 @@ impl Tree {
             tree_bail!("no arity given");
         };
         if let Some(a) = arities.iter().find(|&&a| a < 2) {
-            tree_bail!("arity {a}: a k-ary tree needs k >= 2 (use Tree::chain for k = 1)");
+            tree_bail!("arity {a}: a k-ary tree needs k ≥ 2 (k = 1 is a chain)");
         }
         if leaves == 0 {
             tree_bail!("a tree needs at least one leaf");
@@ -156,7 +156,7 @@ impl Tree {
             m /= arity;
         }
         if arity >= 2 && m != 1 {
-            tree_bail!("{leaves} leaves is not a power of {arity}; use Tree::ragged for any count");
+            tree_bail!("{leaves} leaves is not a power of {arity} (a ragged tree takes any count)");
         }
         Tree::ragged(leaves, arity)
     }

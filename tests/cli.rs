@@ -77,20 +77,89 @@ fn a_piped_run_shows_a_banner_and_progress_lines() {
 /// stack to the error.
 #[test]
 fn errors_are_one_line_even_with_rust_backtrace_set() {
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["train", "--model", "myo", "--heads", "0"],
+            "error: --heads must be at least 1",
+        ),
+        (
+            // Refused by candle's `bail!`, which attaches the stack.
+            &["bench", "scan", "--len", "0"],
+            "error: scan benchmark failed: --len 0: expected at least 1",
+        ),
+    ];
     for backtrace in ["1", "full"] {
+        for (args, says) in cases {
+            let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
+                .args(args)
+                .env("RUST_BACKTRACE", backtrace)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&run.stderr);
+            assert!(!run.status.success());
+            assert_eq!(stderr.trim_end(), says, "RUST_BACKTRACE={backtrace}");
+        }
+    }
+}
+
+/// The benchmarks share their flags' names (`--batch` and `--batch-size` alike), refuse shapes
+/// below their least values and flags that only training reads, naming the flag, and print
+/// times and rates to three significant digits.
+#[test]
+fn bench_flags_are_consistent_and_numbers_have_three_digits() {
+    let myo = |args: &[&str]| {
         let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
-            .args(["train", "--model", "myo", "--heads", "0", "--out"])
-            .arg(out("one-line-error"))
-            .env("RUST_BACKTRACE", backtrace)
+            .args(args)
             .output()
             .unwrap();
-        let stderr = String::from_utf8_lossy(&run.stderr);
-        assert!(!run.status.success());
-        assert_eq!(
-            stderr.trim_end(),
-            "error: Myo: d_model, heads and block must be positive",
-            "RUST_BACKTRACE={backtrace}"
-        );
+        let text = String::from_utf8_lossy(&run.stdout).into_owned()
+            + &String::from_utf8_lossy(&run.stderr);
+        (run.status.success(), text)
+    };
+    let quick = ["--no-reference", "--repeats", "3", "--warmup", "0"];
+    for batch in ["--batch", "--batch-size"] {
+        let (ok, text) = myo(&[&["bench", "scan", batch, "2", "--len", "64"][..], &quick].concat());
+        assert!(ok && text.contains("(batch 2, len 64"), "{text}");
+        // "median 0.0123 ms  (min 0.0120, 3 samples)  7.89 GB/s = 9.49% of copy (83.1 GB/s)"
+        let line = text.lines().find(|l| l.contains("myosotis")).unwrap();
+        let words: Vec<&str> = line
+            .split(|c: char| c.is_whitespace() || "(),%".contains(c))
+            .filter(|w| !w.is_empty())
+            .collect();
+        let numbers: Vec<&str> = words
+            .windows(2)
+            .filter(|w| w[0].parse::<f64>().is_ok() && w[1] != "samples")
+            .map(|w| w[0])
+            .collect();
+        assert_eq!(numbers.len(), 5, "{line}");
+        for n in numbers {
+            let digits = match n.contains('.') {
+                true => n.trim_start_matches(['0', '.']).replace('.', ""),
+                false => n.trim_end_matches('0').to_string(),
+            };
+            assert!(
+                digits.len() == 3 || (!n.contains('.') && digits.len() < 3),
+                "{n} in {line}"
+            );
+        }
+    }
+    for (args, says) in [
+        (
+            &["bench", "tree", "--arity", "1"][..],
+            "--arity 1: expected at least 2",
+        ),
+        (&["bench", "heads", "--batch", "0"][..], "--batch 0"),
+        (
+            &["bench", "step", "--epochs", "3"][..],
+            "--epochs applies to myo train, not to bench step",
+        ),
+        (
+            &["bench", "step", "--early-stop", "3"][..],
+            "--early-stop applies to myo train",
+        ),
+    ] {
+        let (ok, text) = myo(args);
+        assert!(!ok && text.contains(says), "{args:?}: {text}");
     }
 }
 

@@ -306,6 +306,32 @@ fn bad_flags_are_errors_that_name_the_flag() {
             "--preset mnist: expected one of",
         ),
         (&["--layers", "0"][..], "--layers must be at least 1"),
+        (
+            &["--model", "myo", "--heads", "0"][..],
+            "--heads must be at least 1",
+        ),
+        (
+            &["--model", "myo", "--block-size", "0"][..],
+            "--block-size must be at least 1",
+        ),
+        (&["--blocks", "3"][..], "--blocks 3: the state size 32"),
+        (
+            &["--max-train-samples", "0"][..],
+            "--max-train-samples must be at least 1",
+        ),
+        (
+            &[
+                "--task",
+                "smnist",
+                "--data-dir",
+                "d",
+                "--model",
+                "ssm2d",
+                "--directions",
+                "3",
+            ][..],
+            "--directions 3: expected 1, 2 or 4",
+        ),
         (&["--dropout", "1"][..], "--dropout 1"),
         (
             &["--bn-momentum", "1.5", "--norm", "batch"][..],

@@ -6,10 +6,13 @@ use super::*;
 /// Shape and options of a scan benchmark (`myo bench scan`).
 #[derive(Debug, Clone, Serialize, clap::Args)]
 pub struct ScanBench {
-    #[arg(long, default_value_t = 8)]
+    /// Sequences per call.
+    #[arg(long, visible_alias = "batch-size", default_value_t = 8)]
     pub batch: usize,
+    /// Channels per step.
     #[arg(long, default_value_t = 256)]
     pub channels: usize,
+    /// Steps per sequence.
     #[arg(long, default_value_t = 4096)]
     pub len: usize,
     /// Complex values (trailing dimension 2).
@@ -87,6 +90,11 @@ impl ScanBench {
 
     /// Runs the benchmark on `device`.
     pub fn run(&self, device: &Device) -> Result<BenchReport> {
+        at_least(&[
+            ("--batch", self.batch, 1),
+            ("--channels", self.channels, 1),
+            ("--len", self.len, 1),
+        ])?;
         let (a, b) = self.inputs(device)?;
         let opts = self.opts();
         let g = Tensor::rand(-1f32, 1f32, self.b_shape(), device)?.to_dtype(self.timing.dtype)?;
@@ -145,13 +153,16 @@ impl ScanBench {
 /// Shape and options of a tree-solve benchmark (`myo bench tree`).
 #[derive(Debug, Clone, Serialize, clap::Args)]
 pub struct TreeBench {
-    #[arg(long, default_value_t = 16)]
+    /// Samples per call.
+    #[arg(long, visible_alias = "batch-size", default_value_t = 16)]
     pub batch: usize,
+    /// Trees per sample.
     #[arg(long, default_value_t = 64)]
     pub heads: usize,
     /// Leaves of the tree (perfect when a power of --arity, else ragged).
     #[arg(long, default_value_t = 1024)]
     pub leaves: usize,
+    /// Children per internal node.
     #[arg(long, default_value_t = 4)]
     pub arity: usize,
     /// Block size d.
@@ -230,6 +241,14 @@ impl TreeBench {
 
     /// Runs the benchmark on `device`.
     pub fn run(&self, device: &Device) -> Result<BenchReport> {
+        at_least(&[
+            ("--batch", self.batch, 1),
+            ("--heads", self.heads, 1),
+            ("--leaves", self.leaves, 1),
+            ("--arity", self.arity, 2),
+            ("--block", self.block, 1),
+            ("--rhs", self.rhs, 1),
+        ])?;
         let tree = self.tree()?;
         let [a, b, c, u] = self.inputs(tree.len(), device)?;
         let opts = TreeSolveOptions {
@@ -311,13 +330,16 @@ impl TreeBench {
 /// default) over a ragged tree, inputs on the leaves.
 #[derive(Debug, Clone, Serialize, clap::Args)]
 pub struct HeadBench {
-    #[arg(long, default_value_t = 16)]
+    /// Samples per call.
+    #[arg(long, visible_alias = "batch-size", default_value_t = 16)]
     pub batch: usize,
+    /// Trees per sample.
     #[arg(long, default_value_t = 64)]
     pub heads: usize,
     /// Leaves of the tree (perfect when a power of --arity, else ragged).
     #[arg(long, default_value_t = 784)]
     pub leaves: usize,
+    /// Children per internal node.
     #[arg(long, default_value_t = 4)]
     pub arity: usize,
     #[command(flatten)]
@@ -342,6 +364,12 @@ impl HeadBench {
     /// would call it in that op's layout: u transposed to (batch, heads, nodes) with the bias
     /// concatenated, A = 1 stacked, x transposed back (autograd for the backward).
     pub fn run(&self, device: &Device) -> Result<BenchReport> {
+        at_least(&[
+            ("--batch", self.batch, 1),
+            ("--heads", self.heads, 1),
+            ("--leaves", self.leaves, 1),
+            ("--arity", self.arity, 2),
+        ])?;
         let tree = Tree::ragged(self.leaves, self.arity)?;
         let (b, h, n, l) = (self.batch, self.heads, tree.len(), tree.leaves());
         let rand = |shape: &[usize]| {
@@ -425,4 +453,14 @@ impl HeadBench {
             m,
         )
     }
+}
+
+/// Refuses a shape flag below its least value, naming it.
+fn at_least(flags: &[(&str, usize, usize)]) -> Result<()> {
+    for &(flag, value, least) in flags {
+        if value < least {
+            candle_core::bail!("{flag} {value}: expected at least {least}");
+        }
+    }
+    Ok(())
 }

@@ -18,6 +18,7 @@ use crate::ops::{
     head_solve, head_solve_backward, linear_scan, linear_scan_backward, linear_scan_reference,
     tree_solve, tree_solve_backward, tree_solve_reference, ScanOptions, TreeSolveOptions,
 };
+use crate::train::progress::significant;
 use crate::tree::Tree;
 
 mod kernels;
@@ -107,8 +108,10 @@ pub struct TimingArgs {
     #[arg(long, default_value = "f32", value_parser = parse_float_dtype)]
     #[serde(serialize_with = "ser_dtype")]
     pub dtype: DType,
+    /// Untimed calls first.
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
+    /// Timed samples (the median is reported).
     #[arg(long, default_value_t = 15)]
     pub repeats: usize,
     /// Also time the plain-candle reference (a loop over the length or the levels; slow).
@@ -226,16 +229,24 @@ impl std::fmt::Display for BenchReport {
             "{} {pass}  device={}  {}",
             self.op, self.device, self.shape
         )?;
+        let g = significant;
         writeln!(
             f,
-            "  myosotis   median {:>10.3} ms  (min {:.3}, {} samples)  {:>8.1} GB/s = {:.0}% of copy ({:.1} GB/s)",
-            self.median_ms, self.min_ms, self.repeats, self.gbps, self.pct_of_copy, self.copy_gbps
+            "  myosotis   median {:>8} ms  (min {}, {} samples)  {:>6} GB/s = {}% of copy ({} GB/s)",
+            g(self.median_ms),
+            g(self.min_ms),
+            self.repeats,
+            g(self.gbps),
+            g(self.pct_of_copy),
+            g(self.copy_gbps)
         )?;
         if let (Some(ms), Some(s)) = (self.reference_median_ms, self.speedup) {
             writeln!(
                 f,
-                "  reference  median {ms:>10.3} ms  ({})  speed-up {s:.1}x",
-                self.reference
+                "  reference  median {:>8} ms  ({})  speed-up {}x",
+                g(ms),
+                self.reference,
+                g(s)
             )?;
         }
         if let Some(note) = &self.reference_note {

@@ -14,13 +14,16 @@ use candle_core::backprop::GradStore;
 pub struct StepArgs {
     #[command(flatten)]
     pub run: RunArgs,
+    /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// CPU threads (see `myo train --threads`).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Untimed steps first.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
+    /// Timed samples (the median is reported).
     #[arg(long, default_value_t = 7)]
     pub repeats: usize,
     /// Then run N steps, a forward, a backward and an optimiser step, each after a 200 ms
@@ -36,10 +39,26 @@ impl StepArgs {
     /// Resolves the run for its shapes (a task other than the built-in ListOps is not read),
     /// sets up the device and runs the benchmark.
     pub fn run(&self) -> anyhow::Result<StepReport> {
+        let r = &self.run;
+        let train_only = [
+            ("--epochs", r.epochs.is_some()),
+            ("--early-stop", r.early_stop.is_some()),
+            ("--eval-every", r.eval_every.is_some()),
+            ("--monitor", r.monitor.is_some()),
+            ("--max-train-samples", r.max_train_samples.is_some()),
+            ("--max-eval-samples", r.max_eval_samples.is_some()),
+            ("--hub", r.hub),
+        ];
+        if let Some((flag, _)) = train_only.iter().find(|(_, given)| *given) {
+            anyhow::bail!(
+                "{flag} applies to myo train, not to bench step (one step of the model on random \
+                 inputs): leave it out"
+            );
+        }
         let device = parse_device(&self.device)?;
         Exec::for_process(&device, Some(self.threads))?;
         let mut run = self.run.clone();
-        if run.data_dir.is_none() && !run.hub && run.task_name()? != "listops" {
+        if run.data_dir.is_none() && run.task_name()? != "listops" {
             run.data_dir = Some("(not read)".into());
         }
         let cfg = run.resolve()?;
@@ -298,8 +317,10 @@ impl std::fmt::Display for StepReport {
         ] {
             writeln!(
                 f,
-                "  {what}  median {:>9.2} ms  (min {:.2}, {} samples)",
-                t.median_ms, t.min_ms, t.repeats
+                "  {what}  median {:>7} ms  (min {}, {} samples)",
+                significant(t.median_ms),
+                significant(t.min_ms),
+                t.repeats
             )?;
         }
         let o = &self.ops;

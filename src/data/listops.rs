@@ -127,15 +127,19 @@ impl Expr {
 /// Generator settings (the LRA's defaults; also `myo data listops`'s flags).
 #[derive(Clone, Debug, PartialEq, clap::Args)]
 pub struct ListOpsConfig {
+    /// Deepest nesting of operators.
     #[arg(long, default_value_t = 10)]
     pub max_depth: usize,
+    /// Most arguments of one operator.
     #[arg(long, default_value_t = 10)]
     pub max_args: usize,
     /// Lengths strictly between --min-length and --max-length are kept.
     #[arg(long, default_value_t = 500)]
     pub min_length: usize,
+    /// See --min-length.
     #[arg(long, default_value_t = 2000)]
     pub max_length: usize,
+    /// Seeds the generator (each split draws with seed + 0, 1, 2).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -349,10 +353,13 @@ pub fn read_tsv(path: &Path) -> Result<Vec<Example>> {
 /// Sizes of the three splits written by [`write_dataset`] (the LRA's by default).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::Args)]
 pub struct Splits {
+    /// Training examples.
     #[arg(long, default_value_t = 96_000)]
     pub train: usize,
+    /// Validation examples.
     #[arg(long, default_value_t = 2_000)]
     pub val: usize,
+    /// Test examples.
     #[arg(long, default_value_t = 2_000)]
     pub test: usize,
 }

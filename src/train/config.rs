@@ -160,7 +160,8 @@ pub struct RunArgs {
     /// binary), pathfinder, pathx (LRA folders). [default: the --preset's task, else listops]
     #[arg(long)]
     pub task: Option<String>,
-    #[arg(long)]
+    /// The folder of the task's files (see --task).
+    #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// MNIST / CIFAR-10 tasks: fetch the data from the Hugging Face Hub (ylecun/mnist,
     /// uoft-cs/cifar10) into its cache instead of reading --data-dir; honours HF_HOME,
@@ -172,12 +173,14 @@ pub struct RunArgs {
     /// flags below override it. Without a preset the defaults are a small, quick model.
     #[arg(long)]
     pub preset: Option<String>,
-    /// [default: 10]
+    /// Passes over the training split. [default: 10]
     #[arg(long)]
     pub epochs: Option<usize>,
+    /// Examples per optimiser step (the global batch, over all threads and ranks).
     /// [default: 32]
-    #[arg(long)]
+    #[arg(long, visible_alias = "batch")]
     pub batch_size: Option<usize>,
+    /// Seeds the initialisation, the shuffling and dropout (and the generated ListOps).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Width H. [default: 64]
@@ -186,7 +189,7 @@ pub struct RunArgs {
     /// S5 latent size P; 2-D SSM states per axis. [default: 32]
     #[arg(long)]
     pub state_size: Option<usize>,
-    /// [default: 2]
+    /// Sequence-layer blocks. [default: 2]
     #[arg(long)]
     pub layers: Option<usize>,
     /// Myo heads. [default: the state size]
@@ -242,7 +245,7 @@ pub struct RunArgs {
     /// 2-D SSM: scan directions, 1, 2 or 4. [default: 4]
     #[arg(long)]
     pub directions: Option<usize>,
-    /// [default: layer; presets: batch]
+    /// The blocks' normalisation. [default: layer; presets: batch]
     #[arg(long, value_enum)]
     pub norm: Option<NormKind>,
     /// Normalise after the residual instead of before the layer.
@@ -252,15 +255,15 @@ pub struct RunArgs {
     /// [default: 0.95; pathfinder preset: 0.9]
     #[arg(long)]
     pub bn_momentum: Option<f64>,
-    /// [default: half_glu2]
+    /// The blocks' activation after the sequence layer. [default: half_glu2]
     #[arg(long, value_enum)]
     pub activation: Option<Activation>,
-    /// mean, last, root (Myo) or top:K (Myo: the mean over the top K BFS levels, paper §3.2).
+    /// How the sequence becomes one vector for the classifier: mean, last, root (Myo) or top:K (Myo: the mean over the top K BFS levels, paper §3.2).
     /// [default: root for Myo (the paper's classification node; on zMNIST it learned twice as
     /// fast as mean pooling), mean otherwise]
     #[arg(long)]
     pub pooling: Option<Pooling>,
-    /// [default: 0]
+    /// Dropout rate after each block's activation (one mask across time). [default: 0]
     #[arg(long)]
     pub dropout: Option<f64>,
     /// Learning rate of the SSM parameters. [default: 0.003]
@@ -269,13 +272,13 @@ pub struct RunArgs {
     /// Learning rate of the other parameters. [default: 3 x --ssm-lr]
     #[arg(long)]
     pub lr: Option<f64>,
-    /// [default: 0.04]
+    /// AdamW's weight decay of the non-SSM parameters. [default: 0.04]
     #[arg(long)]
     pub weight_decay: Option<f64>,
     /// Linear warm-up steps. [default: 50; presets: one epoch]
     #[arg(long)]
     pub warmup_steps: Option<usize>,
-    /// Clip the global gradient norm.
+    /// Clip the global gradient norm to this value. [default: no clipping]
     #[arg(long)]
     pub clip: Option<f64>,
     /// Stop once the validation result (--monitor) has not improved in PATIENCE evaluations:
@@ -291,9 +294,11 @@ pub struct RunArgs {
     /// the highest accuracy or the lowest loss. [default: accuracy]
     #[arg(long, value_enum)]
     pub monitor: Option<Monitor>,
-    #[arg(long)]
+    /// Train on the first N examples of the training split only. [default: all]
+    #[arg(long, value_name = "N")]
     pub max_train_samples: Option<usize>,
-    #[arg(long)]
+    /// Validate and test on the first N examples of those splits only. [default: all]
+    #[arg(long, value_name = "N")]
     pub max_eval_samples: Option<usize>,
 }
 
@@ -420,10 +425,21 @@ impl RunArgs {
             ("--layers", layers),
             ("--epochs", epochs),
             ("--batch-size", batch_size),
+            ("--heads", self.heads.unwrap_or(1)),
+            ("--block-size", self.block_size.unwrap_or(1)),
+            ("--blocks", self.blocks.unwrap_or(1)),
+            ("--max-train-samples", self.max_train_samples.unwrap_or(1)),
+            ("--max-eval-samples", self.max_eval_samples.unwrap_or(1)),
         ] {
             if v == 0 {
                 bail!("{name} must be at least 1");
             }
+        }
+        if let Some(j) = self.blocks.filter(|j| !state.is_multiple_of(*j)) {
+            bail!("--blocks {j}: the state size {state} must be a multiple of the blocks");
+        }
+        if let Some(d) = self.directions.filter(|d| ![1, 2, 4].contains(d)) {
+            bail!("--directions {d}: expected 1, 2 or 4");
         }
         if !(0.0..1.0).contains(&dropout) {
             bail!("--dropout {dropout}: expected a rate in [0, 1)");
