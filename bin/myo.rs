@@ -100,20 +100,6 @@ struct TrainCmd {
     /// lines within an epoch (on a terminal a progress bar shows it).
     #[arg(long, default_value_t = 30.0)]
     progress_every: f64,
-    /// Optimiser steps between step records in metrics.jsonl (loss, accuracy, learning rate,
-    /// gradient norm, samples/s); 0: none.
-    #[arg(long, value_name = "STEPS", default_value_t = 50)]
-    log_every: usize,
-    /// Also write last.safetensors every STEPS optimiser steps within an epoch: a run killed
-    /// mid-epoch resumes from there, exactly as from the end of an epoch. [default: at the end
-    /// of each epoch only]
-    #[arg(
-        long,
-        value_name = "STEPS",
-        default_value_t = 0,
-        hide_default_value = true
-    )]
-    save_every: usize,
 }
 
 #[derive(Subcommand)]
@@ -288,14 +274,15 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
             world.broadcast_bytes(&mut base)?;
             let mut flags: Vec<String> = serde_json::from_slice(&base)?;
             flags.extend(given);
-            let cfg = RunArgs::from_flags(&flags)?.resolve()?;
+            let args = RunArgs::from_flags(&flags)?;
+            let cfg = args.resolve()?;
             let origin = Origin {
                 command_line: std::env::args().collect(),
                 flags: Some(flags),
             };
             let exec = Exec {
-                log_every: a.log_every,
-                save_every: a.save_every,
+                log_every: args.log_every,
+                save_every: args.save_every,
                 ..Exec::for_process(&device, a.threads)?
                     .in_world(world.clone())
                     .started_by(origin)

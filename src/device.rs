@@ -24,7 +24,7 @@ pub fn parse_device(s: &str) -> Result<Device> {
     };
     if !cfg!(feature = "cuda") {
         candle_core::bail!(
-            "device '{s}' asked for, but this build has no CUDA support: rebuild with `--features cuda` (see README, \"Building with CUDA\")"
+            "device '{s}' asked for, but this build has no CUDA support: rebuild with `--features cuda` (see the README's \"Install\")"
         );
     }
     Device::new_cuda(ordinal).map_err(|e| {

@@ -227,11 +227,14 @@ fn token_encoder_and_myo_root_pooling() {
         NormKind::Layer,
         Pooling::Root,
     );
-    assert!(SequenceClassifier::new(
+    let e = SequenceClassifier::new(
         bad,
-        VarBuilder::from_varmap(&VarMap::new(), DType::F32, &Device::Cpu)
+        VarBuilder::from_varmap(&VarMap::new(), DType::F32, &Device::Cpu),
     )
-    .is_err());
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.starts_with("pooling root needs Myo layers"), "{e}");
 }
 
 #[test]

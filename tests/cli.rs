@@ -175,10 +175,10 @@ fn myo_train(args: &[&str], ok: bool) -> String {
     stderr
 }
 
-/// `--resume` continues with the run's own settings: it needs no flags, extends the run with a
-/// larger `--epochs`, finds the same data at another path (compared by content), and refuses a
-/// flag that changes a setting, or other data, naming what differs. `--config` starts a new run
-/// from a run's flags, with flags given overriding them.
+/// `--resume` continues with the run's own settings (how often it logs and saves included): it
+/// needs no flags, extends the run with a larger `--epochs`, finds the same data at another path
+/// (compared by content), and refuses a flag that changes a setting, or other data, naming what
+/// differs. `--config` starts a new run from a run's flags, with flags given overriding them.
 #[test]
 fn resume_continues_with_the_runs_own_settings() {
     let (a, b, other) = (out("resume-a"), out("resume-b"), out("resume-other"));
@@ -205,6 +205,10 @@ fn resume_continues_with_the_runs_own_settings() {
         "1",
         "--progress-every",
         "9",
+        "--log-every",
+        "1",
+        "--save-every",
+        "2",
     ];
     let mut first = vec!["--data-dir", a_str, "--out", run_str];
     first.extend(flags.iter().chain(&more));
@@ -224,6 +228,14 @@ fn resume_continues_with_the_runs_own_settings() {
         .map(|r| r["epoch"].as_u64().unwrap())
         .collect();
     assert_eq!(epochs, [1, 2]);
+    // How often it logs (and saves) is the run's too: a step record at every step.
+    let steps: Vec<u64> = metrics(&run)
+        .iter()
+        .filter(|r| r["split"] == "step")
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (1..=steps.len() as u64).collect::<Vec<_>>());
+    assert!(steps.len() >= 4, "{steps:?}");
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["epochs"], 2);

@@ -285,6 +285,31 @@ fn layer_options_reach_the_layers() {
     assert_eq!(myo.model.activation, Activation::Gelu);
 }
 
+/// A config whose model does not read its task (a hand-edited file, say) is refused in the
+/// terms of the flags, not of the code's types.
+#[test]
+fn a_model_of_another_task_is_described_in_words() {
+    let mut cfg = ok(&["--model", "myo", "--task", "zmnist", "--data-dir", "d"]);
+    cfg.task = ok(&["--task", "smnist", "--data-dir", "d"]).task;
+    let e = format!("{:#}", cfg.check_model().unwrap_err());
+    assert_eq!(
+        e,
+        "the model's tree, a quad tree of 28×28 pixels, is not task smnist's (4-ary tree of \
+         784 leaves)"
+    );
+    let mut cfg = ok(&[]);
+    cfg.task = ok(&["--task", "smnist", "--data-dir", "d"]).task;
+    let e = format!("{:#}", cfg.check_model().unwrap_err());
+    assert!(
+        e.starts_with("the model's encoder reads tokens of a "),
+        "{e}"
+    );
+    assert!(
+        e.ends_with(", not task smnist's inputs (1 feature per step)"),
+        "{e}"
+    );
+}
+
 #[test]
 fn bad_flags_are_errors_that_name_the_flag() {
     for (flags, says) in [

@@ -48,6 +48,8 @@ impl StepArgs {
             ("--max-train-samples", r.max_train_samples.is_some()),
             ("--max-eval-samples", r.max_eval_samples.is_some()),
             ("--hub", r.hub),
+            ("--save-every", r.save_every > 0),
+            ("--log-every", r.log_every != RunArgs::default().log_every),
         ];
         if let Some((flag, _)) = train_only.iter().find(|(_, given)| *given) {
             anyhow::bail!(

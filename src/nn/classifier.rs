@@ -74,6 +74,16 @@ pub enum EncoderConfig {
     Embedding { vocab: usize },
 }
 
+impl std::fmt::Display for EncoderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EncoderConfig::Linear { features: 1 } => f.write_str("1 feature per step"),
+            EncoderConfig::Linear { features } => write!(f, "{features} features per step"),
+            EncoderConfig::Embedding { vocab } => write!(f, "tokens of a {vocab}-word vocabulary"),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
@@ -106,6 +116,18 @@ pub enum Pooling {
     Root,
     /// Myo: the mean over the top `k` BFS levels of the last block (k = 1 is the root; §3.2).
     TopLevels { k: usize },
+}
+
+impl std::fmt::Display for Pooling {
+    /// As the flag `--pooling` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pooling::Mean => f.write_str("mean"),
+            Pooling::Last => f.write_str("last"),
+            Pooling::Root => f.write_str("root"),
+            Pooling::TopLevels { k } => write!(f, "top:{k}"),
+        }
+    }
 }
 
 impl std::str::FromStr for Pooling {
@@ -305,7 +327,7 @@ impl SequenceClassifier {
             && !matches!(cfg.layer, SeqLayerConfig::Myo(_))
         {
             candle_core::bail!(
-                "pooling {:?} needs Myo layers (it pools tree nodes)",
+                "pooling {} needs Myo layers (it pools tree nodes)",
                 cfg.pooling
             );
         }

@@ -54,6 +54,24 @@ pub enum TreeSpec {
     Chain { len: usize },
 }
 
+impl std::fmt::Display for TreeSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TreeSpec::Ragged { leaves, arity } => write!(f, "{arity}-ary tree of {leaves} leaves"),
+            TreeSpec::Levels { leaves, arities } => {
+                let a: Vec<String> = arities.iter().map(|a| a.to_string()).collect();
+                write!(
+                    f,
+                    "tree of {leaves} leaves grouped {} by level",
+                    a.join(",")
+                )
+            }
+            TreeSpec::Quad { height, width } => write!(f, "quad tree of {height}×{width} pixels"),
+            TreeSpec::Chain { len } => write!(f, "chain of {len} nodes"),
+        }
+    }
+}
+
 impl TreeSpec {
     pub fn build(&self) -> Result<Tree> {
         let t = match *self {

@@ -80,7 +80,7 @@ impl RunConfig {
         }
         if model.encoder != task.encoder() {
             bail!(
-                "the model's encoder {:?} does not read task {}'s inputs ({:?})",
+                "the model's encoder reads {}, not task {}'s inputs ({})",
                 model.encoder,
                 task.name,
                 task.encoder()
@@ -96,7 +96,7 @@ impl RunConfig {
         }
         match &model.layer {
             SeqLayerConfig::Myo(m) if m.tree != task.tree_spec()? => bail!(
-                "the model's tree {:?} is not task {}'s ({:?})",
+                "the model's tree, a {}, is not task {}'s ({})",
                 m.tree,
                 task.name,
                 task.tree_spec()?
@@ -148,8 +148,9 @@ pub enum ModelKind {
     Ssm2d,
 }
 
-/// The flags that define a run (`myo train`, `myo bench step`); `None` takes the preset's or
-/// the task's value, else the quick default named in the help.
+/// The flags of a run (`myo train`, `myo bench step`): those that define it ([`RunConfig`]),
+/// and how often it logs and saves, which `--resume` carries over too; `None` takes the
+/// preset's or the task's value, else the quick default named in the help.
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
     /// The sequence layer.
@@ -300,6 +301,20 @@ pub struct RunArgs {
     /// Validate and test on the first N examples of those splits only. [default: all]
     #[arg(long, value_name = "N")]
     pub max_eval_samples: Option<usize>,
+    /// Optimiser steps between step records in metrics.jsonl (loss, accuracy, learning rate,
+    /// gradient norm, samples/s); 0: none.
+    #[arg(long, value_name = "STEPS", default_value_t = 50)]
+    pub log_every: usize,
+    /// Also write last.safetensors every STEPS optimiser steps within an epoch: a run killed
+    /// mid-epoch resumes from there, exactly as from the end of an epoch. [default: at the end
+    /// of each epoch only]
+    #[arg(
+        long,
+        value_name = "STEPS",
+        default_value_t = 0,
+        hide_default_value = true
+    )]
+    pub save_every: usize,
 }
 
 /// Run flags parsed alone; a flag given twice takes its last value (an earlier run's flags come
