@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use myosotis::bench::{copy_bandwidth, HeadBench, ScanBench, StepArgs, TreeBench};
-use myosotis::data::listops::{self, ListOpsConfig, Splits};
+use myosotis::data::generate::Generate;
 use myosotis::device::{describe, parse_device, rank_cuda_device};
 use myosotis::fail::message;
 use myosotis::train::config::{given_flags, recorded_flags, RunArgs};
@@ -60,7 +60,7 @@ enum Command {
     /// Generate datasets.
     Data {
         #[command(subcommand)]
-        which: DataCmd,
+        which: Generate,
     },
 }
 
@@ -100,37 +100,6 @@ struct TrainCmd {
     /// lines within an epoch (on a terminal a progress bar shows it).
     #[arg(long, default_value_t = 30.0)]
     progress_every: f64,
-}
-
-#[derive(Subcommand)]
-enum DataCmd {
-    /// Synthetic 28 × 28 digits in the MNIST IDX format, for the MNIST tasks without a
-    /// download: class k is a bar (horizontal for k < 5, vertical otherwise) whose position is
-    /// k, with jitter and noise.
-    Strokes {
-        /// The folder to write the IDX files into.
-        #[arg(long, value_name = "DIR")]
-        out: PathBuf,
-        /// Training images.
-        #[arg(long, default_value_t = 6_000)]
-        train: usize,
-        /// Test images.
-        #[arg(long, default_value_t = 1_000)]
-        test: usize,
-        /// Seeds the jitter and noise.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-    },
-    /// ListOps in the LRA TSV format (basic_{train,val,test}.tsv) from the built-in generator.
-    Listops {
-        /// The folder to write the TSV files into.
-        #[arg(long, value_name = "DIR")]
-        out: PathBuf,
-        #[command(flatten)]
-        splits: Splits,
-        #[command(flatten)]
-        generator: ListOpsConfig,
-    },
 }
 
 #[derive(Subcommand)]
@@ -340,35 +309,7 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
                     "loss": e.loss, "accuracy": e.accuracy})
             );
         }
-        Command::Data { which } => match which {
-            DataCmd::Strokes {
-                out,
-                train,
-                test,
-                seed,
-            } => {
-                myosotis::data::strokes::write_dataset(&out, train, test, seed)
-                    .context("generating the stroke digits")?;
-                println!(
-                    "Stroke digits written to {} ({train} / {test} images, MNIST IDX)",
-                    out.display()
-                );
-            }
-            DataCmd::Listops {
-                out,
-                splits,
-                generator,
-            } => {
-                listops::write_dataset(&out, &generator, splits).context("generating ListOps")?;
-                println!(
-                    "ListOps written to {} ({} / {} / {} examples)",
-                    out.display(),
-                    splits.train,
-                    splits.val,
-                    splits.test
-                );
-            }
-        },
+        Command::Data { which } => println!("{}", which.run()?),
     }
     Ok(())
 }

@@ -308,6 +308,27 @@ fn fuzz_listops_tsv() {
     });
 }
 
+/// The pendulum benchmark's npz file (a zip archive of npy arrays), every split read.
+#[test]
+fn fuzz_pendulum_npz() {
+    use myosotis::data::pendulum::{read_split, write_dataset, PendulumConfig, FILE};
+    let dir = temp("pendulum");
+    let cfg = PendulumConfig {
+        train: 2,
+        valid: 1,
+        test: 1,
+        frames: 3,
+        seed: 1,
+    };
+    let path = write_dataset(&dir, &cfg).unwrap();
+    fuzz("pendulum npz", 0x9e4d, &dir, contents(&[path]), |d| {
+        for split in ["train", "valid", "test"] {
+            read_split(&d.join(FILE), split)?;
+        }
+        Ok(())
+    });
+}
+
 /// An LRA Pathfinder folder: metadata files and PNGs.
 #[test]
 fn fuzz_pathfinder() {

@@ -1,10 +1,13 @@
 //! Data: the tasks (`task`: one registry entry each), a split in memory and its batches
-//! (`dataset`), the readers of the benchmark formats and the built-in ListOps generator.
+//! (`dataset`), the readers of the benchmark formats, and the built-in generators (`generate`:
+//! ListOps, stroke digits, the pendulum).
 
 pub mod dataset;
+pub mod generate;
 pub mod hub;
 pub mod images;
 pub mod listops;
 pub mod pathfinder;
+pub mod pendulum;
 pub mod strokes;
 pub mod task;

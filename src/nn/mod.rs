@@ -5,7 +5,7 @@
 pub mod batch_norm;
 pub mod classifier;
 pub mod hippo;
-mod init;
+pub(crate) mod init;
 pub mod mingru;
 pub mod myo;
 pub mod s5;
