@@ -48,13 +48,15 @@ fn hippo_n_is_diagonalised_by_a_unitary_basis() {
     assert!(block_init(12, 4, true).is_err());
 }
 
-/// The layer's output recomputed from its parameters with plain f64 complex arithmetic.
+/// The layer's output recomputed from its parameters with plain f64 complex arithmetic; with
+/// `dt` (batch × len intervals, causal layers) each step discretised with Δ·dt_k.
 fn reference(
     cfg: &S5Config,
     params: &std::collections::HashMap<String, Vec<f64>>,
     u: &[f64],
     batch: usize,
     len: usize,
+    dt: Option<&[f64]>,
 ) -> Vec<f64> {
     let h = cfg.d_model;
     let p = params["lambda_re"].len();
@@ -67,17 +69,16 @@ fn reference(
         &params["d"],
         &params["log_step"],
     );
-    let mut lbar = vec![Complex::new(0.0, 0.0); p];
-    let mut bbar = vec![Complex::new(0.0, 0.0); p * h];
-    for i in 0..p {
+    // State i discretised with the step Δ_i·scale: (Λ̄_i, the factor of B̃'s row i).
+    let disc = |i: usize, scale: f64| {
         let re = if cfg.clip_eigs {
             lre[i].min(-1e-4)
         } else {
             lre[i]
         };
         let lam = Complex::new(re, lim[i]);
-        let dt = ls[i].exp();
-        let (lb, coef) = match cfg.discretization {
+        let dt = ls[i].exp() * scale;
+        match cfg.discretization {
             Discretization::Zoh => {
                 let lb = (lam * dt).exp();
                 (lb, (lb - 1.0) / lam)
@@ -86,25 +87,25 @@ fn reference(
                 let bl = 1.0 / (1.0 - lam * (dt / 2.0));
                 (bl * (1.0 + lam * (dt / 2.0)), bl * dt)
             }
-        };
-        lbar[i] = lb;
-        for j in 0..h {
-            bbar[i * h + j] = coef * Complex::new(bt[(i * h + j) * 2], bt[(i * h + j) * 2 + 1]);
         }
-    }
+    };
+    let bt_at = |i: usize, j: usize| Complex::new(bt[(i * h + j) * 2], bt[(i * h + j) * 2 + 1]);
     let factor = if cfg.conj_sym { 2.0 } else { 1.0 };
     let mut y = vec![0.0; batch * len * h];
     for b in 0..batch {
-        let bu = |t: usize, i: usize| {
-            (0..h)
-                .map(|j| bbar[i * h + j] * u[(b * len + t) * h + j])
-                .sum::<Complex<f64>>()
+        let scale = |t: usize| dt.map_or(1.0, |d| d[b * len + t]);
+        // (Λ̄_i, B̄_i u_t) at step t.
+        let step = |t: usize, i: usize| {
+            let (lb, coef) = disc(i, scale(t));
+            let bu: Complex<f64> = (0..h).map(|j| bt_at(i, j) * u[(b * len + t) * h + j]).sum();
+            (lb, coef * bu)
         };
         let mut states = vec![vec![Complex::new(0.0, 0.0); c_len]; len];
         let mut x = vec![Complex::new(0.0, 0.0); p];
         for (t, state) in states.iter_mut().enumerate() {
             for i in 0..p {
-                x[i] = lbar[i] * x[i] + bu(t, i);
+                let (lb, bu) = step(t, i);
+                x[i] = lb * x[i] + bu;
                 state[i] = x[i];
             }
         }
@@ -112,7 +113,8 @@ fn reference(
             let mut x = vec![Complex::new(0.0, 0.0); p];
             for t in (0..len).rev() {
                 for i in 0..p {
-                    x[i] = lbar[i] * x[i] + bu(t, i);
+                    let (lb, bu) = step(t, i);
+                    x[i] = lb * x[i] + bu;
                     states[t][p + i] = x[i];
                 }
             }
@@ -179,13 +181,100 @@ fn layer_equals_the_sequential_complex_recurrence() {
                         .collect();
                     let ut = Tensor::from_vec(u.clone(), (batch, len, 3), &Device::Cpu).unwrap();
                     let got = to_vec(&layer.forward(&ut).unwrap());
-                    let want = reference(&cfg, &params(&varmap), &u, batch, len);
+                    let want = reference(&cfg, &params(&varmap), &u, batch, len, None);
                     let e = rel_err(&got, &want);
                     assert!(e < 1e-12, "error {e:e} for {cfg:?} (seed {seed})");
                 }
             }
         }
     }
+}
+
+/// With an interval per sample (`forward_timed`), step k is discretised with Δ·dt_k: the layer
+/// equals the recurrence with per-step Λ̄_k, B̄_k (ZOH and bilinear), intervals of 1 give the
+/// untimed layer, the gradients equal central differences of the f64 recurrence, and a
+/// bidirectional layer or intervals of another shape are refused.
+#[test]
+fn a_step_per_sample_follows_the_recurrence_of_its_intervals() {
+    let (mut rng, seed) = common::seeded_rng("s5 timed", 113);
+    let (batch, len) = (2, 11);
+    for disc in [Discretization::Zoh, Discretization::Bilinear] {
+        for (conj_sym, clip_eigs) in [(true, false), (false, true)] {
+            let cfg = S5Config {
+                d_model: 3,
+                state: 8,
+                blocks: 2,
+                conj_sym,
+                clip_eigs,
+                discretization: disc,
+                seed: rng.random(),
+                ..S5Config::default()
+            };
+            let (varmap, layer) = build(&cfg);
+            let u: Vec<f64> = (0..batch * len * 3)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let dt: Vec<f64> = (0..batch * len)
+                .map(|_| rng.random_range(0.2..30.0))
+                .collect();
+            let ut = Tensor::from_vec(u.clone(), (batch, len, 3), &Device::Cpu).unwrap();
+            let dtt = Tensor::from_vec(dt.clone(), (batch, len), &Device::Cpu).unwrap();
+            let got = to_vec(&layer.forward_timed(&ut, &dtt).unwrap());
+            let want = reference(&cfg, &params(&varmap), &u, batch, len, Some(&dt));
+            let e = rel_err(&got, &want);
+            assert!(e < 1e-12, "error {e:e} for {cfg:?} (seed {seed})");
+            let ones = dtt.ones_like().unwrap();
+            let timed = to_vec(&layer.forward_timed(&ut, &ones).unwrap());
+            let e = rel_err(&timed, &to_vec(&layer.forward(&ut).unwrap()));
+            assert!(e < 1e-12, "intervals of 1: error {e:e} for {cfg:?}");
+            // Gradients of Σ y² against central differences of the recurrence.
+            let y = layer.forward_timed(&ut, &dtt).unwrap();
+            let grads = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+            let vars = varmap.data().lock().unwrap().clone();
+            for name in ["log_step", "lambda_re", "lambda_im", "b"] {
+                let g = to_vec(grads.get(vars[name].as_tensor()).unwrap());
+                for k in [0, g.len() / 2, g.len() - 1] {
+                    let loss = |delta: f64| {
+                        let mut p = params(&varmap);
+                        p.get_mut(name).unwrap()[k] += delta;
+                        let y = reference(&cfg, &p, &u, batch, len, Some(&dt));
+                        y.iter().map(|v| v * v).sum::<f64>()
+                    };
+                    let fd = (loss(1e-6) - loss(-1e-6)) / 2e-6;
+                    assert!(
+                        (g[k] - fd).abs() <= 1e-5 * (1.0 + fd.abs()),
+                        "∂/∂{name}[{k}]: {} vs {fd} for {cfg:?}",
+                        g[k]
+                    );
+                }
+            }
+        }
+    }
+    let (_, bidirectional) = build(&S5Config {
+        d_model: 3,
+        state: 8,
+        blocks: 2,
+        bidirectional: true,
+        ..S5Config::default()
+    });
+    let u = Tensor::zeros((1, 4, 3), DType::F64, &Device::Cpu).unwrap();
+    let dt = Tensor::ones((1, 4), DType::F64, &Device::Cpu).unwrap();
+    let e = bidirectional
+        .forward_timed(&u, &dt)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("need a causal layer"), "{e}");
+    let (_, causal) = build(&S5Config {
+        d_model: 3,
+        state: 8,
+        blocks: 2,
+        ..S5Config::default()
+    });
+    let e = causal
+        .forward_timed(&u, &dt.reshape((4, 1)).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the intervals have shape [4, 1]"), "{e}");
 }
 
 #[test]

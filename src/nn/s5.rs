@@ -8,20 +8,23 @@
 //! * bilinear: Λ̄ = (1 + ΔΛ/2)/(1 − ΔΛ/2), B̄ = Δ/(1 − ΔΛ/2) ⊙ B̃.
 //!
 //! The scan is [`crate::ops::linear_scan`] with the shared (P) form of Λ̄, so Λ̄ is never
-//! materialised over (batch, length). Bidirectional runs a second, reverse scan over the same
+//! materialised over (batch, length). Samples taken at irregular times ([`S5::forward_timed`],
+//! S5 §6.3) discretise each step k with Δ·dt_k instead, and then Λ̄ and B̄ vary along the
+//! sequence. Bidirectional runs a second, reverse scan over the same
 //! B̄u, and C̃ = [C̃₁ C̃₂] reads both state sequences. Complex values are (re, im) pairs of real
 //! tensors.
 //!
 //! Parameters (names as in checkpoints): `lambda_re`, `lambda_im` (P), `b` (P, H, 2) = B̃,
 //! `c` (H, P or 2P, 2) = C̃, `d` (H), `log_step` (P).
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{bail, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::hippo::{block_init, block_states};
 use super::init::{init_param, layer_rng, normal, params, trunc_normal};
+use crate::complex::C;
 use crate::ops::{
     channel_mul, linear_scan, s5_discretize, s5_readout, S5Discretization, ScanOptions,
 };
@@ -233,6 +236,68 @@ impl S5 {
             &self.b,
             how,
         )
+    }
+}
+
+impl S5 {
+    /// The layer on samples taken at irregular times: `dt` (batch, length) holds each sample's
+    /// interval since the previous one, and step k is discretised with Δ·dt_k (ZOH or
+    /// bilinear), so that Λ̄_k and B̄_k vary along the sequence; with dt ≡ 1 this is
+    /// [`Module::forward`]. Causal layers only: the reverse direction would need the intervals
+    /// after each sample.
+    pub fn forward_timed(&self, u: &Tensor, dt: &Tensor) -> Result<Tensor> {
+        if self.cfg.bidirectional {
+            bail!("S5: time intervals per sample need a causal layer, not a bidirectional one");
+        }
+        let (batch, len, h) = u.dims3()?;
+        if dt.dims() != [batch, len] {
+            bail!(
+                "S5: the intervals have shape {:?}, the input (batch, length) = ({batch}, {len})",
+                dt.dims()
+            );
+        }
+        let p = self.lambda_re.dim(0)?;
+        let re = match self.cfg.clip_eigs {
+            true => self.lambda_re.minimum(-1e-4)?,
+            false => self.lambda_re.clone(),
+        };
+        let lambda = C::new(re, self.lambda_im.clone());
+        // Δ_k = Δ·dt_k, (batch, length, P).
+        let step = dt
+            .to_dtype(u.dtype())?
+            .unsqueeze(2)?
+            .broadcast_mul(&self.log_step.exp()?)?;
+        let (gate, coef) = match self.cfg.discretization {
+            Discretization::Zoh => {
+                let gate = lambda.scale(&step)?.exp()?;
+                let coef = gate.add_real(-1.0)?.div(&lambda)?;
+                (gate, coef)
+            }
+            Discretization::Bilinear => {
+                let half = lambda.scale(&(&step * 0.5)?)?;
+                let bl = C::one_like(&step)?.sub(&half)?.recip()?;
+                (bl.mul(&half.add_real(1.0)?)?, bl.scale(&step)?)
+            }
+        };
+        // B̄_k u_k = coef_k ⊙ (B̃ u_k): one matmul with B̃ as an (H, 2P) matrix of (re, im).
+        let b_mat = self
+            .b
+            .permute((1, 0, 2))?
+            .contiguous()?
+            .reshape((h, 2 * p))?;
+        let bu = u
+            .reshape((batch * len, h))?
+            .matmul(&b_mat)?
+            .reshape((batch, len, p, 2))?;
+        let bu = coef.mul(&C::from_pairs(&bu)?)?.to_pairs()?;
+        let causal = ScanOptions {
+            complex: true,
+            reverse: false,
+        };
+        let x = linear_scan(&gate.to_pairs()?, &bu, None, causal)?;
+        let r = s5_readout(&self.c, 1, self.cfg.conj_sym)?;
+        let y = x.reshape((batch * len, 2 * p))?.matmul(&r)?;
+        channel_mul(u, &self.d)? + y.reshape((batch, len, h))?
     }
 }
 
