@@ -4,6 +4,7 @@
 
 pub mod batch_norm;
 pub mod classifier;
+pub mod frames;
 pub mod hippo;
 pub(crate) mod init;
 pub mod mingru;

@@ -1,0 +1,153 @@
+//! The pendulum benchmark's frame encoder against the same layers written as loops in f64.
+
+mod common;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use common::{rel_err, to_vec};
+use myosotis::nn::frames::{FrameEncoder, FrameEncoderConfig};
+use rand::Rng;
+
+/// A convolution of `x` (c_in, s, s) by `w` (c_out, c_in, k, k) plus `b`, zero-padded by
+/// `pad`, with stride `stride`, then a ReLU; returns it and its side.
+fn conv(
+    (x, c_in, s): (&[f64], usize, usize),
+    (w, b): (&[f64], &[f64]),
+    (k, pad, stride): (usize, usize, usize),
+) -> (Vec<f64>, usize) {
+    let c_out = b.len();
+    let o = (s + 2 * pad - k) / stride + 1;
+    let mut y = vec![0.0; c_out * o * o];
+    for co in 0..c_out {
+        for r in 0..o {
+            for c in 0..o {
+                let mut acc = b[co];
+                for ci in 0..c_in {
+                    for i in 0..k {
+                        for j in 0..k {
+                            let (rr, cc) = (
+                                (r * stride + i) as isize - pad as isize,
+                                (c * stride + j) as isize - pad as isize,
+                            );
+                            if rr >= 0 && cc >= 0 && (rr as usize) < s && (cc as usize) < s {
+                                acc += w[((co * c_in + ci) * k + i) * k + j]
+                                    * x[(ci * s + rr as usize) * s + cc as usize];
+                            }
+                        }
+                    }
+                }
+                y[(co * o + r) * o + c] = acc.max(0.0); // with the ReLU
+            }
+        }
+    }
+    (y, o)
+}
+
+/// 2 × 2 max-pooling of (c, s, s), dropping an odd last row and column.
+fn pool(x: &[f64], c: usize, s: usize) -> (Vec<f64>, usize) {
+    let o = s / 2;
+    let mut y = vec![f64::MIN; c * o * o];
+    for ch in 0..c {
+        for r in 0..o {
+            for col in 0..o {
+                for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                    let v = x[(ch * s + 2 * r + i) * s + 2 * col + j];
+                    let at = (ch * o + r) * o + col;
+                    y[at] = y[at].max(v);
+                }
+            }
+        }
+    }
+    (y, o)
+}
+
+fn dense(x: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
+    b.iter()
+        .enumerate()
+        .map(|(o, bo)| {
+            bo + x
+                .iter()
+                .enumerate()
+                .map(|(i, xi)| w[o * x.len() + i] * xi)
+                .sum::<f64>()
+        })
+        .collect()
+}
+
+#[test]
+fn the_encoder_equals_its_layers_as_loops() {
+    let (mut rng, seed) = common::seeded_rng("frame encoder", 301);
+    for (side, d_model) in [(24, 30), (8, 5), (13, 7)] {
+        let cfg = FrameEncoderConfig {
+            side,
+            d_model,
+            seed: rng.random(),
+        };
+        let varmap = VarMap::new();
+        let enc = FrameEncoder::new(
+            cfg.clone(),
+            VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu),
+        )
+        .unwrap();
+        let p: std::collections::HashMap<String, Vec<f64>> = varmap
+            .data()
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), to_vec(v.as_tensor())))
+            .collect();
+        let (batch, len) = (2, 3);
+        let x: Vec<f64> = (0..batch * len * side * side)
+            .map(|_| rng.random_range(0.0..1.0))
+            .collect();
+        let got = to_vec(
+            &enc.forward(
+                &Tensor::from_vec(x.clone(), (batch, len, side * side), &Device::Cpu).unwrap(),
+            )
+            .unwrap(),
+        );
+        let mut want = vec![];
+        for frame in x.chunks(side * side) {
+            let (y, s) = conv(
+                (frame, 1, side),
+                (&p["conv1.weight"], &p["conv1.bias"]),
+                (5, 2, 1),
+            );
+            let (y, s) = pool(&y, 12, s);
+            let (y, s) = conv(
+                (&y, 12, s),
+                (&p["conv2.weight"], &p["conv2.bias"]),
+                (3, 1, 2),
+            );
+            let (y, _) = pool(&y, 12, s);
+            let h: Vec<f64> = dense(&y, &p["dense1.weight"], &p["dense1.bias"])
+                .iter()
+                .map(|v| v.max(0.0))
+                .collect();
+            want.extend(dense(&h, &p["dense2.weight"], &p["dense2.bias"]));
+        }
+        let e = rel_err(&got, &want);
+        assert!(e < 1e-12, "side {side}: error {e:e} (seed {seed})");
+        // Every parameter learns.
+        let loss = enc
+            .forward(&Tensor::from_vec(x, (batch, len, side * side), &Device::Cpu).unwrap())
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        common::assert_all_gradients(&varmap, &loss.backward().unwrap(), &[], "frame encoder");
+    }
+    let small = FrameEncoderConfig {
+        side: 7,
+        d_model: 4,
+        seed: 0,
+    };
+    let e = FrameEncoder::new(
+        small,
+        VarBuilder::from_varmap(&VarMap::new(), DType::F32, &Device::Cpu),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("frames of side 7"), "{e}");
+}
