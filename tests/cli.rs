@@ -1,6 +1,6 @@
-//! `myo train` as a user runs it: the banner and progress lines of a piped run, one-line
-//! errors, `--resume` and `--config` with a run's own flags, and the run folders made without
-//! `--out`.
+//! `myo train` as a user runs it: the banner and progress lines of a piped run (resumed too),
+//! one-line errors, `--resume` and `--config` with a run's own flags, and the run folders made
+//! without `--out`.
 
 mod common;
 
@@ -52,6 +52,51 @@ fn a_piped_run_shows_a_banner_and_progress_lines() {
         "{stderr}"
     );
     assert!(lines[5].starts_with("epoch 1/1  32/48 samples"), "{stderr}");
+    // Resumed from a mid-epoch checkpoint (step 2 of 3), the epoch's progress goes on from
+    // there: 48 of 48 after its one remaining batch.
+    let paused = out("banner-resumed");
+    let piped = |extra: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_myo"));
+        c.args(["train", "--epochs", "1", "--max-train-samples", "48"])
+            .args([
+                "--batch-size",
+                "16",
+                "--max-eval-samples",
+                "16",
+                "--d-model",
+                "8",
+            ])
+            .args([
+                "--state-size",
+                "4",
+                "--threads",
+                "1",
+                "--progress-every",
+                "0",
+            ])
+            .args(["--save-every", "1", "--out"])
+            .arg(&paused)
+            .args(extra)
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let mut child = piped(&[]).env("MYO_PAUSE_AT", "metrics@1").spawn().unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let at = std::io::BufRead::lines(stderr)
+        .map_while(Result::ok)
+        .any(|l| l == "myo: paused at metrics@1");
+    assert!(at, "the run did not pause");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let resumed = piped(&["--resume"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines[3].ends_with("; resuming from step 2"), "{stderr}");
+    assert!(
+        lines[4].starts_with("epoch 1/1  48/48 samples  loss "),
+        "{stderr}"
+    );
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
         .args(["train", "--progress-every=-1", "--out"])
         .arg(&dir)

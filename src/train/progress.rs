@@ -7,19 +7,23 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::trainer::Evaluation;
+use super::trainer::{EpochSoFar, Evaluation};
 
 /// What [`train`](super::run::train) reports while it runs (for progress bars and logs).
 #[derive(Clone, Debug)]
 pub enum Event {
     /// The run is set up: what it trains, where, on what data, into where.
     Start(RunInfo),
-    /// An epoch (1-based) of `batches` batches over `samples` examples begins.
+    /// An epoch (1-based) of `batches` batches over `samples` examples begins, or continues
+    /// after a resume from a mid-epoch checkpoint: `trained` examples of it already trained,
+    /// with the sums `so_far`.
     EpochStart {
         epoch: usize,
         epochs: usize,
         samples: usize,
         batches: usize,
+        trained: usize,
+        so_far: EpochSoFar,
     },
     /// A training batch: its size, mean loss and number of correct predictions.
     Batch {
@@ -87,6 +91,8 @@ pub struct Progress {
     /// The epoch (1-based), of how many, and its training examples.
     epoch: (usize, usize, usize),
     samples: usize,
+    /// Of them, those trained before this process (a resumed epoch).
+    trained_before: usize,
     loss_sum: f64,
     correct: usize,
 }
@@ -106,6 +112,7 @@ impl Progress {
             epoch_start: Instant::now(),
             epoch: (0, 0, 0),
             samples: 0,
+            trained_before: 0,
             loss_sum: 0.0,
             correct: 0,
         }
@@ -118,10 +125,13 @@ impl Progress {
                 epoch,
                 epochs,
                 samples,
+                trained,
+                so_far,
                 ..
             } => {
-                (self.epoch, self.samples, self.loss_sum, self.correct) =
-                    ((epoch, epochs, samples), 0, 0.0, 0);
+                (self.epoch, self.samples, self.trained_before) =
+                    ((epoch, epochs, samples), trained, trained);
+                (self.loss_sum, self.correct) = (so_far.loss_sum, so_far.correct);
                 (self.epoch_start, self.last_line) = (Instant::now(), Instant::now());
                 self.bar = self.lines.is_none().then(|| {
                     let bar = ProgressBar::new(samples as u64)
@@ -133,6 +143,8 @@ impl Progress {
                         .expect("a valid template")
                         .progress_chars("=> "),
                     );
+                    bar.set_position(trained as u64);
+                    bar.reset_eta();
                     bar
                 });
             }
@@ -158,7 +170,8 @@ impl Progress {
                 {
                     self.last_line = Instant::now();
                     let (epoch, epochs, total) = self.epoch;
-                    let rate = self.samples as f64 / self.epoch_start.elapsed().as_secs_f64();
+                    let now = self.samples - self.trained_before;
+                    let rate = now as f64 / self.epoch_start.elapsed().as_secs_f64();
                     eprintln!(
                         "epoch {epoch}/{epochs}  {}/{total} samples  loss {loss:.4} acc \
                          {accuracy:.4}  {} samples/s",

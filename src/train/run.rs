@@ -367,11 +367,14 @@ pub fn train(
         }
         let epoch = r.progress.epoch + 1;
         pause::set_epoch(epoch);
+        let so_far = r.progress.within;
         on_event(Event::EpochStart {
             epoch,
             epochs: cfg.epochs,
             samples: train_set.len(),
             batches: steps_per_epoch,
+            trained: (so_far.batches * cfg.batch_size).min(train_set.len()),
+            so_far,
         });
         // Train to each step of a mid-epoch evaluation or checkpoint, then to the epoch's end.
         loop {
