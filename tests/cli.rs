@@ -202,6 +202,10 @@ fn bench_flags_are_consistent_and_numbers_have_three_digits() {
             &["bench", "step", "--early-stop", "3"][..],
             "--early-stop applies to myo train",
         ),
+        (
+            &["bench", "step", "--accumulate", "2"][..],
+            "--accumulate applies to myo train",
+        ),
     ] {
         let (ok, text) = myo(args);
         assert!(!ok && text.contains(says), "{args:?}: {text}");

@@ -285,6 +285,16 @@ fn layer_options_reach_the_layers() {
     assert_eq!(myo.model.activation, Activation::Gelu);
 }
 
+/// `--accumulate N` takes N batches per optimiser step in training, one in evaluation.
+#[test]
+fn accumulation_makes_steps_of_several_batches() {
+    let cfg = ok(&["--accumulate", "3", "--batch-size", "8"]);
+    assert_eq!(cfg.accumulate, 3);
+    assert_eq!(cfg.batching(2, true).step_size(), 24);
+    assert_eq!(cfg.batching(2, false).step_size(), 8);
+    assert_eq!(ok(&[]).batching(1, true).step_size(), 32);
+}
+
 /// A config whose model does not read its task (a hand-edited file, say) is refused in the
 /// terms of the flags, not of the code's types.
 #[test]
@@ -331,6 +341,10 @@ fn bad_flags_are_errors_that_name_the_flag() {
             "--preset mnist: expected one of",
         ),
         (&["--layers", "0"][..], "--layers must be at least 1"),
+        (
+            &["--accumulate", "0"][..],
+            "--accumulate 0: expected at least 1",
+        ),
         (
             &["--model", "myo", "--heads", "0"][..],
             "--heads must be at least 1",

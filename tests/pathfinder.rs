@@ -170,6 +170,7 @@ fn pathfinder_trains_and_evaluates() {
         early_stop: None,
         eval_every: None,
         monitor: Default::default(),
+        accumulate: 1,
     };
     let out = tmp("train-out");
     let summary = train(&cfg, &out, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();

@@ -76,6 +76,7 @@ fn config(epochs: usize) -> RunConfig {
         early_stop: None,
         eval_every: None,
         monitor: Default::default(),
+        accumulate: 1,
     }
 }
 

@@ -129,6 +129,7 @@ fn training_on_listops_lowers_the_loss() {
             batch_size: 16,
             pad_to,
             shards: 2,
+            accumulate: 1,
             batch_norm: false,
         };
         let epochs = 12;
@@ -191,7 +192,9 @@ fn sequences_longer_than_the_padding_are_errors() {
 /// A batch cut into data-parallel shards (uneven: 6 + 5 + 5) takes the same step as the whole
 /// batch, dropout and BatchNorm included: the same loss and correct count, the same gradient
 /// (seen through an update that is linear in it: Adam with a large ε, so Δθ ≈ −lr·g) and the
-/// same BatchNorm running averages (statistics of each shard alone would move them apart).
+/// same BatchNorm running averages (statistics of each shard alone would move them apart). So do
+/// 4 micro-batches of 4 (`accumulate`), alone or in 2 shards each, with LayerNorm (BatchNorm
+/// normalises each micro-batch by its own statistics).
 #[test]
 fn sharded_batches_take_the_same_step() {
     for norm in [NormKind::Layer, NormKind::Batch] {
@@ -210,7 +213,11 @@ fn sharded_batch_takes_the_same_step(norm: NormKind) {
     });
     let mut deltas = Vec::new();
     let mut reports = Vec::new();
-    for shards in [1, 3] {
+    let mut cases = vec![(1, 1, 16), (3, 1, 16)];
+    if norm == NormKind::Layer {
+        cases.extend([(1, 4, 4), (2, 4, 4)]);
+    }
+    for &(shards, accumulate, batch_size) in &cases {
         // With dropout: each shard draws the whole batch's masks for its rows.
         let (varmap, m) = model_with(s5.clone(), Pooling::Mean, 0.3, norm);
         let vars = vars_of(&varmap);
@@ -232,9 +239,10 @@ fn sharded_batch_takes_the_same_step(norm: NormKind) {
         };
         let mut opt = Optimizer::new(cfg, &vars, |n| m.param_group(n)).unwrap();
         let batching = Batching {
-            batch_size: 16,
+            batch_size,
             pad_to: None,
             shards,
+            accumulate,
             batch_norm: norm == NormKind::Batch,
         };
         train_epoch(
@@ -265,23 +273,32 @@ fn sharded_batch_takes_the_same_step(norm: NormKind) {
         }
         deltas.push([trained, running]);
     }
-    assert_eq!(reports.len(), 2);
-    assert_eq!((reports[0].0, reports[0].2), (reports[1].0, reports[1].2));
-    assert!((reports[0].1 - reports[1].1).abs() < 1e-5 * reports[0].1.abs());
+    assert_eq!(reports.len(), cases.len());
     assert_eq!(deltas[0][1].is_empty(), norm == NormKind::Layer);
-    for (what, whole, sharded) in [
-        ("update", &deltas[0][0], &deltas[1][0]),
-        ("running averages' change", &deltas[0][1], &deltas[1][1]),
-    ] {
-        let scale = whole.iter().fold(0f64, |m, v| m.max(v.abs()));
-        let diff = whole
-            .iter()
-            .zip(sharded)
-            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-        assert!(
-            whole.is_empty() || (scale > 0.0 && diff < 1e-3 * scale),
-            "{norm:?}: {what} differs: {diff:e} of {scale:e}"
+    for (case, (report, delta)) in cases.iter().zip(reports.iter().zip(&deltas)).skip(1) {
+        assert_eq!(
+            (reports[0].0, reports[0].2),
+            (report.0, report.2),
+            "{case:?}"
         );
+        assert!(
+            (reports[0].1 - report.1).abs() < 1e-5 * reports[0].1.abs(),
+            "{case:?}"
+        );
+        for (what, whole, parts) in [
+            ("update", &deltas[0][0], &delta[0]),
+            ("running averages' change", &deltas[0][1], &delta[1]),
+        ] {
+            let scale = whole.iter().fold(0f64, |m, v| m.max(v.abs()));
+            let diff = whole
+                .iter()
+                .zip(parts)
+                .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                whole.is_empty() || (scale > 0.0 && diff < 1e-3 * scale),
+                "{norm:?} {case:?}: {what} differs: {diff:e} of {scale:e}"
+            );
+        }
     }
 }
 
@@ -315,6 +332,7 @@ fn failed_epoch(
         batch_size: 8,
         pad_to,
         shards: 1,
+        accumulate: 1,
         batch_norm: false,
     };
     let world = std::sync::Arc::new(World::single());

@@ -49,6 +49,7 @@ impl StepArgs {
             ("--max-eval-samples", r.max_eval_samples.is_some()),
             ("--hub", r.hub),
             ("--save-every", r.save_every > 0),
+            ("--accumulate", r.accumulate.is_some()),
             ("--log-every", r.log_every != RunArgs::default().log_every),
         ];
         if let Some((flag, _)) = train_only.iter().find(|(_, given)| *given) {

@@ -40,6 +40,13 @@ pub struct RunConfig {
     /// What makes a validation result the best: the best checkpoint and early stopping follow it.
     #[serde(default)]
     pub monitor: Monitor,
+    /// Micro-batches of `batch_size` per optimiser step, their gradients added.
+    #[serde(default = "one")]
+    pub accumulate: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// What makes a validation result better than another.
@@ -129,6 +136,7 @@ impl RunConfig {
             batch_size: self.batch_size,
             pad_to,
             shards: shards.max(1),
+            accumulate: if training { self.accumulate.max(1) } else { 1 },
             batch_norm: training && self.model.norm == NormKind::Batch,
         }
     }
@@ -177,10 +185,15 @@ pub struct RunArgs {
     /// Passes over the training split. [default: 10]
     #[arg(long)]
     pub epochs: Option<usize>,
-    /// Examples per optimiser step (the global batch, over all threads and ranks).
-    /// [default: 32]
+    /// Examples per batch (the global batch, over all threads and ranks); an optimiser step
+    /// takes --accumulate of them. [default: 32]
     #[arg(long, visible_alias = "batch")]
     pub batch_size: Option<usize>,
+    /// Batches per optimiser step, taken one after the other with their gradients added: the
+    /// step of a batch --accumulate times larger in the memory of one (BatchNorm normalises
+    /// each batch by its own statistics). [default: 1]
+    #[arg(long, value_name = "N")]
+    pub accumulate: Option<usize>,
     /// Seeds the initialisation, the shuffling and dropout (and the generated ListOps).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -588,6 +601,10 @@ impl RunArgs {
                 steps => steps,
             },
             monitor: self.monitor.unwrap_or_default(),
+            accumulate: match self.accumulate {
+                Some(0) => bail!("--accumulate 0: expected at least 1 batch per step"),
+                n => n.unwrap_or(1),
+            },
             warmup_epochs: match (self.warmup_steps, p) {
                 (None, Some(p)) => Some(p.warmup_epochs),
                 _ => None,

@@ -263,7 +263,9 @@ pub fn train(
         );
     }
     let (varmap, model) = build(&cfg.model, device)?;
-    let steps_per_epoch = train_set.len().div_ceil(cfg.batch_size.max(1));
+    let steps_per_epoch = train_set
+        .len()
+        .div_ceil(cfg.batching(exec.shards, true).step_size());
     let optim_cfg = OptimConfig {
         total_steps: cfg.epochs * steps_per_epoch,
         warmup_steps: cfg
@@ -373,7 +375,7 @@ pub fn train(
             epochs: cfg.epochs,
             samples: train_set.len(),
             batches: steps_per_epoch,
-            trained: (so_far.batches * cfg.batch_size).min(train_set.len()),
+            trained: (so_far.batches * cfg.batching(1, true).step_size()).min(train_set.len()),
             so_far,
         });
         // Train to each step of a mid-epoch evaluation or checkpoint, then to the epoch's end.

@@ -28,10 +28,23 @@ pub struct Batching {
     /// for the CPU with candle's own ops single-threaded (as `myo train` sets up), where one
     /// shard per core beats parallelism inside each op.
     pub shards: usize,
+    /// Micro-batches per optimiser step (`--accumulate`): a step takes `accumulate` batches of
+    /// `batch_size`, one after the other, and adds their gradients. BatchNorm normalises each
+    /// micro-batch with its own statistics, as PyTorch does: summing them across micro-batches
+    /// would need every micro-batch's forward pass before any backward pass, which is the
+    /// memory that accumulating saves.
+    pub accumulate: usize,
     /// The model has BatchNorm, whose batch statistics are summed over the shards (and ranks)
     /// of a training batch: the shards then run together, each on a thread of its own, and
     /// with several ranks each rank computes its part as one shard.
     pub batch_norm: bool,
+}
+
+impl Batching {
+    /// Examples per optimiser step: `accumulate` micro-batches of `batch_size`.
+    pub fn step_size(&self) -> usize {
+        self.batch_size.max(1) * self.accumulate.max(1)
+    }
 }
 
 /// Runs `f(offset, part)` on `idx` cut into up to `shards` contiguous, nearly equal parts
@@ -102,9 +115,10 @@ fn sharded_together<T: Send>(
     results.into_iter().collect()
 }
 
-/// One training step on the batch `idx` (this rank's part of it, in shards): forward, backward,
-/// the optimiser step (across ranks); returns the batch's mean loss and correct count, summed
-/// over the ranks, on the device.
+/// One training step on the batch `idx`: in `batching.accumulate` micro-batches taken in turn,
+/// each cut across the ranks (this rank's part of it) and again into the process's shards, whose
+/// gradients add up to the whole batch's; then the optimiser step (across ranks). Returns the
+/// batch's mean loss and correct count, summed over the ranks, on the device.
 #[allow(clippy::too_many_arguments)]
 fn train_batch(
     model: &SequenceClassifier,
@@ -116,49 +130,55 @@ fn train_batch(
     world: &Arc<World>,
     idx: &[usize],
 ) -> Result<(Tensor, Tensor)> {
+    // One padding for the whole batch, as without micro-batches.
     let pad = data.padding(idx, batching.pad_to);
     let step = opt.step_count() as u64;
-    // This rank's part of the batch, cut again into the process's shards.
-    let mine = part(idx.len(), world.rank(), world.size());
-    let local = if mine.is_empty() {
-        None
-    } else {
-        let shard = |at: usize, part: &[usize], shards: Option<&Shards>| {
-            let (x, lengths, y) = data.batch(part, pad, device)?;
-            let key = DropoutKey {
-                seed,
-                step,
-                first_row: (mine.start + at) as u64,
-            };
-            let logp = model.forward(&x, Some(&lengths), Mode::Train(key, shards))?;
-            // This shard's share of the batch mean.
-            let loss = (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
-            let grads = loss.backward()?;
-            Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
-        };
-        let mine_idx = &idx[mine.clone()];
-        let parts = match (batching.batch_norm, world.size()) {
-            (false, _) => sharded(mine_idx, batching.shards, |at, part| shard(at, part, None))?,
-            (true, 1) => sharded_together(mine_idx, batching.shards, shard)?,
-            // MPI is called from the main thread alone: one shard per rank.
-            (true, _) => {
-                let ranks: Shards = Arc::new(RankSum {
-                    world: world.clone(),
-                    ranks: idx.len().min(world.size()),
-                });
-                vec![shard(0, mine_idx, Some(&ranks))?]
+    // This rank's part of the micro-batch `micro` of `idx`, in shards: (summed losses, correct
+    // count, gradients), or none where the rank holds no part of it.
+    let micro_batch =
+        |micro: std::ops::Range<usize>| -> Result<Option<(Tensor, Tensor, GradStore)>> {
+            let cut = part(micro.len(), world.rank(), world.size());
+            if cut.is_empty() {
+                return Ok(None);
             }
+            let mine = micro.start + cut.start..micro.start + cut.end;
+            let shard = |at: usize, part: &[usize], shards: Option<&Shards>| {
+                let (x, lengths, y) = data.batch(part, pad, device)?;
+                let key = DropoutKey {
+                    seed,
+                    step,
+                    first_row: (mine.start + at) as u64,
+                };
+                let logp = model.forward(&x, Some(&lengths), Mode::Train(key, shards))?;
+                // This shard's share of the batch mean.
+                let loss =
+                    (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
+                let grads = loss.backward()?;
+                Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
+            };
+            let mine_idx = &idx[mine.clone()];
+            let parts = match (batching.batch_norm, world.size()) {
+                (false, _) => sharded(mine_idx, batching.shards, |at, part| shard(at, part, None))?,
+                (true, 1) => sharded_together(mine_idx, batching.shards, shard)?,
+                // MPI is called from the main thread alone: one shard per rank.
+                (true, _) => {
+                    let ranks: Shards = Arc::new(RankSum {
+                        world: world.clone(),
+                        ranks: micro.len().min(world.size()),
+                    });
+                    vec![shard(0, mine_idx, Some(&ranks))?]
+                }
+            };
+            Ok(Some(sum_parts(parts)?))
         };
-        let mut parts = parts.into_iter();
-        let (mut value, mut right, mut grads): (Tensor, Tensor, GradStore) = parts
-            .next()
-            .ok_or_else(|| internal("a batch part without shards"))?;
-        for (v, c, g) in parts {
-            value = (value + v)?;
-            right = (right + c)?;
-            grads.extend(g)?;
-        }
-        Some((value, right, grads))
+    let micro = batching.accumulate.clamp(1, idx.len().max(1));
+    let mut parts = vec![];
+    for m in 0..micro {
+        parts.extend(micro_batch(part(idx.len(), m, micro))?);
+    }
+    let local = match parts.is_empty() {
+        true => None,
+        false => Some(sum_parts(parts)?),
     };
     let (value, right) = if world.size() == 1 {
         let (value, right, grads) =
@@ -166,7 +186,8 @@ fn train_batch(
         opt.step(&grads)?;
         (value, right)
     } else {
-        let ranks = idx.len().min(world.size());
+        // The ranks that hold part of some micro-batch.
+        let ranks = idx.len().div_ceil(micro).min(world.size());
         opt.step_across(local.as_ref().map(|l| &l.2), world, ranks)?;
         let mine = match &local {
             Some((v, r, _)) => Tensor::stack(&[v, r], 0)?,
@@ -185,6 +206,20 @@ fn train_batch(
         (sum.get(0)?, sum.get(1)?)
     };
     Ok((value, right))
+}
+
+/// The sum of parts' (loss, correct count, gradients), in order.
+fn sum_parts(parts: Vec<(Tensor, Tensor, GradStore)>) -> Result<(Tensor, Tensor, GradStore)> {
+    let mut parts = parts.into_iter();
+    let (mut value, mut right, mut grads) = parts
+        .next()
+        .ok_or_else(|| internal("a batch part without shards"))?;
+    for (v, c, g) in parts {
+        value = (value + v)?;
+        right = (right + c)?;
+        grads.extend(g)?;
+    }
+    Ok((value, right, grads))
 }
 
 /// Shards are host threads, and on CUDA candle gives each host thread its own stream: our
@@ -458,7 +493,7 @@ pub struct Epoch<'a> {
 impl Epoch<'_> {
     /// The number of batches (optimiser steps) in the epoch.
     pub fn batches(&self) -> usize {
-        self.data.len().div_ceil(self.batching.batch_size.max(1))
+        self.data.len().div_ceil(self.batching.step_size())
     }
 
     /// Trains the epoch's batches from `so_far.batches` up to (not including) `until`, adding
@@ -493,6 +528,12 @@ impl Epoch<'_> {
         } else {
             None
         };
+        if batching.batch_norm && ranks > 1 && batching.accumulate > 1 {
+            candle_core::bail!(
+                "--accumulate with BatchNorm across ranks is not supported: use LayerNorm, or \
+                 one rank"
+            );
+        }
         if let (true, Some((which, n))) = (batching.batch_norm && ranks > 1, too_small) {
             candle_core::bail!(
                 "BatchNorm across {ranks} ranks needs at least {ranks} examples in every batch, \
@@ -527,7 +568,7 @@ impl Epoch<'_> {
         };
         let until = until.min(self.batches());
         let batches = order
-            .chunks(size)
+            .chunks(batching.step_size())
             .enumerate()
             .take(until)
             .skip(so_far.batches);
