@@ -1,6 +1,7 @@
 //! Data-parallel training under `mpirun` on the CPU (needs `--features mpi` and Open MPI's
 //! `mpirun`): ranks train as one process that cuts every batch into as many shards, bit for bit
-//! (the gradients are summed in rank order, as the shards are); a run resumes with another
+//! (the gradients are summed in rank order, as the shards are), also when a step accumulates
+//! several batches; a run resumes with another
 //! number of ranks; a rank that stops answering or dies ends the run with a message naming it,
 //! and the last checkpoint stays.
 #![cfg(feature = "mpi")]
@@ -91,9 +92,10 @@ fn ranks_train_as_one_process_with_as_many_shards() {
         &["--model", "myo", "--norm", "layer"],
         &["--model", "s5", "--norm", "batch"],
         &["--model", "myo", "--norm", "batch"],
+        &["--model", "s5", "--norm", "layer", "--accumulate", "2"],
     ] {
         for ranks in [2, 3] {
-            let name = format!("{}-{}-{ranks}", model[1], model[3]);
+            let name = format!("{}-{ranks}", model[1..].join("-").replace("--", ""));
             let (single, multi) = (
                 out(&format!("{name}-single")),
                 out(&format!("{name}-ranks")),

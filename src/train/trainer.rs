@@ -133,52 +133,62 @@ fn train_batch(
     // One padding for the whole batch, as without micro-batches.
     let pad = data.padding(idx, batching.pad_to);
     let step = opt.step_count() as u64;
-    // This rank's part of the micro-batch `micro` of `idx`, in shards: (summed losses, correct
-    // count, gradients), or none where the rank holds no part of it.
-    let micro_batch =
-        |micro: std::ops::Range<usize>| -> Result<Option<(Tensor, Tensor, GradStore)>> {
-            let cut = part(micro.len(), world.rank(), world.size());
-            if cut.is_empty() {
-                return Ok(None);
-            }
-            let mine = micro.start + cut.start..micro.start + cut.end;
-            let shard = |at: usize, part: &[usize], shards: Option<&Shards>| {
-                let (x, lengths, y) = data.batch(part, pad, device)?;
-                let key = DropoutKey {
-                    seed,
-                    step,
-                    first_row: (mine.start + at) as u64,
-                };
-                let logp = model.forward(&x, Some(&lengths), Mode::Train(key, shards))?;
-                // This shard's share of the batch mean.
-                let loss =
-                    (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
-                let grads = loss.backward()?;
-                Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
+    // This rank's part of the micro-batch `micro` of `idx`, in shards: each shard's (loss,
+    // correct count, gradients); none where the rank holds no part of it.
+    let micro_batch = |micro: std::ops::Range<usize>| -> Result<Vec<(Tensor, Tensor, GradStore)>> {
+        let cut = part(micro.len(), world.rank(), world.size());
+        if cut.is_empty() {
+            return Ok(vec![]);
+        }
+        let mine = micro.start + cut.start..micro.start + cut.end;
+        let shard = |at: usize, part: &[usize], shards: Option<&Shards>| {
+            let (x, lengths, y) = data.batch(part, pad, device)?;
+            let key = DropoutKey {
+                seed,
+                step,
+                first_row: (mine.start + at) as u64,
             };
-            let mine_idx = &idx[mine.clone()];
-            let parts = match (batching.batch_norm, world.size()) {
-                (false, _) => sharded(mine_idx, batching.shards, |at, part| shard(at, part, None))?,
-                (true, 1) => sharded_together(mine_idx, batching.shards, shard)?,
-                // MPI is called from the main thread alone: one shard per rank.
-                (true, _) => {
-                    let ranks: Shards = Arc::new(RankSum {
-                        world: world.clone(),
-                        ranks: micro.len().min(world.size()),
-                    });
-                    vec![shard(0, mine_idx, Some(&ranks))?]
-                }
-            };
-            Ok(Some(sum_parts(parts)?))
+            let logp = model.forward(&x, Some(&lengths), Mode::Train(key, shards))?;
+            // This shard's share of the batch mean.
+            let loss = (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
+            let grads = loss.backward()?;
+            Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
         };
+        let mine_idx = &idx[mine.clone()];
+        let parts = match (batching.batch_norm, world.size()) {
+            (false, _) => sharded(mine_idx, batching.shards, |at, part| shard(at, part, None))?,
+            (true, 1) => sharded_together(mine_idx, batching.shards, shard)?,
+            // MPI is called from the main thread alone: one shard per rank.
+            (true, _) => {
+                let ranks: Shards = Arc::new(RankSum {
+                    world: world.clone(),
+                    ranks: micro.len().min(world.size()),
+                });
+                vec![shard(0, mine_idx, Some(&ranks))?]
+            }
+        };
+        Ok(parts)
+    };
+    // Each shard's parts summed over the micro-batches first, then the shards in order: the
+    // order in which ranks (one shard each) sum theirs, so that N ranks give, to the bit, one
+    // process of N shards.
     let micro = batching.accumulate.clamp(1, idx.len().max(1));
-    let mut parts = vec![];
+    let mut by_shard: Vec<Vec<(Tensor, Tensor, GradStore)>> = vec![];
     for m in 0..micro {
-        parts.extend(micro_batch(part(idx.len(), m, micro))?);
+        for (s, p) in micro_batch(part(idx.len(), m, micro))?
+            .into_iter()
+            .enumerate()
+        {
+            match by_shard.get_mut(s) {
+                Some(parts) => parts.push(p),
+                None => by_shard.push(vec![p]),
+            }
+        }
     }
-    let local = match parts.is_empty() {
+    let by_shard: Vec<_> = by_shard.into_iter().map(sum_parts).collect::<Result<_>>()?;
+    let local = match by_shard.is_empty() {
         true => None,
-        false => Some(sum_parts(parts)?),
+        false => Some(sum_parts(by_shard)?),
     };
     let (value, right) = if world.size() == 1 {
         let (value, right, grads) =
