@@ -7,11 +7,11 @@ use myosotis::bench::{copy_bandwidth, HeadBench, ScanBench, StepArgs, TreeBench}
 use myosotis::data::generate::Generate;
 use myosotis::device::{describe, parse_device, rank_cuda_device};
 use myosotis::fail::message;
-use myosotis::train::config::{given_flags, recorded_flags, RunArgs};
+use myosotis::train::config::RunArgs;
 use myosotis::train::dist::World;
 use myosotis::train::progress::{significant, Event, Progress};
 use myosotis::train::run::{eval_checkpoint, train, Exec, Origin, Start};
-use myosotis::train::start::{fresh_run_dir, point_latest_at};
+use myosotis::train::start::{fresh_run_dir, given_flags, point_latest_at, recorded_flags};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,13 +1,14 @@
 //! How a run starts: what a resumed run must share with the run it continues (its settings,
-//! and its data by content), what `config.json` records of the environment, and the folder of a
-//! run started without `--out`.
+//! and its data by content), what `config.json` records of the environment and of the flags
+//! given (which `--resume` and `--config` read back), and the folder of a run started without
+//! `--out`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::config::RunConfig;
+use super::config::{RunArgs, RunConfig};
 use super::run::Exec;
 use crate::data::dataset::Dataset;
 use crate::nn::SeqLayerConfig;
@@ -172,4 +173,52 @@ fn symlink(_: &std::ffi::OsStr, _: &Path) -> std::io::Result<()> {
         std::io::ErrorKind::Unsupported,
         "symbolic links are made on Unix only",
     ))
+}
+
+/// The run flags (those of [`RunArgs`]) that a command line gave, as flags again, e.g.
+/// `["--model=myo", "--per-level"]`: `matches` are those of a command that flattens `RunArgs`.
+pub fn given_flags(matches: &clap::ArgMatches) -> Vec<String> {
+    let cmd = <RunArgs as clap::Args>::augment_args(clap::Command::new("run"));
+    let mut flags = vec![];
+    for arg in cmd.get_arguments() {
+        let id = arg.get_id().as_str();
+        let given = matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        let Some(long) = arg.get_long().filter(|_| given) else {
+            continue;
+        };
+        if !arg.get_action().takes_values() {
+            flags.push(format!("--{long}"));
+            continue;
+        }
+        for v in matches.get_raw(id).into_iter().flatten() {
+            flags.push(format!("--{long}={}", v.to_string_lossy()));
+        }
+    }
+    flags
+}
+
+/// The run flags an earlier run recorded in its `config.json` (`environment.flags`), for
+/// `--resume` and `--config`.
+pub fn recorded_flags(config_json: &std::path::Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(config_json)
+        .with_context(|| format!("reading {}", config_json.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a run's config.json", config_json.display()))?;
+    let Some(flags) = v.pointer("/environment/flags").and_then(|f| f.as_array()) else {
+        bail!(
+            "{} records no command-line flags (a run started from code, or by an earlier \
+             version): give its flags instead",
+            config_json.display()
+        );
+    };
+    flags
+        .iter()
+        .map(|f| f.as_str().map(str::to_string))
+        .collect::<Option<_>>()
+        .with_context(|| {
+            format!(
+                "{}: environment.flags holds a non-string",
+                config_json.display()
+            )
+        })
 }
