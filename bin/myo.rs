@@ -281,15 +281,20 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
             if !world.is_root() {
                 return Ok(());
             }
+            let (val, test) = match (summary.best_val_accuracy, summary.test_accuracy) {
+                (Some(v), Some(t)) => (format!("accuracy {v:.4}"), format!("accuracy {t:.4}")),
+                _ => (
+                    format!("mse {:.3e}", summary.best_val_loss),
+                    format!("mse {:.3e}", summary.test_loss),
+                ),
+            };
             println!(
-                "done: {} epochs, {} steps in {:.0} s; best val accuracy {:.4} (epoch {}, step {}), test accuracy {:.4}; outputs in {}",
+                "done: {} epochs, {} steps in {:.0} s; best val {val} (epoch {}, step {}), test {test}; outputs in {}",
                 summary.epochs,
                 summary.steps,
                 summary.seconds,
-                summary.best_val_accuracy,
                 summary.best_epoch,
                 summary.best_step,
-                summary.test_accuracy,
                 out.display()
             );
         }
@@ -305,8 +310,12 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
             let e = eval_checkpoint(&checkpoint, data_dir.as_deref(), max_samples, &exec)?;
             println!(
                 "{}",
-                serde_json::json!({"checkpoint": checkpoint, "split": "test", "examples": e.examples,
-                    "loss": e.loss, "accuracy": e.accuracy})
+                match e.accuracy {
+                    Some(a) => serde_json::json!({"checkpoint": checkpoint, "split": "test",
+                        "examples": e.examples, "loss": e.loss, "accuracy": a}),
+                    None => serde_json::json!({"checkpoint": checkpoint, "split": "test",
+                        "examples": e.examples, "mse": e.loss}),
+                }
             );
         }
         Command::Data { which } => println!("{}", which.run()?),

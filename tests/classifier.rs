@@ -72,6 +72,7 @@ fn config(
         dropout: 0.1,
         pooling,
         classes: 4,
+        timing: Default::default(),
         seed: 0,
         bn_momentum: BN_MOMENTUM,
     }

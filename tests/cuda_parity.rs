@@ -11,7 +11,7 @@ mod common;
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use common::*;
-use myosotis::data::dataset::Dataset;
+use myosotis::data::dataset::{Dataset, Target};
 use myosotis::nn::*;
 use rand::Rng;
 
@@ -86,6 +86,7 @@ fn model(layer: &SeqLayerConfig, norm: NormKind, dev: &Device) -> (VarMap, Seque
         dropout: 0.0,
         pooling: Pooling::Mean,
         classes: 10,
+        timing: Default::default(),
         seed: 3,
         bn_momentum: BN_MOMENTUM,
     };
@@ -120,16 +121,18 @@ fn cuda_training_step_matches_the_cpu_for_every_model() {
             g.set(&v.as_tensor().to_device(&gpu).unwrap()).unwrap();
         }
         let step = |m: &SequenceClassifier, vars: &VarMap, dev: &Device| {
-            let (x, lengths, y) = data.batch(&idx, None, dev).unwrap();
+            let batch = data.batch(&idx, None, dev).unwrap();
+            let (x, lengths) = (&batch.x, &batch.lengths);
+            let Target::Labels(y) = &batch.target else {
+                unreachable!("a labelled dataset")
+            };
             let key = DropoutKey {
                 seed: 0,
                 step: 0,
                 first_row: 0,
             };
-            let logp = m
-                .forward(&x, Some(&lengths), Mode::Train(key, None))
-                .unwrap();
-            let loss = candle_nn::loss::nll(&logp, &y).unwrap();
+            let logp = m.forward(x, Some(lengths), Mode::Train(key, None)).unwrap();
+            let loss = candle_nn::loss::nll(&logp, y).unwrap();
             let grads = loss.backward().unwrap();
             let mut out = vec![("loss".to_string(), to_vec(&loss))];
             let data = vars.data().lock().unwrap();

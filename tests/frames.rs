@@ -2,7 +2,7 @@
 
 mod common;
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use common::{rel_err, to_vec};
 use myosotis::nn::frames::{FrameEncoder, FrameEncoderConfig};
@@ -77,11 +77,12 @@ fn dense(x: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
 #[test]
 fn the_encoder_equals_its_layers_as_loops() {
     let (mut rng, seed) = common::seeded_rng("frame encoder", 301);
-    for (side, d_model) in [(24, 30), (8, 5), (13, 7)] {
+    for (side, d_model, append_dt) in [(24, 30, false), (8, 5, true), (13, 7, false)] {
         let cfg = FrameEncoderConfig {
             side,
             d_model,
             seed: rng.random(),
+            append_dt,
         };
         let varmap = VarMap::new();
         let enc = FrameEncoder::new(
@@ -100,14 +101,17 @@ fn the_encoder_equals_its_layers_as_loops() {
         let x: Vec<f64> = (0..batch * len * side * side)
             .map(|_| rng.random_range(0.0..1.0))
             .collect();
-        let got = to_vec(
-            &enc.forward(
-                &Tensor::from_vec(x.clone(), (batch, len, side * side), &Device::Cpu).unwrap(),
-            )
-            .unwrap(),
-        );
+        let dt: Vec<f64> = (0..batch * len)
+            .map(|_| rng.random_range(0.5..3.0))
+            .collect();
+        let dt_t = Tensor::from_vec(dt.clone(), (batch, len), &Device::Cpu).unwrap();
+        let forward = |x: Vec<f64>| {
+            let x = Tensor::from_vec(x, (batch, len, side * side), &Device::Cpu).unwrap();
+            enc.forward_timed(&x, Some(&dt_t)).unwrap()
+        };
+        let got = to_vec(&forward(x.clone()));
         let mut want = vec![];
-        for frame in x.chunks(side * side) {
+        for (frame, dt) in x.chunks(side * side).zip(&dt) {
             let (y, s) = conv(
                 (frame, 1, side),
                 (&p["conv1.weight"], &p["conv1.bias"]),
@@ -120,28 +124,51 @@ fn the_encoder_equals_its_layers_as_loops() {
                 (3, 1, 2),
             );
             let (y, _) = pool(&y, 12, s);
-            let h: Vec<f64> = dense(&y, &p["dense1.weight"], &p["dense1.bias"])
+            let mut h: Vec<f64> = dense(&y, &p["dense1.weight"], &p["dense1.bias"])
                 .iter()
                 .map(|v| v.max(0.0))
                 .collect();
+            if append_dt {
+                h.push(*dt);
+            }
             want.extend(dense(&h, &p["dense2.weight"], &p["dense2.bias"]));
         }
         let e = rel_err(&got, &want);
         assert!(e < 1e-12, "side {side}: error {e:e} (seed {seed})");
-        // Every parameter learns.
-        let loss = enc
-            .forward(&Tensor::from_vec(x, (batch, len, side * side), &Device::Cpu).unwrap())
-            .unwrap()
-            .sqr()
-            .unwrap()
-            .sum_all()
-            .unwrap();
-        common::assert_all_gradients(&varmap, &loss.backward().unwrap(), &[], "frame encoder");
+        // Every parameter learns, and its gradient is the loss's finite difference.
+        let loss = |x: Vec<f64>| forward(x).sqr().unwrap().sum_all().unwrap();
+        let grads = loss(x.clone()).backward().unwrap();
+        common::assert_all_gradients(&varmap, &grads, &[], "frame encoder");
+        for (name, var) in varmap.data().lock().unwrap().iter() {
+            let g = to_vec(grads.get(var.as_tensor()).unwrap());
+            let w = to_vec(var.as_tensor());
+            for _ in 0..3 {
+                let i = rng.random_range(0..w.len());
+                let at = |v: f64| {
+                    let mut w = w.clone();
+                    w[i] = v;
+                    var.set(&Tensor::from_vec(w, var.dims(), &Device::Cpu).unwrap())
+                        .unwrap();
+                    loss(x.clone()).to_scalar::<f64>().unwrap()
+                };
+                let h = 1e-6;
+                let fd = (at(w[i] + h) - at(w[i] - h)) / (2.0 * h);
+                at(w[i]);
+                let err = (fd - g[i]).abs() / (1e-6 + fd.abs().max(g[i].abs()));
+                assert!(
+                    err < 1e-5,
+                    "side {side}: d loss / d {name}[{i}] = {} by backprop, {fd} by finite \
+                     differences (seed {seed})",
+                    g[i]
+                );
+            }
+        }
     }
     let small = FrameEncoderConfig {
         side: 7,
         d_model: 4,
         seed: 0,
+        append_dt: false,
     };
     let e = FrameEncoder::new(
         small,

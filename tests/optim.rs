@@ -218,6 +218,7 @@ fn parameters_fall_into_the_reference_groups() {
             dropout: 0.0,
             pooling: Pooling::Mean,
             classes: 3,
+            timing: Default::default(),
             seed: 0,
             bn_momentum: BN_MOMENTUM,
         };

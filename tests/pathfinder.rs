@@ -146,6 +146,7 @@ fn pathfinder_trains_and_evaluates() {
             dropout: 0.0,
             pooling: Pooling::Mean,
             classes: 2,
+            timing: Default::default(),
             seed: 0,
             bn_momentum: BN_MOMENTUM,
         },
@@ -175,7 +176,11 @@ fn pathfinder_trains_and_evaluates() {
     let out = tmp("train-out");
     let summary = train(&cfg, &out, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();
     // 200 images: 160 / 20 / 20; brightness separates the classes.
-    assert!(summary.test_accuracy > 0.75, "{}", summary.test_accuracy);
+    assert!(
+        summary.test_accuracy.unwrap() > 0.75,
+        "{}",
+        summary.test_accuracy.unwrap()
+    );
     let e = eval_checkpoint(
         &out.join("best.safetensors"),
         None,
@@ -183,5 +188,5 @@ fn pathfinder_trains_and_evaluates() {
         &Exec::on(&Device::Cpu),
     )
     .unwrap();
-    assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
+    assert!((e.accuracy.unwrap() - summary.test_accuracy.unwrap()).abs() < 1e-12);
 }

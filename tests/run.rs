@@ -52,6 +52,7 @@ fn config(epochs: usize) -> RunConfig {
             dropout: 0.0,
             pooling: Pooling::Mean,
             classes: 10,
+            timing: Default::default(),
             seed: 0,
             bn_momentum: BN_MOMENTUM,
         },
@@ -132,10 +133,10 @@ fn tiny_run_writes_outputs_and_eval_reproduces_its_accuracy() {
     assert!(err.to_string().contains("already holds a run"), "{err}");
     let e = eval_best(&dir, None);
     assert!(
-        (e.accuracy - summary.test_accuracy).abs() < 1e-12,
+        (e.accuracy.unwrap() - summary.test_accuracy.unwrap()).abs() < 1e-12,
         "eval {} vs run {}",
-        e.accuracy,
-        summary.test_accuracy
+        e.accuracy.unwrap(),
+        summary.test_accuracy.unwrap()
     );
     assert_eq!(e.examples, 32, "the whole test split");
     let replaced = train(&config(1), &dir, &cpu, Start::Replace, |_| {}).unwrap();
@@ -240,14 +241,14 @@ fn image_tasks_train_from_idx_files() {
         cfg.model.layer = layer;
         let dir = out(task);
         let summary = train(&cfg, &dir, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();
-        eprintln!("{task}: test accuracy {}", summary.test_accuracy);
+        eprintln!("{task}: test accuracy {}", summary.test_accuracy.unwrap());
         assert!(
-            summary.test_accuracy > 0.3,
+            summary.test_accuracy.unwrap() > 0.3,
             "{task}: test accuracy {} (chance 0.1)",
-            summary.test_accuracy
+            summary.test_accuracy.unwrap()
         );
         let e = eval_best(&dir, None);
-        assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
+        assert!((e.accuracy.unwrap() - summary.test_accuracy.unwrap()).abs() < 1e-12);
     }
 }
 
@@ -325,14 +326,17 @@ fn ssm2d_and_bilinear_s5_learn_digits_from_the_command_line() {
     ] {
         let flags: Vec<&str> = common.iter().chain(extra).copied().collect();
         let (summary, dir) = train_flags(name, &flags);
-        eprintln!("{name}: test accuracy {}", summary.test_accuracy);
+        eprintln!("{name}: test accuracy {}", summary.test_accuracy.unwrap());
         assert!(
-            summary.test_accuracy > 0.3,
+            summary.test_accuracy.unwrap() > 0.3,
             "{name}: test accuracy {} (chance 0.1)",
-            summary.test_accuracy
+            summary.test_accuracy.unwrap()
         );
         let e = eval_best(&dir, None);
-        assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12, "{name}");
+        assert!(
+            (e.accuracy.unwrap() - summary.test_accuracy.unwrap()).abs() < 1e-12,
+            "{name}"
+        );
         assert_eq!(e.examples, 100, "{name}: the whole test split");
         checkpoint = dir.join("best.safetensors");
     }
@@ -397,7 +401,7 @@ fn myo_with_a_chain_tree_trains_on_generated_listops() {
     }
     // The run scored the first 64 test examples; so does eval when told to.
     let e = eval_best(&dir, Some(64));
-    assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
+    assert!((e.accuracy.unwrap() - summary.test_accuracy.unwrap()).abs() < 1e-12);
     assert_eq!(e.examples, 64);
 }
 
@@ -432,12 +436,12 @@ fn a_task_defined_outside_the_registry_is_one_entry() {
     let dir = out("custom");
     let summary = train(&cfg, &dir, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();
     assert!(
-        summary.test_accuracy > 0.3,
+        summary.test_accuracy.unwrap() > 0.3,
         "test accuracy {} (chance 0.1)",
-        summary.test_accuracy
+        summary.test_accuracy.unwrap()
     );
     let e = eval_best(&dir, None);
-    assert!((e.accuracy - summary.test_accuracy).abs() < 1e-12);
+    assert!((e.accuracy.unwrap() - summary.test_accuracy.unwrap()).abs() < 1e-12);
 }
 
 /// Every `log_every`-th step writes a step record (its batch's loss and accuracy, the learning
@@ -588,7 +592,10 @@ fn evaluations_within_epochs_choose_the_best_checkpoint() {
     let best = new_lows.last().copied().unwrap() as usize;
     assert_eq!(summary.best_step, best);
     assert_eq!(summary.best_epoch, best.div_ceil(6));
-    assert_eq!(eval_best(&dir, None).accuracy, summary.test_accuracy);
+    assert_eq!(
+        eval_best(&dir, None).accuracy.unwrap(),
+        summary.test_accuracy.unwrap()
+    );
     // A finished run resumed adds nothing.
     let again = train(&cfg, &dir, &Exec::on(&Device::Cpu), Start::Resume, |_| {}).unwrap();
     assert_eq!((again.steps, again.best_step), (24, best));

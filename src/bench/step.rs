@@ -1,11 +1,14 @@
 //! The benchmark of a whole training step: its time, and what it executes.
 
 use super::*;
+use crate::data::dataset::{Batch, Target};
 use crate::device::parse_device;
+use crate::nn::Pooling;
 use crate::ops::in_place_updates;
 use crate::train::config::RunArgs;
 use crate::train::optim::{OptimConfig, Optimizer};
 use crate::train::run::Exec;
+use crate::train::trainer::score;
 use candle_core::backprop::GradStore;
 
 /// `myo bench step`'s flags: a run's definition (only its shapes are used: no data is read) and
@@ -186,8 +189,7 @@ fn count<R>(device: &Device, f: impl FnOnce() -> Result<R>) -> Result<(R, OpCoun
 struct Setup {
     model: SequenceClassifier,
     opt: Optimizer,
-    x: Tensor,
-    y: Tensor,
+    batch: Batch,
     step: u64,
 }
 
@@ -199,8 +201,7 @@ impl Setup {
             step: self.step,
             first_row: 0,
         };
-        let logp = self.model.forward(&self.x, None, Mode::Train(key, None))?;
-        candle_nn::loss::nll(&logp, &self.y)
+        Ok(score(&self.model, &self.batch, Mode::Train(key, None))?.0)
     }
 
     fn step(&mut self) -> Result<()> {
@@ -224,18 +225,40 @@ impl StepBench {
             EncoderConfig::Embedding { vocab } => {
                 Tensor::rand(0f32, vocab as f32, (b, l), device)?.to_dtype(DType::U32)?
             }
+            EncoderConfig::Frames { side } => Tensor::rand(0f32, 1., (b, l, side * side), device)?,
         };
-        let y = Tensor::rand(0f32, self.model.classes as f32, b, device)?.to_dtype(DType::U32)?;
+        let classes = self.model.classes;
+        // Regression at every step: targets per step, and intervals of 1 to 3 time units.
+        let (target, dt) = match self.model.pooling {
+            Pooling::None => (
+                Target::Values(Tensor::randn(0f32, 1., (b, l, classes), device)?),
+                Some(Tensor::rand(1f32, 3., (b, l), device)?),
+            ),
+            _ => (
+                Target::Labels(
+                    Tensor::rand(0f32, classes as f32, b, device)?.to_dtype(DType::U32)?,
+                ),
+                None,
+            ),
+        };
+        let batch = Batch {
+            x,
+            lengths: Tensor::full(l as u32, b, device)?,
+            target,
+            dt,
+        };
         let mut s = Setup {
             model,
             opt,
-            x,
-            y,
+            batch,
             step: 0,
         };
         let whole = time_median(device, self.warmup, self.repeats, || s.step())?;
         let forward = time_median(device, self.warmup, self.repeats, || {
-            s.model.forward(&s.x, None, Mode::Eval).map(drop)
+            let x = &s.batch;
+            s.model
+                .forward_timed(&x.x, None, x.dt.as_ref(), Mode::Eval)
+                .map(drop)
         })?;
         // One sequence layer on its own input: all tree nodes for Myo over all nodes.
         let width = s.model.positions(l);

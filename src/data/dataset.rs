@@ -1,4 +1,5 @@
-//! A labelled split held in memory, and how its examples become batches (padding included).
+//! A split held in memory, and how its examples become batches (padding included): labelled
+//! sequences for classification, or sequences with a target at every step for regression.
 
 use candle_core::{Device, Result, Tensor};
 
@@ -17,20 +18,62 @@ pub enum Dataset {
         features: usize,
         labels: Vec<u32>,
     },
+    /// Real sequences of one length with a real target at every step, sampled at irregular
+    /// times: `values` (examples, len, features), `dt` (examples, len) each step's interval since
+    /// the one before (the first step's is one time unit), `targets` (examples, len, outputs).
+    Series {
+        values: Vec<f32>,
+        dt: Vec<f32>,
+        targets: Vec<f32>,
+        len: usize,
+        features: usize,
+        outputs: usize,
+    },
+}
+
+/// A batch of examples on the device.
+#[derive(Debug)]
+pub struct Batch {
+    /// (batch, length) token ids or (batch, length, features) values.
+    pub x: Tensor,
+    /// (batch) u32: the valid steps of each sequence.
+    pub lengths: Tensor,
+    pub target: Target,
+    /// (batch, length) each step's interval since the one before, for series.
+    pub dt: Option<Tensor>,
+}
+
+/// What a batch's model output is scored against.
+#[derive(Debug)]
+pub enum Target {
+    /// (batch) u32 class labels.
+    Labels(Tensor),
+    /// (batch, length, outputs) f32 values at every step.
+    Values(Tensor),
 }
 
 impl Dataset {
     pub fn len(&self) -> usize {
-        self.labels().len()
+        match self {
+            Dataset::Series { dt, len: steps, .. } => dt.len() / steps.max(&1),
+            _ => self.labels().len(),
+        }
+    }
+
+    /// Whether the examples have real targets at every step (regression) rather than labels.
+    pub fn is_regression(&self) -> bool {
+        matches!(self, Dataset::Series { .. })
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The class labels (none for series).
     pub fn labels(&self) -> &[u32] {
         match self {
             Dataset::Tokens { labels, .. } | Dataset::Real { labels, .. } => labels,
+            Dataset::Series { .. } => &[],
         }
     }
 
@@ -54,11 +97,21 @@ impl Dataset {
             } => {
                 hash.update((*len as u64).to_le_bytes());
                 hash.update((*features as u64).to_le_bytes());
-                let mut bytes = Vec::with_capacity(4 << 12);
-                for chunk in values.chunks(1 << 12) {
-                    bytes.clear();
-                    bytes.extend(chunk.iter().flat_map(|v| v.to_le_bytes()));
-                    hash.update(&bytes);
+                hash_floats(hash, values);
+            }
+            Dataset::Series {
+                values,
+                dt,
+                targets,
+                len,
+                features,
+                outputs,
+            } => {
+                for n in [len, features, outputs] {
+                    hash.update((*n as u64).to_le_bytes());
+                }
+                for v in [values, dt, targets] {
+                    hash_floats(hash, v);
                 }
             }
         }
@@ -69,37 +122,54 @@ impl Dataset {
 
     /// The first `n` examples (all when fewer).
     pub fn truncated(&self, n: usize) -> Dataset {
+        self.examples(0..n.min(self.len()))
+    }
+
+    /// The examples after the first `n` (none when fewer).
+    pub fn skipped(&self, n: usize) -> Dataset {
+        self.examples(n.min(self.len())..self.len())
+    }
+
+    /// The examples `r` (within `0..self.len()`).
+    fn examples(&self, r: std::ops::Range<usize>) -> Dataset {
+        let rows = |v: &[f32], per: usize| v[r.start * per..r.end * per].to_vec();
         match self {
             Dataset::Tokens { seqs, labels } => Dataset::Tokens {
-                seqs: seqs.iter().take(n).cloned().collect(),
-                labels: labels.iter().take(n).copied().collect(),
+                seqs: seqs[r.clone()].to_vec(),
+                labels: labels[r].to_vec(),
             },
             Dataset::Real {
                 values,
                 len,
                 features,
                 labels,
-            } => {
-                let k = n.min(labels.len());
-                Dataset::Real {
-                    values: values[..k * len * features].to_vec(),
-                    len: *len,
-                    features: *features,
-                    labels: labels[..k].to_vec(),
-                }
-            }
+            } => Dataset::Real {
+                values: rows(values, len * features),
+                len: *len,
+                features: *features,
+                labels: labels[r].to_vec(),
+            },
+            Dataset::Series {
+                values,
+                dt,
+                targets,
+                len,
+                features,
+                outputs,
+            } => Dataset::Series {
+                values: rows(values, len * features),
+                dt: rows(dt, *len),
+                targets: rows(targets, len * outputs),
+                len: *len,
+                features: *features,
+                outputs: *outputs,
+            },
         }
     }
 
-    /// The batch of examples `idx`: inputs, their lengths (u32) and labels (u32). Token
-    /// sequences are padded to `pad_to` when given (a Myo tree's leaves), else to the longest.
-    pub fn batch(
-        &self,
-        idx: &[usize],
-        pad_to: Option<usize>,
-        device: &Device,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let labels: Vec<u32> = idx.iter().map(|&i| self.labels()[i]).collect();
+    /// The batch of examples `idx`. Token sequences are padded to `pad_to` when given (a Myo
+    /// tree's leaves), else to the longest; real sequences, of one length, are not padded.
+    pub fn batch(&self, idx: &[usize], pad_to: Option<usize>, device: &Device) -> Result<Batch> {
         let (x, lengths) = match self {
             Dataset::Tokens { seqs, .. } => {
                 let longest = idx.iter().map(|&i| seqs[i].len()).max().unwrap_or(0);
@@ -125,23 +195,58 @@ impl Dataset {
                 len,
                 features,
                 ..
+            }
+            | Dataset::Series {
+                values,
+                len,
+                features,
+                ..
             } => {
-                let per = len * features;
-                let mut flat = Vec::with_capacity(idx.len() * per);
-                for &i in idx {
-                    flat.extend_from_slice(&values[i * per..(i + 1) * per]);
+                if pad_to.is_some_and(|p| p != *len) {
+                    candle_core::bail!(
+                        "sequences of {len} steps cannot be padded to {} (a tree's leaves): \
+                         choose a model without padding",
+                        pad_to.unwrap_or_default()
+                    );
                 }
-                (
-                    Tensor::from_vec(flat, (idx.len(), *len, *features), device)?,
-                    vec![*len as u32; idx.len()],
-                )
+                let x = rows(
+                    values,
+                    idx,
+                    len * features,
+                    (idx.len(), *len, *features),
+                    device,
+                )?;
+                (x, vec![*len as u32; idx.len()])
             }
         };
-        Ok((
+        let (target, dt) = match self {
+            Dataset::Series {
+                dt,
+                targets,
+                len,
+                outputs,
+                ..
+            } => (
+                Target::Values(rows(
+                    targets,
+                    idx,
+                    len * outputs,
+                    (idx.len(), *len, *outputs),
+                    device,
+                )?),
+                Some(rows(dt, idx, *len, (idx.len(), *len), device)?),
+            ),
+            _ => {
+                let labels: Vec<u32> = idx.iter().map(|&i| self.labels()[i]).collect();
+                (Target::Labels(Tensor::new(labels, device)?), None)
+            }
+        };
+        Ok(Batch {
             x,
-            Tensor::new(lengths, device)?,
-            Tensor::new(labels, device)?,
-        ))
+            lengths: Tensor::new(lengths, device)?,
+            target,
+            dt,
+        })
     }
 
     /// The padding of batch `idx`: `pad_to`, else the longest token sequence of the whole batch, so
@@ -151,7 +256,32 @@ impl Dataset {
             Dataset::Tokens { seqs, .. } => {
                 pad_to.or_else(|| idx.iter().map(|&i| seqs[i].len()).max())
             }
-            Dataset::Real { .. } => pad_to,
+            Dataset::Real { .. } | Dataset::Series { .. } => pad_to,
         }
+    }
+}
+
+/// Rows `idx` of `values`, `per` values each, as a tensor of `shape`.
+fn rows(
+    values: &[f32],
+    idx: &[usize],
+    per: usize,
+    shape: impl Into<candle_core::Shape>,
+    device: &Device,
+) -> Result<Tensor> {
+    let mut flat = Vec::with_capacity(idx.len() * per);
+    for &i in idx {
+        flat.extend_from_slice(&values[i * per..(i + 1) * per]);
+    }
+    Tensor::from_vec(flat, shape, device)
+}
+
+/// Feeds `values`' bytes to `hash`, a chunk at a time.
+fn hash_floats(hash: &mut impl sha2::Digest, values: &[f32]) {
+    let mut bytes = Vec::with_capacity(4 << 12);
+    for chunk in values.chunks(1 << 12) {
+        bytes.clear();
+        bytes.extend(chunk.iter().flat_map(|v| v.to_le_bytes()));
+        hash.update(&bytes);
     }
 }

@@ -36,6 +36,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
+use super::dataset::Dataset;
 use crate::nn::init::normal;
 
 /// Image side of the frames.
@@ -495,4 +496,74 @@ pub fn subsample(ep: &Episodes, keep: usize, seed: u64) -> Result<Episodes> {
         }
     }
     Ok(out)
+}
+
+/// The pendulum task's splits from the benchmark file in `dir`: each sequence keeps `keep` of
+/// its frames ([`subsample`], split k drawing from `seed` + k·2³²), pixels scaled to [0, 1].
+/// Validation is the file's `valid_*` arrays, or without them the last third of its training
+/// sequences (the benchmark's own file has training and test sequences only).
+pub fn load(dir: &Path, keep: usize, seed: u64) -> Result<[Dataset; 3]> {
+    let path = dir.join(FILE);
+    let split = |name: &str, k: u64| -> Result<Dataset> {
+        let ep = subsample(&read_split(&path, name)?, keep, seed.wrapping_add(k << 32))
+            .with_context(|| format!("{}: {name}", path.display()))?;
+        Ok(series(&ep))
+    };
+    let test = split("test", 2)?;
+    if has_split(&path, "valid")? {
+        return Ok([split("train", 0)?, split("valid", 1)?, test]);
+    }
+    let all = split("train", 0)?;
+    let train = all.len() - all.len() / 3;
+    if train == all.len() {
+        bail!(
+            "{}: {} training sequences and no valid_* arrays: at least 3 are needed to hold a \
+             third out for validation",
+            path.display(),
+            all.len()
+        );
+    }
+    Ok([all.truncated(train), all.skipped(train), test])
+}
+
+/// The pendulum task's test split alone (see [`load`]).
+pub fn load_test(dir: &Path, keep: usize, seed: u64) -> Result<Dataset> {
+    let path = dir.join(FILE);
+    let ep = subsample(
+        &read_split(&path, "test")?,
+        keep,
+        seed.wrapping_add(2 << 32),
+    )
+    .with_context(|| format!("{}: test", path.display()))?;
+    Ok(series(&ep))
+}
+
+/// Whether the npz file at `path` has arrays of `split`.
+fn has_split(path: &Path, split: &str) -> Result<bool> {
+    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let zip = zip::ZipArchive::new(std::io::BufReader::new(file))
+        .with_context(|| format!("{}: not an npz (zip) file", path.display()))?;
+    let prefix = format!("{split}_");
+    let found = zip
+        .file_names()
+        .any(|n| n.is_ok_and(|n| n.starts_with(&prefix)));
+    Ok(found)
+}
+
+/// Episodes as a series dataset: frames of [0, 1] values, each step's interval since the one
+/// before (the first step's one frame), and the (sin, cos) targets.
+fn series(ep: &Episodes) -> Dataset {
+    let mut dt = Vec::with_capacity(ep.ts.len());
+    for seq in ep.ts.chunks(ep.frames.max(1)) {
+        dt.push(1.0);
+        dt.extend(seq.windows(2).map(|w| (w[1] - w[0]) as f32));
+    }
+    Dataset::Series {
+        values: ep.obs.iter().map(|&p| p as f32 / 255.0).collect(),
+        dt,
+        targets: ep.targets.iter().map(|&v| v as f32).collect(),
+        len: ep.frames,
+        features: SIDE * SIDE,
+        outputs: 2,
+    }
 }

@@ -20,12 +20,13 @@ use crate::nn::{EncoderConfig, TreeSpec};
 /// pixels): it sizes Myo's tree and the padding before any data is read.
 pub const MAX_LEN: usize = 1 << 20;
 
-/// One task: a labelled sequence-classification problem.
+/// One task: a labelled sequence-classification problem, or a regression at every step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     /// The name `--task` takes.
     pub name: String,
     pub input: Input,
+    /// Classes, or for a regression the outputs at every step.
     pub classes: usize,
     /// Myo's tree over the sequence.
     pub tree: TreeShape,
@@ -45,6 +46,20 @@ pub enum Input {
     Listops { max_len: usize },
     /// Images as pixel sequences.
     Pixels(Pixels),
+    /// Irregularly sampled series of grey frames with real targets at every frame: the pendulum
+    /// benchmark's `pend_regression.npz` ([`super::pendulum`]).
+    Frames(Frames),
+}
+
+/// A frame-series task's frames.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Frames {
+    /// Frames are `side` × `side`.
+    pub side: usize,
+    /// Frames kept per sequence, drawn without replacement and kept in time order.
+    pub keep: usize,
+    /// Seeds the draw of the kept frames.
+    pub seed: u64,
 }
 
 /// An image task's pixels.
@@ -301,6 +316,19 @@ pub fn registry() -> Vec<Task> {
         },
         pathfinder("pathfinder", 32, 4),
         pathfinder("pathx", 128, 2),
+        // S5 §6.3: 50 of 100 frames, (sin, cos) of the angle at each, a causal model.
+        Task {
+            name: "pendulum".into(),
+            input: Input::Frames(Frames {
+                side: super::pendulum::SIDE,
+                keep: 50,
+                seed: 0,
+            }),
+            classes: 2,
+            tree: TreeShape::Ragged { arity: 2 },
+            causal: true,
+            coupling_init: None,
+        },
     ]
 }
 
@@ -319,8 +347,13 @@ impl Task {
     pub fn pixels(&self) -> Option<&Pixels> {
         match &self.input {
             Input::Pixels(p) => Some(p),
-            Input::Listops { .. } => None,
+            _ => None,
         }
+    }
+
+    /// Whether the task regresses values at every step (rather than classifying sequences).
+    pub fn regression(&self) -> bool {
+        matches!(self.input, Input::Frames(_))
     }
 
     /// The longest sequence (for images, the number of pixels): the padding of Myo's trees.
@@ -328,6 +361,7 @@ impl Task {
         match &self.input {
             Input::Listops { max_len } => *max_len,
             Input::Pixels(p) => p.side.saturating_mul(p.side),
+            Input::Frames(f) => f.keep,
         }
     }
 
@@ -340,6 +374,7 @@ impl Task {
             Input::Pixels(p) => EncoderConfig::Linear {
                 features: p.features(),
             },
+            Input::Frames(f) => EncoderConfig::Frames { side: f.side },
         }
     }
 
@@ -390,6 +425,14 @@ impl Task {
                 bail!("task {}: the generator makes ListOps only", self.name)
             }
             (Input::Pixels(p), DataSource::Dir { dir }) => p.load(dir),
+            (Input::Frames(f), DataSource::Dir { dir }) => {
+                super::pendulum::load(dir, f.keep, f.seed)
+            }
+            (Input::Frames(_), _) => bail!(
+                "task {} reads {} from --data-dir (write one with `myo data pendulum`)",
+                self.name,
+                super::pendulum::FILE
+            ),
             (Input::Pixels(p), DataSource::Hub) => {
                 let Some(dataset) = self.hub_dataset() else {
                     bail!(
@@ -412,6 +455,9 @@ impl Task {
                 listops::read_tsv(&dir.join("basic_test.tsv")).map(listops_set)
             }
             (Input::Pixels(p), DataSource::Dir { dir }) => p.load_test(dir),
+            (Input::Frames(f), DataSource::Dir { dir }) => {
+                super::pendulum::load_test(dir, f.keep, f.seed)
+            }
             _ => {
                 let [_, _, test] = self.load(data)?;
                 Ok(test)

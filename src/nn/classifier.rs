@@ -1,11 +1,15 @@
 //! The sequence classifier of the S5 reference (`seq_model.py`, `layers.py`), with the sequence
 //! layer chosen among S5, Myo, the 2-D SSM and minGRU:
 //!
-//!   encoder (Linear for real inputs, Embedding for tokens)
+//!   encoder (Linear for real inputs, Embedding for tokens, the frame encoder for images)
 //!   → N × block [pre-norm → layer → activation → dropout → + residual]
 //!               (or post-norm: layer → activation → dropout → + residual → norm)
 //!   → pooling (mean over valid steps, last valid step, or the Myo poolings) → Linear decoder
-//!   → log-softmax.
+//!   → log-softmax;
+//!   or, without pooling (regression), the Linear decoder at every step.
+//!
+//! Series sampled at irregular times carry each step's interval since the one before; the
+//! model's [`Timing`] says what it does with them (S5 §6.3 and its ablations).
 //!
 //! Norms: BatchNorm with the reference's running-average decay (`bn_momentum`, 0.95 by
 //! default), or LayerNorm. Dropout draws one mask per (sample, feature), shared across time,
@@ -21,6 +25,7 @@ use crate::ops::dropout::{absorb, mix};
 use crate::ops::epilogue::{epilogue, Activation as EpilogueAct, Dropout};
 use crate::ops::masked_mean;
 
+use super::frames::{FrameEncoder, FrameEncoderConfig};
 use super::{
     dense, embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig,
     S5,
@@ -72,6 +77,8 @@ pub enum EncoderConfig {
     Linear { features: usize },
     /// Token ids (batch, length), u32.
     Embedding { vocab: usize },
+    /// Grey side × side frames (batch, length, side²) through [`FrameEncoder`].
+    Frames { side: usize },
 }
 
 impl std::fmt::Display for EncoderConfig {
@@ -80,8 +87,24 @@ impl std::fmt::Display for EncoderConfig {
             EncoderConfig::Linear { features: 1 } => f.write_str("1 feature per step"),
             EncoderConfig::Linear { features } => write!(f, "{features} features per step"),
             EncoderConfig::Embedding { vocab } => write!(f, "tokens of a {vocab}-word vocabulary"),
+            EncoderConfig::Frames { side } => write!(f, "{side} x {side} frames"),
         }
     }
+}
+
+/// What the model does with the time intervals of irregularly sampled series.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Timing {
+    /// S5 discretises each step with its own interval, Δ·dt_k (S5 §6.3).
+    Continuous,
+    /// The steps are taken as equally spaced, dt ≡ 1, whatever their times (S5-drop).
+    #[default]
+    Drop,
+    /// The frame encoder reads each interval as one more feature, the steps equally spaced
+    /// (S5-append).
+    Append,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -116,6 +139,8 @@ pub enum Pooling {
     Root,
     /// Myo: the mean over the top `k` BFS levels of the last block (k = 1 is the root; §3.2).
     TopLevels { k: usize },
+    /// None: the decoder reads every step, and the model regresses (batch, length, outputs).
+    None,
 }
 
 impl std::fmt::Display for Pooling {
@@ -126,6 +151,7 @@ impl std::fmt::Display for Pooling {
             Pooling::Last => f.write_str("last"),
             Pooling::Root => f.write_str("root"),
             Pooling::TopLevels { k } => write!(f, "top:{k}"),
+            Pooling::None => f.write_str("none"),
         }
     }
 }
@@ -133,17 +159,18 @@ impl std::fmt::Display for Pooling {
 impl std::str::FromStr for Pooling {
     type Err = String;
 
-    /// `mean`, `last`, `root` or `top:K` (K ≥ 1).
+    /// `mean`, `last`, `root`, `top:K` (K ≥ 1) or `none`.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         Ok(match s {
             "mean" => Pooling::Mean,
             "last" => Pooling::Last,
             "root" => Pooling::Root,
+            "none" => Pooling::None,
             _ => match s.strip_prefix("top:").map(str::parse) {
                 Some(Ok(k)) if k >= 1 => Pooling::TopLevels { k },
                 _ => {
                     return Err(format!(
-                        "'{s}': expected mean, last, root or top:K with K ≥ 1"
+                        "'{s}': expected mean, last, root, top:K with K ≥ 1, or none"
                     ))
                 }
             },
@@ -164,7 +191,11 @@ pub struct ClassifierConfig {
     pub activation: Activation,
     pub dropout: f64,
     pub pooling: Pooling,
+    /// Classes, or with no pooling the outputs regressed at every step.
     pub classes: usize,
+    /// What the blocks do with the time intervals of series.
+    #[serde(default)]
+    pub timing: Timing,
     /// Seed of the encoder, GLU and decoder initialisation (the layers have their own).
     #[serde(default)]
     pub seed: u64,
@@ -199,9 +230,13 @@ impl Layer {
         }
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The layer on `x`, each step discretised with its interval in `dt` when given (S5).
+    fn forward(&self, x: &Tensor, dt: Option<&Tensor>) -> Result<Tensor> {
         match self {
-            Layer::S5(l) => l.forward(x),
+            Layer::S5(l) => match dt {
+                Some(dt) => l.forward_timed(x, dt),
+                None => l.forward(x),
+            },
             Layer::Myo(l) => l.forward(x),
             Layer::Ssm2d(l) => l.forward(x),
             Layer::MinGru(l) => l.forward(x),
@@ -318,6 +353,7 @@ pub struct SequenceClassifier {
 enum Encoder {
     Linear(Linear),
     Embedding(Embedding),
+    Frames(FrameEncoder),
 }
 
 impl SequenceClassifier {
@@ -338,7 +374,30 @@ impl SequenceClassifier {
             EncoderConfig::Embedding { vocab } => {
                 Encoder::Embedding(embedding(vocab, h, vb.pp("encoder"), cfg.seed)?)
             }
+            EncoderConfig::Frames { side } => Encoder::Frames(FrameEncoder::new(
+                FrameEncoderConfig {
+                    side,
+                    d_model: h,
+                    seed: cfg.seed,
+                    append_dt: cfg.timing == Timing::Append,
+                },
+                vb.pp("encoder"),
+            )?),
         };
+        if cfg.timing == Timing::Continuous && !matches!(cfg.layer, SeqLayerConfig::S5(_)) {
+            candle_core::bail!("timing continuous needs S5 layers (they discretise each step)");
+        }
+        if let (Timing::Continuous, SeqLayerConfig::S5(c)) = (cfg.timing, &cfg.layer) {
+            if c.bidirectional {
+                candle_core::bail!(
+                    "timing continuous needs causal S5 layers: the reverse scan would need the \
+                     intervals after each step"
+                );
+            }
+        }
+        if cfg.timing == Timing::Append && !matches!(cfg.encoder, EncoderConfig::Frames { .. }) {
+            candle_core::bail!("timing append needs the frame encoder (it appends the intervals)");
+        }
         let mut blocks = Vec::new();
         for i in 0..cfg.layers {
             let vb = vb.pp(format!("layers.{i}"));
@@ -448,7 +507,7 @@ impl SequenceClassifier {
     /// Block `i`'s sequence layer alone on (batch, positions, H).
     pub fn layer_forward(&self, i: usize, x: &Tensor) -> Result<Tensor> {
         match self.blocks.get(i) {
-            Some(block) => block.layer.forward(x),
+            Some(block) => block.layer.forward(x, None),
             None => candle_core::bail!("no block {i} in a {}-block model", self.blocks.len()),
         }
     }
@@ -482,13 +541,34 @@ impl SequenceClassifier {
         epilogue(&gated, residual, EpilogueAct::Identity, drop(1))
     }
 
-    /// Log-probabilities (batch, classes). `lengths` (batch, u32) marks the valid steps of padded
-    /// sequences for mean and last pooling (all steps when `None`).
+    /// Log-probabilities (batch, classes), or without pooling the outputs at every step (batch,
+    /// length, outputs). `lengths` (batch, u32) marks the valid steps of padded sequences for
+    /// mean and last pooling (all steps when `None`).
     pub fn forward(&self, x: &Tensor, lengths: Option<&Tensor>, mode: Mode) -> Result<Tensor> {
+        self.forward_timed(x, lengths, None, mode)
+    }
+
+    /// [`Self::forward`] on series whose steps lie `dt` (batch, length) apart, which the model
+    /// uses as its [`Timing`] says; the timings other than `drop` need them.
+    pub fn forward_timed(
+        &self,
+        x: &Tensor,
+        lengths: Option<&Tensor>,
+        dt: Option<&Tensor>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        if dt.is_none() && self.cfg.timing != Timing::Drop {
+            candle_core::bail!(
+                "the model's timing is {:?}: it needs the steps' time intervals",
+                self.cfg.timing
+            );
+        }
         let mut h = match &self.encoder {
             Encoder::Linear(l) => dense(l, x)?,
             Encoder::Embedding(e) => e.forward(x)?,
+            Encoder::Frames(f) => f.forward_timed(x, dt.filter(|_| f.appends_dt()))?,
         };
+        let layer_dt = dt.filter(|_| self.cfg.timing == Timing::Continuous);
         let node_pooling = matches!(self.cfg.pooling, Pooling::Root | Pooling::TopLevels { .. });
         // Myo layers over all tree nodes: the virtual nodes start from zero features (their
         // first layer's learned inputs) and are carried from block to block like the leaves.
@@ -515,10 +595,19 @@ impl SequenceClassifier {
                 let pooled = self.pool_nodes(i, m, &z, block, mode)?;
                 return candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1);
             }
-            h = self.activate(i, block, &block.layer.forward(&z)?, Some(&h), mode)?;
+            h = self.activate(
+                i,
+                block,
+                &block.layer.forward(&z, layer_dt)?,
+                Some(&h),
+                mode,
+            )?;
             if !self.cfg.prenorm {
                 h = block.norm.forward(&h, mode)?;
             }
+        }
+        if self.cfg.pooling == Pooling::None {
+            return dense(&self.decoder, &h.narrow(1, 0, steps)?);
         }
         let pooled = match &tree {
             Some(tree) if node_pooling => top_levels(&h, tree, self.cfg.pooling)?,

@@ -5,10 +5,12 @@
 //!   → max-pool 2 → dense 30 → ReLU → dense H,
 //!
 //! initialised as PyTorch does (weights and biases U(±1/√fan_in)), from the model's seed.
+//! With `append_dt` (S5-append, S5 Appendix F.3) each frame's interval since the one before
+//! joins the 30 hidden features, so that the last dense layer reads 31.
 //! Parameters: `conv1`, `conv2`, `dense1`, `dense2`, each `weight` and `bias`.
 
 use candle_core::{bail, Module, Result, Tensor};
-use candle_nn::{Conv2d, Conv2dConfig, Linear, VarBuilder};
+use candle_nn::{Linear, VarBuilder};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +27,9 @@ pub struct FrameEncoderConfig {
     /// Features out per frame (H).
     pub d_model: usize,
     pub seed: u64,
+    /// Append each frame's time interval to its hidden features (S5-append).
+    #[serde(default)]
+    pub append_dt: bool,
 }
 
 impl FrameEncoderConfig {
@@ -44,8 +49,8 @@ impl FrameEncoderConfig {
 #[derive(Clone, Debug)]
 pub struct FrameEncoder {
     cfg: FrameEncoderConfig,
-    conv1: Conv2d,
-    conv2: Conv2d,
+    conv1: ConvPool,
+    conv2: ConvPool,
     dense1: Linear,
     dense2: Linear,
 }
@@ -58,54 +63,164 @@ impl FrameEncoder {
         }
         let seed = cfg.seed;
         Ok(FrameEncoder {
-            conv1: conv(1, 5, 2, 1, vb.pp("conv1"), seed)?,
-            conv2: conv(CHANNELS, 3, 1, 2, vb.pp("conv2"), seed)?,
+            conv1: ConvPool::new(1, 5, 2, 1, cfg.side, vb.pp("conv1"), seed)?,
+            conv2: ConvPool::new(CHANNELS, 3, 1, 2, cfg.side / 2, vb.pp("conv2"), seed)?,
             dense1: linear(CHANNELS * pooled * pooled, HIDDEN, vb.pp("dense1"), seed)?,
-            dense2: linear(HIDDEN, cfg.d_model, vb.pp("dense2"), seed)?,
+            dense2: linear(
+                HIDDEN + usize::from(cfg.append_dt),
+                cfg.d_model,
+                vb.pp("dense2"),
+                seed,
+            )?,
             cfg,
         })
     }
-}
 
-/// A convolution of `in_c` channels to [`CHANNELS`] with a `k` × `k` kernel, initialised as
-/// PyTorch does, U(±1/√(in_c·k²)) for weight and bias.
-fn conv(
-    in_c: usize,
-    k: usize,
-    padding: usize,
-    stride: usize,
-    vb: VarBuilder,
-    seed: u64,
-) -> Result<Conv2d> {
-    let mut rng = init_rng(seed, &vb);
-    let bound = 1.0 / ((in_c * k * k) as f64).sqrt();
-    let mut uniform =
-        |n: usize| -> Vec<f64> { (0..n).map(|_| rng.random_range(-bound..bound)).collect() };
-    let w = param_with(&vb, "weight", &[CHANNELS, in_c, k, k], || {
-        uniform(CHANNELS * in_c * k * k)
-    })?;
-    let b = param_with(&vb, "bias", &[CHANNELS], || uniform(CHANNELS))?;
-    let how = Conv2dConfig {
-        padding,
-        stride,
-        ..Conv2dConfig::default()
-    };
-    Ok(Conv2d::new(w, Some(b), how))
-}
+    /// Whether the encoder reads the frames' intervals too.
+    pub fn appends_dt(&self) -> bool {
+        self.cfg.append_dt
+    }
 
-impl Module for FrameEncoder {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// (batch, length, side²) frames, with their intervals `dt` (batch, length) when the
+    /// encoder appends them, → (batch, length, H).
+    pub fn forward_timed(&self, x: &Tensor, dt: Option<&Tensor>) -> Result<Tensor> {
         let (batch, len, pixels) = x.dims3()?;
         let side = self.cfg.side;
         if pixels != side * side {
             bail!("frame encoder: frames of {pixels} pixels, expected {side} × {side}");
         }
-        let x = x.reshape((batch * len, 1, side, side))?;
-        let x = self.conv1.forward(&x)?.relu()?.max_pool2d(2)?;
-        let x = self.conv2.forward(&x)?.relu()?.max_pool2d(2)?;
-        let x = self.dense1.forward(&x.flatten_from(1)?)?.relu()?;
+        // Batch last: (1, side, side, frames).
+        let n = batch * len;
+        let x = x
+            .reshape((n, side * side))?
+            .t()?
+            .reshape((1, side, side, n))?;
+        let x = self.conv2.forward(&self.conv1.forward(&x)?)?;
+        // Each frame's maps flattened as PyTorch's (channels, height, width).
+        let x = x.reshape(((), n))?.t()?;
+        let mut x = self.dense1.forward(&x)?.relu()?;
+        match (self.cfg.append_dt, dt) {
+            (false, _) => {}
+            (true, Some(dt)) => {
+                let dt = dt.to_dtype(x.dtype())?.reshape((batch * len, 1))?;
+                x = Tensor::cat(&[&x, &dt], 1)?;
+            }
+            (true, None) => bail!("frame encoder: appending time intervals needs them"),
+        }
         self.dense2
             .forward(&x)?
             .reshape((batch, len, self.cfg.d_model))
+    }
+}
+
+impl Module for FrameEncoder {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_timed(x, None)
+    }
+}
+
+/// A convolution of `in_c` channels to [`CHANNELS`] with a `k` × `k` kernel, then ReLU and
+/// 2 × 2 max-pooling (an odd last row and column dropped, as PyTorch's floor mode does), on
+/// maps of a fixed side laid out batch-last, (channels, side, side, n): one matrix product of
+/// the kernel and the zero-padded input's patches at the four corners of every pooling
+/// window, gathered by a fixed index (im2col) as rows of n contiguous values; then the maximum
+/// of the four, plus the bias, through the ReLU (which commutes with the maximum). Candle's own
+/// conv2d would also take the gradient of its input, frames included, by a transposed
+/// convolution that dominates a training step. The kernel is stored as PyTorch's (out, in, k,
+/// k), initialised as PyTorch does, U(±1/√(in_c·k²)) for weight and bias.
+#[derive(Clone, Debug)]
+struct ConvPool {
+    weight: Tensor,
+    bias: Tensor,
+    /// For each (channel, ky, kx) of a patch, each corner of a pooling window and each window,
+    /// the row of the padded input flattened as (channel, row, column).
+    index: Tensor,
+    k: usize,
+    in_c: usize,
+    side: usize,
+    padding: usize,
+    /// Side of the pooled output.
+    pooled: usize,
+}
+
+impl ConvPool {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        in_c: usize,
+        k: usize,
+        padding: usize,
+        stride: usize,
+        side: usize,
+        vb: VarBuilder,
+        seed: u64,
+    ) -> Result<ConvPool> {
+        let mut rng = init_rng(seed, &vb);
+        let bound = 1.0 / ((in_c * k * k) as f64).sqrt();
+        let mut uniform =
+            |n: usize| -> Vec<f64> { (0..n).map(|_| rng.random_range(-bound..bound)).collect() };
+        let weight = param_with(&vb, "weight", &[CHANNELS, in_c, k, k], || {
+            uniform(CHANNELS * in_c * k * k)
+        })?;
+        let bias = param_with(&vb, "bias", &[CHANNELS], || uniform(CHANNELS))?;
+        let padded = side + 2 * padding;
+        let convolved = (padded - k) / stride + 1;
+        let pooled = convolved / 2;
+        let mut index = Vec::with_capacity(in_c * k * k * 4 * pooled * pooled);
+        for c in 0..in_c {
+            for ky in 0..k {
+                for kx in 0..k {
+                    for (dy, dx) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                        for wy in 0..pooled {
+                            for wx in 0..pooled {
+                                let (oy, ox) = (2 * wy + dy, 2 * wx + dx);
+                                let (y, x) = (oy * stride + ky, ox * stride + kx);
+                                index.push(((c * padded + y) * padded + x) as u32);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let index = Tensor::new(index, vb.device())?;
+        Ok(ConvPool {
+            weight,
+            bias,
+            index,
+            k,
+            in_c,
+            side,
+            padding,
+            pooled,
+        })
+    }
+
+    /// (in_c, side, side, n) → (CHANNELS, pooled, pooled, n).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (n, p, c) = (x.dim(3)?, self.padding, self.in_c);
+        if x.dims() != [c, self.side, self.side, n] {
+            bail!(
+                "frame encoder: maps of {:?}, expected ({c}, {s}, {s}, n)",
+                x.dims(),
+                s = self.side
+            );
+        }
+        let padded = self.side + 2 * p;
+        let x = x
+            .pad_with_zeros(1, p, p)?
+            .pad_with_zeros(2, p, p)?
+            .reshape((c * padded * padded, n))?;
+        let (cols, cells) = (self.k * self.k * c, self.pooled * self.pooled);
+        let patches = x
+            .index_select(&self.index, 0)?
+            .reshape((cols, 4 * cells * n))?;
+        let y = self
+            .weight
+            .reshape((CHANNELS, cols))?
+            .matmul(&patches)?
+            .reshape((CHANNELS, 4, cells * n))?;
+        y.max_keepdim(1)?
+            .broadcast_add(&self.bias.reshape((CHANNELS, 1, 1))?)?
+            .relu()?
+            .reshape((CHANNELS, self.pooled, self.pooled, n))
     }
 }

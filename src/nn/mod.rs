@@ -15,7 +15,7 @@ pub mod ssm2d;
 pub use batch_norm::{ShardSum, Shards};
 pub use classifier::{
     Activation, ClassifierConfig, DropoutKey, EncoderConfig, Mode, NormKind, ParamGroup, Pooling,
-    SeqLayerConfig, SequenceClassifier, BN_MOMENTUM,
+    SeqLayerConfig, SequenceClassifier, Timing, BN_MOMENTUM,
 };
 pub use mingru::{MinGru, MinGruConfig};
 pub use myo::{Coupling, Myo, MyoConfig, TreeSpec};

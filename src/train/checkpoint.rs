@@ -345,7 +345,12 @@ pub struct MetricRecord {
     /// Mean loss (JSON `null` when not finite).
     #[serde(deserialize_with = "nan_if_null")]
     pub loss: f64,
-    pub accuracy: f64,
+    /// Classification: the fraction of correct predictions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    /// Regression: the mean squared error over steps and outputs (the loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mse: Option<f64>,
     /// Optimiser steps taken so far.
     pub step: usize,
     /// Wall time since the run began.

@@ -3,6 +3,7 @@
 //! groups, warm-up + cosine schedule), a run folder's files and checkpoints (`checkpoint`),
 //! the curves (`plot`) and what `myo train` shows of a run (`progress`).
 
+pub mod args;
 pub mod checkpoint;
 pub mod config;
 pub mod dist;

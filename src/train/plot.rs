@@ -21,7 +21,9 @@ pub fn curves(metrics: &Path, svg: &Path) -> Result<()> {
     for r in read_metrics(metrics)? {
         if let Some(s) = splits.iter().position(|&n| n == r.split) {
             loss[s].push((r.step as f64, r.loss));
-            acc[s].push((r.step as f64, r.accuracy));
+            if let Some(a) = r.accuracy {
+                acc[s].push((r.step as f64, a));
+            }
         }
     }
     let last_step = loss.iter().flatten().map(|p| p.0).fold(1.0f64, f64::max);

@@ -2,7 +2,8 @@
 //! (Smith et al., Appendix G.2) and its LRA run scripts (docs/reference.md) — depth, width H, latent
 //! size P, HiPPO blocks J, dropout, learning rates, batch size, epochs, weight decay, and the
 //! task-specific choices of G.3 (C initialisation, activation, post-norm for psMNIST, causal
-//! models for sMNIST/psMNIST). Myo takes the same settings with heads = P (Myosotis §5).
+//! models for sMNIST/psMNIST and the pendulum, LayerNorm and post-norm for the pendulum). Myo
+//! takes the same settings with heads = P (Myosotis §5).
 //! zMNIST and zCIFAR use the sMNIST and sCIFAR settings (Morton order only changes the input).
 
 use crate::nn::{Activation, CInit, NormKind};
@@ -88,13 +89,19 @@ pub fn preset(task: &str) -> Option<Preset> {
             prenorm: false,
             ..base((4, 128, 128, 2, 0.15, 0.004, 0.001, 50, 150, 0.01))
         },
+        "pendulum" => Preset {
+            bidirectional: false,
+            norm: NormKind::Layer,
+            prenorm: false,
+            ..base((4, 30, 16, 8, 0.0, 0.012, 0.003, 32, 100, 0.0))
+        },
         _ => return None,
     };
     Some(p)
 }
 
 /// The tasks that have a preset.
-pub const TASKS: [&str; 9] = [
+pub const TASKS: [&str; 10] = [
     "listops",
     "pathfinder",
     "pathx",
@@ -104,4 +111,5 @@ pub const TASKS: [&str; 9] = [
     "smnist",
     "zmnist",
     "psmnist",
+    "pendulum",
 ];

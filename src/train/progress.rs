@@ -25,11 +25,12 @@ pub enum Event {
         trained: usize,
         so_far: EpochSoFar,
     },
-    /// A training batch: its size, mean loss and number of correct predictions.
+    /// A training batch: its size, mean loss and number of correct predictions (none in
+    /// regression).
     Batch {
         samples: usize,
         loss: f64,
-        correct: usize,
+        correct: Option<usize>,
     },
     /// The run stops at step `step`, in or after epoch `epoch`: the validation result has not
     /// improved in `patience` evaluations, since step `best_step` (epoch `best_epoch`).
@@ -155,14 +156,14 @@ impl Progress {
             } => {
                 self.samples += samples;
                 self.loss_sum += loss * samples as f64;
-                self.correct += correct;
-                let (loss, accuracy) = (
-                    self.loss_sum / self.samples as f64,
-                    self.correct as f64 / self.samples as f64,
-                );
+                self.correct += correct.unwrap_or(0);
+                let so_far = Evaluation {
+                    loss: self.loss_sum / self.samples as f64,
+                    accuracy: correct.map(|_| self.correct as f64 / self.samples as f64),
+                };
                 if let Some(bar) = &self.bar {
                     bar.inc(samples as u64);
-                    bar.set_message(format!("loss {loss:.4} acc {accuracy:.3}"));
+                    bar.set_message(so_far.brief());
                 }
                 if self
                     .lines
@@ -173,9 +174,9 @@ impl Progress {
                     let now = self.samples - self.trained_before;
                     let rate = now as f64 / self.epoch_start.elapsed().as_secs_f64();
                     eprintln!(
-                        "epoch {epoch}/{epochs}  {}/{total} samples  loss {loss:.4} acc \
-                         {accuracy:.4}  {} samples/s",
+                        "epoch {epoch}/{epochs}  {}/{total} samples  {}  {} samples/s",
                         self.samples,
+                        so_far.brief(),
                         significant(rate)
                     );
                 }
@@ -198,9 +199,8 @@ impl Progress {
                 test,
             } => {
                 let line = format!(
-                    "step {step} (epoch {epoch})  val loss {:.4} acc {:.4}{}",
-                    val.loss,
-                    val.accuracy,
+                    "step {step} (epoch {epoch})  val {}{}",
+                    val.brief(),
                     best(test)
                 );
                 match &self.bar {
@@ -225,18 +225,15 @@ impl Progress {
                     bar.finish_and_clear();
                 }
                 eprintln!(
-                    "epoch {epoch:>3}/{epochs}  train loss {:.4} acc {:.4}  val loss {:.4} acc \
-                     {:.4}{}  [{seconds:.0} s]",
-                    train.loss,
-                    train.accuracy,
-                    val.loss,
-                    val.accuracy,
+                    "epoch {epoch:>3}/{epochs}  train {}  val {}{}  [{seconds:.0} s]",
+                    train.brief(),
+                    val.brief(),
                     best(test)
                 );
                 tracing::info!(
                     epoch,
                     train_loss = train.loss,
-                    val_accuracy = val.accuracy,
+                    val_loss = val.loss,
                     seconds,
                     "epoch done"
                 );
@@ -245,9 +242,13 @@ impl Progress {
     }
 }
 
-/// The test accuracy shown with a validation result that is the best so far.
+/// The test result shown with a validation result that is the best so far.
 fn best(test: Option<Evaluation>) -> String {
-    test.map(|t| format!("  test acc {:.4} (new best val)", t.accuracy))
+    let score = |t: Evaluation| match t.accuracy {
+        Some(a) => format!("acc {a:.4}"),
+        None => format!("mse {:.3e}", t.loss),
+    };
+    test.map(|t| format!("  test {} (new best val)", score(t)))
         .unwrap_or_default()
 }
 

@@ -33,9 +33,12 @@ pub struct Summary {
     /// The epoch and step of the best validation result.
     pub best_epoch: usize,
     pub best_step: usize,
-    pub best_val_accuracy: f64,
-    /// Test accuracy of the best-validation model.
-    pub test_accuracy: f64,
+    /// The best validation result (accuracy: classification only) and the test result of its
+    /// model.
+    pub best_val_accuracy: Option<f64>,
+    pub best_val_loss: f64,
+    pub test_accuracy: Option<f64>,
+    pub test_loss: f64,
     pub seconds: f64,
 }
 
@@ -46,8 +49,8 @@ struct Progress {
     /// How far the epoch under way has trained (at a mid-epoch checkpoint).
     #[serde(default)]
     within: EpochSoFar,
-    /// The best validation result so far: its epoch (0: none yet) and step, its accuracy and
-    /// loss, and the test accuracy of its model (the best checkpoint).
+    /// The best validation result so far: its epoch (0: none yet) and step, its accuracy (0 in
+    /// regression) and loss, and the test accuracy and loss of its model (the best checkpoint).
     best_epoch: usize,
     #[serde(default)]
     best_step: usize,
@@ -55,6 +58,8 @@ struct Progress {
     #[serde(default)]
     best_val_loss: f64,
     test_at_best: f64,
+    #[serde(default)]
+    test_loss_at_best: f64,
     /// Evaluations since the best one (for `--early-stop`).
     #[serde(default)]
     since_best: usize,
@@ -245,6 +250,7 @@ pub fn train(
         );
     }
     let [train_set, val_set, test_set] = cfg.task.load(&cfg.data)?;
+    let regression = train_set.is_regression();
     let cut = |d: Dataset, n: Option<usize>| match n {
         Some(n) => d.truncated(n),
         None => d,
@@ -400,7 +406,7 @@ pub fn train(
                 on_event(Event::Batch {
                     samples: b.samples,
                     loss: b.loss,
-                    correct: b.correct,
+                    correct: (!regression).then_some(b.correct),
                 });
                 since_log.1 += b.samples;
                 if let (Some((lr, grad_norm)), true) = (b.logged, root) {
@@ -411,7 +417,9 @@ pub fn train(
                         epoch,
                         split: "step".into(),
                         loss: b.loss,
-                        accuracy: b.correct as f64 / b.samples.max(1) as f64,
+                        accuracy: (!regression)
+                            .then_some(b.correct as f64 / b.samples.max(1) as f64),
+                        mse: regression.then_some(b.loss),
                         step: b.step,
                         seconds,
                         lr: Some(lr),
@@ -452,7 +460,7 @@ pub fn train(
                 continue 'run;
             }
         }
-        let train = r.progress.within.evaluation(train_set.len());
+        let train = r.progress.within.evaluation(&train_set);
         let (val, test) = r.validate(Some(train), &mut on_event)?;
         (r.progress.epoch, r.progress.within) = (epoch, EpochSoFar::default());
         r.save_last()?;
@@ -477,8 +485,10 @@ pub fn train(
         steps: r.opt.step_count(),
         best_epoch: r.progress.best_epoch,
         best_step: r.progress.best_step,
-        best_val_accuracy: r.progress.best_val,
-        test_accuracy: r.progress.test_at_best,
+        best_val_accuracy: (!regression).then_some(r.progress.best_val),
+        best_val_loss: r.progress.best_val_loss,
+        test_accuracy: (!regression).then_some(r.progress.test_at_best),
+        test_loss: r.progress.test_loss_at_best,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -522,6 +532,7 @@ impl Running<'_> {
             split: split.into(),
             loss: e.loss,
             accuracy: e.accuracy,
+            mse: e.mse(),
             step,
             seconds: started.elapsed().as_secs_f64(),
             ..MetricRecord::default()
@@ -540,7 +551,7 @@ impl Running<'_> {
         let p = &mut self.progress;
         let best = Evaluation {
             loss: p.best_val_loss,
-            accuracy: p.best_val,
+            accuracy: val.accuracy.map(|_| p.best_val),
         };
         if p.best_epoch > 0 && !self.cfg.monitor.improves(val, best) {
             p.since_best += 1;
@@ -554,7 +565,8 @@ impl Running<'_> {
         }
         finite("test", test.loss, &when)?;
         (p.best_epoch, p.best_step, p.since_best) = (epoch, step, 0);
-        (p.best_val, p.best_val_loss, p.test_at_best) = (val.accuracy, val.loss, test.accuracy);
+        (p.best_val, p.best_val_loss) = (val.accuracy.unwrap_or(0.0), val.loss);
+        (p.test_at_best, p.test_loss_at_best) = (test.accuracy.unwrap_or(0.0), test.loss);
         pause::point("test metrics");
         if self.root {
             checkpoint::save(&self.varmap, self.cfg, &self.run.best())?;
@@ -610,11 +622,12 @@ fn share_root_state(
     Ok(())
 }
 
-/// A checkpoint's loss and accuracy on its task's test split, and how many examples it saw.
+/// A checkpoint's loss and accuracy (classification) on its task's test split, and how many
+/// examples it saw.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TestScore {
     pub loss: f64,
-    pub accuracy: f64,
+    pub accuracy: Option<f64>,
     pub examples: usize,
 }
 

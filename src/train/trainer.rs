@@ -1,5 +1,6 @@
-//! The training loop: shuffled mini-batches, the classifier's log-likelihood, AdamW steps, and
-//! evaluation (loss and accuracy) over a split.
+//! The training loop: shuffled mini-batches, the classifier's log-likelihood (or, for
+//! regression, the mean squared error), AdamW steps, and evaluation (loss, and accuracy for
+//! classification) over a split.
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::dist::{part, World};
 use super::optim::Optimizer;
 use super::shards::{RankSum, ThreadGroup};
-use crate::data::dataset::Dataset;
+use crate::data::dataset::{Batch, Dataset, Target};
 use crate::nn::{DropoutKey, Mode, SequenceClassifier, Shards};
 
 /// How a split is cut into batches.
@@ -142,17 +143,17 @@ fn train_batch(
         }
         let mine = micro.start + cut.start..micro.start + cut.end;
         let shard = |at: usize, part: &[usize], shards: Option<&Shards>| {
-            let (x, lengths, y) = data.batch(part, pad, device)?;
+            let batch = data.batch(part, pad, device)?;
             let key = DropoutKey {
                 seed,
                 step,
                 first_row: (mine.start + at) as u64,
             };
-            let logp = model.forward(&x, Some(&lengths), Mode::Train(key, shards))?;
+            let (loss, correct) = score(model, &batch, Mode::Train(key, shards))?;
             // This shard's share of the batch mean.
-            let loss = (candle_nn::loss::nll(&logp, &y)? * (part.len() as f64 / idx.len() as f64))?;
+            let loss = (loss * (part.len() as f64 / idx.len() as f64))?;
             let grads = loss.backward()?;
-            Ok((loss.to_dtype(DType::F64)?, count_correct(&logp, &y)?, grads))
+            Ok((loss.to_dtype(DType::F64)?, correct, grads))
         };
         let mine_idx = &idx[mine.clone()];
         let parts = match (batching.batch_norm, world.size()) {
@@ -252,9 +253,38 @@ pub(crate) fn internal(what: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!("internal error: {what}"))
 }
 
-/// The number of `logp`'s rows whose argmax is `y`, as an f64 scalar on the device.
-fn count_correct(logp: &Tensor, y: &Tensor) -> Result<Tensor> {
-    logp.argmax(1)?.eq(y)?.to_dtype(DType::F64)?.sum_all()
+/// The model's mean loss on `batch` and its number of correct predictions (an f64 scalar on the
+/// device): the labels' negative log-likelihood and the rows whose argmax is the label, or for
+/// values at every step their mean squared error over steps and outputs, and no count.
+pub(crate) fn score(
+    model: &SequenceClassifier,
+    batch: &Batch,
+    mode: Mode,
+) -> Result<(Tensor, Tensor)> {
+    let out = model.forward_timed(&batch.x, Some(&batch.lengths), batch.dt.as_ref(), mode)?;
+    match &batch.target {
+        Target::Labels(y) => {
+            if out.rank() != 2 {
+                candle_core::bail!(
+                    "the model outputs {:?} per batch, not one row of classes per example",
+                    out.dims()
+                );
+            }
+            let correct = out.argmax(1)?.eq(y)?.to_dtype(DType::F64)?.sum_all()?;
+            Ok((candle_nn::loss::nll(&out, y)?, correct))
+        }
+        Target::Values(y) => {
+            if out.dims() != y.dims() {
+                candle_core::bail!(
+                    "the model outputs {:?}, the targets are {:?} (batch, steps, outputs)",
+                    out.dims(),
+                    y.dims()
+                );
+            }
+            let loss = (out - y)?.sqr()?.mean_all()?;
+            Ok((loss, Tensor::zeros((), DType::F64, y.device())?))
+        }
+    }
 }
 
 /// Per-batch results still on the device: (step, batch size, mean loss, correct count, and at
@@ -358,11 +388,27 @@ impl Pending {
     }
 }
 
-/// Loss and accuracy over a split.
+/// Loss and accuracy over a split (for regression the loss is the mean squared error, and there
+/// is no accuracy).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Evaluation {
     pub loss: f64,
-    pub accuracy: f64,
+    pub accuracy: Option<f64>,
+}
+
+impl Evaluation {
+    /// The mean squared error, for regression.
+    pub fn mse(&self) -> Option<f64> {
+        self.accuracy.is_none().then_some(self.loss)
+    }
+
+    /// The result in a few words: "loss 0.1234 acc 0.9651", or "mse 3.41e-3".
+    pub fn brief(&self) -> String {
+        match self.accuracy {
+            Some(a) => format!("loss {:.4} acc {a:.4}", self.loss),
+            None => format!("mse {:.3e}", self.loss),
+        }
+    }
 }
 
 /// Mean loss and accuracy of `model` (eval mode) over `data`, each rank of `world` evaluating
@@ -384,11 +430,12 @@ pub fn evaluate(
             continue;
         }
         let parts = sharded(mine, batching.shards, |_, part| {
-            let (x, lengths, y) = data.batch(part, pad, device)?;
-            let logp = model.forward(&x, Some(&lengths), Mode::Eval)?;
-            let loss =
-                (candle_nn::loss::nll(&logp, &y)?.to_dtype(DType::F64)? * part.len() as f64)?;
-            Ok((part.len(), loss, count_correct(&logp, &y)?))
+            let (loss, correct) = score(model, &data.batch(part, pad, device)?, Mode::Eval)?;
+            Ok((
+                part.len(),
+                (loss.to_dtype(DType::F64)? * part.len() as f64)?,
+                correct,
+            ))
         })?;
         for (n, loss, correct) in &parts {
             pending.push(0, *n, loss, correct);
@@ -410,7 +457,7 @@ pub fn evaluate(
     let n = data.len().max(1) as f64;
     Ok(Evaluation {
         loss: loss / n,
-        accuracy: correct / n,
+        accuracy: (!data.is_regression()).then_some(correct / n),
     })
 }
 
@@ -463,7 +510,7 @@ pub fn train_epoch(
     };
     let mut so_far = EpochSoFar::default();
     epoch.train(opt, &mut so_far, epoch.batches(), on_batch)?;
-    Ok(so_far.evaluation(data.len()))
+    Ok(so_far.evaluation(data))
 }
 
 /// How far an epoch has trained: its first `batches` batches, the sum of their mean losses
@@ -477,12 +524,12 @@ pub struct EpochSoFar {
 }
 
 impl EpochSoFar {
-    /// Mean loss and accuracy over an epoch of `examples` examples.
-    pub fn evaluation(&self, examples: usize) -> Evaluation {
-        let n = examples.max(1) as f64;
+    /// Mean loss and accuracy over an epoch of `data`.
+    pub fn evaluation(&self, data: &Dataset) -> Evaluation {
+        let n = data.len().max(1) as f64;
         Evaluation {
             loss: self.loss_sum / n,
-            accuracy: self.correct as f64 / n,
+            accuracy: (!data.is_regression()).then_some(self.correct as f64 / n),
         }
     }
 }
