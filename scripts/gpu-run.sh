@@ -259,6 +259,7 @@ profiles=(
   "myo|scifar preset|--model myo --task scifar --preset scifar|"
   "s5|pathx preset|--model s5 --task pathx --preset pathx|"
   "myo|pathx preset|--model myo --task pathx --preset pathx|"
+  "s5|pendulum preset|--model s5 --task pendulum --preset pendulum|cpu"
 )
 for r in "${profiles[@]}"; do
   IFS='|' read -r model size flags cpu <<<"$r"

@@ -1,5 +1,5 @@
 //! The flags of a run (`myo train`, `myo bench step`): [`RunArgs`], which
-//! [`RunArgs::resolve`](super::config) turns into a [`RunConfig`](super::config::RunConfig).
+//! [`RunArgs::resolve`] turns into a [`RunConfig`](super::config::RunConfig).
 
 use std::path::PathBuf;
 
@@ -25,7 +25,7 @@ pub enum ModelKind {
     Ssm2d,
 }
 
-/// The flags of a run (`myo train`, `myo bench step`): those that define it ([`RunConfig`]),
+/// The flags of a run (`myo train`, `myo bench step`): those that define it ([`RunConfig`](super::config::RunConfig)),
 /// and how often it logs and saves, which `--resume` carries over too; `None` takes the
 /// preset's or the task's value, else the quick default named in the help.
 #[derive(Args, Clone, Debug)]
