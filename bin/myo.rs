@@ -10,7 +10,7 @@ use myosotis::fail::message;
 use myosotis::train::config::RunArgs;
 use myosotis::train::dist::World;
 use myosotis::train::progress::{significant, Event, Progress};
-use myosotis::train::run::{eval_checkpoint, train, Exec, Origin, Start};
+use myosotis::train::run::{eval_checkpoint_at, train, Exec, Origin, Start};
 use myosotis::train::start::{fresh_run_dir, given_flags, point_latest_at, recorded_flags};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -45,6 +45,11 @@ enum Command {
         /// Evaluate the first N test examples only. [default: all]
         #[arg(long, value_name = "N")]
         max_samples: Option<usize>,
+        /// Audio (speech): test at this sampling rate, one that divides the recordings' 16000
+        /// Hz, without retraining: the clips decimated and S5's Δ rescaled by the ratio.
+        /// [default: the recordings' rate]
+        #[arg(long, value_name = "HZ")]
+        rate: Option<u32>,
         /// cpu, cuda or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -302,17 +307,18 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
             checkpoint,
             data_dir,
             max_samples,
+            rate,
             device,
             threads,
         } => {
             let device = parse_device(&device)?;
             let exec = Exec::for_process(&device, threads)?;
-            let e = eval_checkpoint(&checkpoint, data_dir.as_deref(), max_samples, &exec)?;
+            let e = eval_checkpoint_at(&checkpoint, data_dir.as_deref(), max_samples, rate, &exec)?;
             println!(
                 "{}",
                 match e.accuracy {
                     Some(a) => serde_json::json!({"checkpoint": checkpoint, "split": "test",
-                        "examples": e.examples, "loss": e.loss, "accuracy": a}),
+                        "examples": e.examples, "loss": e.loss, "accuracy": a, "rate": rate}),
                     None => serde_json::json!({"checkpoint": checkpoint, "split": "test",
                         "examples": e.examples, "mse": e.loss}),
                 }

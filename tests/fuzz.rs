@@ -329,6 +329,45 @@ fn fuzz_pendulum_npz() {
     });
 }
 
+/// A Speech Commands folder: WAV clips and the list files.
+#[test]
+fn fuzz_speech_wav() {
+    use myosotis::data::speech::{load, WORDS};
+    let dir = temp("speech");
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut paths = vec![];
+    for (c, word) in WORDS.iter().enumerate() {
+        std::fs::create_dir_all(dir.join(word)).unwrap();
+        if c < 2 {
+            for i in 0..2 {
+                let path = dir.join(format!("{word}/c{i}.wav"));
+                let mut w = hound::WavWriter::create(&path, spec).unwrap();
+                for t in 0..200 {
+                    w.write_sample(((t * 97 + i * 13 + c) % 4000) as i16 - 2000)
+                        .unwrap();
+                }
+                w.finalize().unwrap();
+                paths.push(path);
+            }
+        }
+    }
+    for (name, line) in [
+        ("validation_list.txt", "backward/c1.wav\n"),
+        ("testing_list.txt", "bed/c1.wav\n"),
+    ] {
+        std::fs::write(dir.join(name), line).unwrap();
+        paths.push(dir.join(name));
+    }
+    fuzz("speech wav", 0x5c0d, &dir, contents(&paths), |d| {
+        load(d).map(drop)
+    });
+}
+
 /// An LRA Pathfinder folder: metadata files and PNGs.
 #[test]
 fn fuzz_pathfinder() {

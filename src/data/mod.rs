@@ -9,5 +9,6 @@ pub mod images;
 pub mod listops;
 pub mod pathfinder;
 pub mod pendulum;
+pub mod speech;
 pub mod strokes;
 pub mod task;

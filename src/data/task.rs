@@ -46,6 +46,8 @@ pub enum Input {
     Listops { max_len: usize },
     /// Images as pixel sequences.
     Pixels(Pixels),
+    /// Raw audio of `len` samples (Speech Commands: [`super::speech`]).
+    Audio { len: usize },
     /// Irregularly sampled series of grey frames with real targets at every frame: the pendulum
     /// benchmark's `pend_regression.npz` ([`super::pendulum`]).
     Frames(Frames),
@@ -316,6 +318,17 @@ pub fn registry() -> Vec<Task> {
         },
         pathfinder("pathfinder", 32, 4),
         pathfinder("pathx", 128, 2),
+        // S5 §6.2: bidirectional, as for LRA.
+        Task {
+            name: "speech".into(),
+            input: Input::Audio {
+                len: super::speech::LEN,
+            },
+            classes: super::speech::WORDS.len(),
+            tree: TreeShape::Ragged { arity: 2 },
+            causal: false,
+            coupling_init: None,
+        },
         // S5 §6.3: 50 of 100 frames, (sin, cos) of the angle at each, a causal model.
         Task {
             name: "pendulum".into(),
@@ -362,6 +375,7 @@ impl Task {
             Input::Listops { max_len } => *max_len,
             Input::Pixels(p) => p.side.saturating_mul(p.side),
             Input::Frames(f) => f.keep,
+            Input::Audio { len } => *len,
         }
     }
 
@@ -375,6 +389,7 @@ impl Task {
                 features: p.features(),
             },
             Input::Frames(f) => EncoderConfig::Frames { side: f.side },
+            Input::Audio { .. } => EncoderConfig::Linear { features: 1 },
         }
     }
 
@@ -428,6 +443,11 @@ impl Task {
             (Input::Frames(f), DataSource::Dir { dir }) => {
                 super::pendulum::load(dir, f.keep, f.seed)
             }
+            (Input::Audio { .. }, DataSource::Dir { dir }) => super::speech::load(dir),
+            (Input::Audio { .. }, _) => bail!(
+                "task {} reads the Speech Commands folder from --data-dir",
+                self.name
+            ),
             (Input::Frames(_), _) => bail!(
                 "task {} reads {} from --data-dir (write one with `myo data pendulum`)",
                 self.name,

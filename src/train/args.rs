@@ -35,8 +35,9 @@ pub struct RunArgs {
     pub model: ModelKind,
     /// listops (generated unless --data-dir has basic_{train,val,test}.tsv), or with
     /// --data-dir: smnist, psmnist, zmnist (MNIST IDX), scifar, zcifar, lra-image (CIFAR-10
-    /// binary), pathfinder, pathx (LRA folders), pendulum (pend_regression.npz, a regression at
-    /// every step). [default: the --preset's task, else listops]
+    /// binary), pathfinder, pathx (LRA folders), speech (the Speech Commands folder), pendulum
+    /// (pend_regression.npz, a regression at every step). [default: the --preset's task, else
+    /// listops]
     #[arg(long)]
     pub task: Option<String>,
     /// The folder of the task's files (see --task).
@@ -48,7 +49,7 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "data_dir")]
     pub hub: bool,
     /// Start from the reference's hyper-parameters for this task (S5 Table 11 and run scripts:
-    /// listops, pathfinder, pathx, lra-image, scifar, zcifar, smnist, zmnist, psmnist,
+    /// listops, pathfinder, pathx, lra-image, scifar, zcifar, smnist, zmnist, psmnist, speech,
     /// pendulum); the
     /// flags below override it. Without a preset the defaults are a small, quick model.
     #[arg(long)]

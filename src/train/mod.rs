@@ -7,6 +7,7 @@ pub mod args;
 pub mod checkpoint;
 pub mod config;
 pub mod dist;
+pub mod eval;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod optim;

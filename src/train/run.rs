@@ -16,13 +16,13 @@ use serde::{Deserialize, Serialize};
 use super::checkpoint::{self, MetricRecord, RunDir};
 use super::config::RunConfig;
 use super::dist::World;
+pub use super::eval::{eval_checkpoint, eval_checkpoint_at, TestScore};
 use super::optim::{OptimConfig, Optimizer};
 use super::pause;
 use super::progress::{Event, RunInfo};
 use super::start::{data_digest, resumable, with_environment};
 use super::trainer::{evaluate, report_interval, Batching, Epoch, EpochSoFar, Evaluation};
 use crate::data::dataset::Dataset;
-use crate::data::task::DataSource;
 use crate::nn::{ClassifierConfig, SequenceClassifier};
 
 /// What a finished run reports.
@@ -620,56 +620,4 @@ fn share_root_state(
     // Wall time is not in the record: rank 0's, from its metrics.
     progress.seconds = seconds;
     Ok(())
-}
-
-/// A checkpoint's loss and accuracy (classification) on its task's test split, and how many
-/// examples it saw.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TestScore {
-    pub loss: f64,
-    pub accuracy: Option<f64>,
-    pub examples: usize,
-}
-
-/// Loss and accuracy of the checkpoint at `path` on its task's whole test split, or on its
-/// first `max_samples` examples, read from its own data source or from `data_dir` when given
-/// (the test split alone is read where it has files of its own: [`Task::load_test`]).
-///
-/// [`Task::load_test`]: crate::data::task::Task::load_test
-pub fn eval_checkpoint(
-    path: &Path,
-    data_dir: Option<&Path>,
-    max_samples: Option<usize>,
-    exec: &Exec,
-) -> Result<TestScore> {
-    let device = &exec.device;
-    let ck = checkpoint::read::<RunConfig>(path)?;
-    let mut cfg = ck.config;
-    if let Some(dir) = data_dir {
-        cfg.data = DataSource::Dir {
-            dir: dir.to_path_buf(),
-        };
-    }
-    let (_, model) = checkpoint_model(&ck.tensors, &cfg, path, device)?;
-    let test = cfg.task.load_test(&cfg.data)?;
-    let test = match max_samples {
-        Some(0) => bail!("--max-samples 0: evaluating needs at least one example"),
-        Some(n) => test.truncated(n),
-        None => test,
-    };
-    if test.is_empty() {
-        bail!("the test split of task {} is empty", cfg.task.name);
-    }
-    let e = evaluate(
-        &model,
-        &test,
-        cfg.batching(exec.shards, false),
-        device,
-        &exec.world,
-    )?;
-    Ok(TestScore {
-        loss: e.loss,
-        accuracy: e.accuracy,
-        examples: test.len(),
-    })
 }
