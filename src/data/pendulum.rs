@@ -504,11 +504,7 @@ pub fn subsample(ep: &Episodes, keep: usize, seed: u64) -> Result<Episodes> {
 /// sequences (the benchmark's own file has training and test sequences only).
 pub fn load(dir: &Path, keep: usize, seed: u64) -> Result<[Dataset; 3]> {
     let path = dir.join(FILE);
-    let split = |name: &str, k: u64| -> Result<Dataset> {
-        let ep = subsample(&read_split(&path, name)?, keep, seed.wrapping_add(k << 32))
-            .with_context(|| format!("{}: {name}", path.display()))?;
-        Ok(series(&ep))
-    };
+    let split = |name: &str, k: u64| series_split(&path, name, k, keep, seed);
     let test = split("test", 2)?;
     if has_split(&path, "valid")? {
         return Ok([split("train", 0)?, split("valid", 1)?, test]);
@@ -528,13 +524,13 @@ pub fn load(dir: &Path, keep: usize, seed: u64) -> Result<[Dataset; 3]> {
 
 /// The pendulum task's test split alone (see [`load`]).
 pub fn load_test(dir: &Path, keep: usize, seed: u64) -> Result<Dataset> {
-    let path = dir.join(FILE);
-    let ep = subsample(
-        &read_split(&path, "test")?,
-        keep,
-        seed.wrapping_add(2 << 32),
-    )
-    .with_context(|| format!("{}: test", path.display()))?;
+    series_split(&dir.join(FILE), "test", 2, keep, seed)
+}
+
+/// Split `name` of the file at `path`, the k-th of [`load`]'s draws, as a series dataset.
+fn series_split(path: &Path, name: &str, k: u64, keep: usize, seed: u64) -> Result<Dataset> {
+    let ep = subsample(&read_split(path, name)?, keep, seed.wrapping_add(k << 32))
+        .with_context(|| format!("{}: {name}", path.display()))?;
     Ok(series(&ep))
 }
 
