@@ -314,15 +314,19 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
             let device = parse_device(&device)?;
             let exec = Exec::for_process(&device, threads)?;
             let e = eval_checkpoint_at(&checkpoint, data_dir.as_deref(), max_samples, rate, &exec)?;
-            println!(
-                "{}",
-                match e.accuracy {
-                    Some(a) => serde_json::json!({"checkpoint": checkpoint, "split": "test",
-                        "examples": e.examples, "loss": e.loss, "accuracy": a, "rate": rate}),
-                    None => serde_json::json!({"checkpoint": checkpoint, "split": "test",
-                        "examples": e.examples, "mse": e.loss}),
+            let mut report = serde_json::json!({"checkpoint": checkpoint, "split": "test",
+                "examples": e.examples});
+            match e.accuracy {
+                Some(a) => {
+                    report["loss"] = e.loss.into();
+                    report["accuracy"] = a.into();
                 }
-            );
+                None => report["mse"] = e.loss.into(),
+            }
+            if let Some(rate) = rate {
+                report["rate"] = rate.into();
+            }
+            println!("{report}");
         }
         Command::Data { which } => println!("{}", which.run()?),
     }

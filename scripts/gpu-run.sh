@@ -260,6 +260,8 @@ profiles=(
   "s5|pathx preset|--model s5 --task pathx --preset pathx|"
   "myo|pathx preset|--model myo --task pathx --preset pathx|"
   "s5|pendulum preset|--model s5 --task pendulum --preset pendulum|cpu"
+  "s5|retrieval preset|--model s5 --task retrieval --preset retrieval|"
+  "myo|retrieval preset|--model myo --task retrieval --preset retrieval|"
 )
 for r in "${profiles[@]}"; do
   IFS='|' read -r model size flags cpu <<<"$r"

@@ -73,6 +73,7 @@ fn config(
         pooling,
         classes: 4,
         timing: Default::default(),
+        pairs: false,
         seed: 0,
         bn_momentum: BN_MOMENTUM,
     }

@@ -237,6 +237,45 @@ fn flags_override_the_preset_which_overrides_the_defaults() {
     assert_eq!(s5(&steps).c_init, CInit::LecunNormal);
 }
 
+/// The reference's scripts: the pendulum's half GLU 2 and step range from 0.01, Text's and
+/// Retrieval's Δ in the regular group (`dt_global`), Text without warm-up; flags override them.
+#[test]
+fn the_text_and_pendulum_presets_follow_the_reference_scripts() {
+    let pendulum = ok(&["--preset", "pendulum", "--data-dir", "d"]);
+    assert_eq!(pendulum.model.activation, Activation::HalfGlu2);
+    assert_eq!((s5(&pendulum).dt_min, s5(&pendulum).dt_max), (0.01, 0.1));
+    assert!(!s5(&pendulum).dt_global);
+    let text = ok(&["--preset", "text", "--data-dir", "d"]);
+    assert_eq!(
+        (text.model.d_model, s5(&text).state, s5(&text).blocks),
+        (256, 192, 12)
+    );
+    assert!(s5(&text).dt_global && s5(&text).bidirectional);
+    assert_eq!(text.warmup_epochs, Some(0));
+    assert_eq!(s5(&text).dt_min, 0.001);
+    let retrieval = ok(&["--preset", "retrieval", "--data-dir", "d"]);
+    assert!(s5(&retrieval).dt_global && retrieval.model.pairs);
+    assert_eq!((retrieval.batch_size, retrieval.epochs), (32, 20));
+    let flags = ok(&[
+        "--preset",
+        "retrieval",
+        "--data-dir",
+        "d",
+        "--dt-global",
+        "false",
+        "--dt-min",
+        "0.002",
+        "--dt-max",
+        "0.2",
+    ]);
+    assert!(!s5(&flags).dt_global);
+    assert_eq!((s5(&flags).dt_min, s5(&flags).dt_max), (0.002, 0.2));
+    let e = err(&["--dt-min", "0.5"]);
+    assert!(e.contains("--dt-min 0.5, --dt-max 0.1"), "{e}");
+    let e = err(&["--model", "myo", "--dt-global", "true"]);
+    assert!(e.contains("--dt-global applies to --model s5"), "{e}");
+}
+
 #[test]
 fn layer_options_reach_the_layers() {
     let bilinear = ok(&["--discretization", "bilinear", "--c-init", "complex_normal"]);

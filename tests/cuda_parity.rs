@@ -87,6 +87,7 @@ fn model(layer: &SeqLayerConfig, norm: NormKind, dev: &Device) -> (VarMap, Seque
         pooling: Pooling::Mean,
         classes: 10,
         timing: Default::default(),
+        pairs: false,
         seed: 3,
         bn_momentum: BN_MOMENTUM,
     };

@@ -368,6 +368,32 @@ fn fuzz_speech_wav() {
     });
 }
 
+/// LRA's text files: the Retrieval task's three TSV files of pairs and IMDB reviews, whose
+/// bytes are any text.
+#[test]
+fn fuzz_text() {
+    use myosotis::data::text::AAN_FILES;
+    let dir = temp("text");
+    let mut paths = vec![];
+    for (k, f) in AAN_FILES.iter().enumerate() {
+        let rows = format!("1\tp{k}\tq{k}\tb'a parser'\tb'a tree'\n0.0\tr\ts\tb'x'\tb'y z'\n");
+        std::fs::write(dir.join(f), rows).unwrap();
+        paths.push(dir.join(f));
+    }
+    for split in ["train", "test"] {
+        for class in ["neg", "pos"] {
+            let folder = dir.join("aclImdb").join(split).join(class);
+            std::fs::create_dir_all(&folder).unwrap();
+            std::fs::write(folder.join("0_1.txt"), format!("a {class} film")).unwrap();
+            paths.push(folder.join("0_1.txt"));
+        }
+    }
+    fuzz("text", 0x7e47, &dir, contents(&paths), |d| {
+        load("retrieval", d)?;
+        load("text", d)
+    });
+}
+
 /// An LRA Pathfinder folder: metadata files and PNGs.
 #[test]
 fn fuzz_pathfinder() {

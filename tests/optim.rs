@@ -219,9 +219,11 @@ fn parameters_fall_into_the_reference_groups() {
             pooling: Pooling::Mean,
             classes: 3,
             timing: Default::default(),
+            pairs: false,
             seed: 0,
             bn_momentum: BN_MOMENTUM,
         };
+        let (cfg_layer, cfg_copy) = (cfg.layer.clone(), cfg.clone());
         let model = SequenceClassifier::new(
             cfg,
             VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &Device::Cpu),
@@ -239,6 +241,25 @@ fn parameters_fall_into_the_reference_groups() {
                 ParamGroup::Regular
             };
             assert_eq!(model.param_group(name), expected, "{name}");
+        }
+        // S5 with dt_global: Δ learns with the regular group.
+        if let SeqLayerConfig::S5(c) = &cfg_layer {
+            let global = SequenceClassifier::new(
+                ClassifierConfig {
+                    layer: SeqLayerConfig::S5(S5Config {
+                        dt_global: true,
+                        ..c.clone()
+                    }),
+                    ..cfg_copy.clone()
+                },
+                VarBuilder::from_varmap(&VarMap::new(), candle_core::DType::F32, &Device::Cpu),
+            )
+            .unwrap();
+            assert_eq!(
+                global.param_group("layers.1.ssm.log_step"),
+                ParamGroup::Regular
+            );
+            assert_eq!(global.param_group("layers.1.ssm.b"), ParamGroup::Ssm);
         }
         // Every declared SSM parameter exists, in both blocks.
         for p in ssm {

@@ -147,6 +147,7 @@ fn pathfinder_trains_and_evaluates() {
             pooling: Pooling::Mean,
             classes: 2,
             timing: Default::default(),
+            pairs: false,
             seed: 0,
             bn_momentum: BN_MOMENTUM,
         },

@@ -53,6 +53,7 @@ fn config(epochs: usize) -> RunConfig {
             pooling: Pooling::Mean,
             classes: 10,
             timing: Default::default(),
+            pairs: false,
             seed: 0,
             bn_momentum: BN_MOMENTUM,
         },

@@ -49,6 +49,7 @@ fn model_with(
         pooling,
         classes: 10,
         timing: Default::default(),
+        pairs: false,
         seed: 0,
         bn_momentum: BN_MOMENTUM,
     };

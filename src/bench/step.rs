@@ -218,12 +218,14 @@ impl StepBench {
         let vars = varmap.data().lock().expect("varmap").clone();
         let opt = Optimizer::new(self.optim.clone(), &vars, |n| model.param_group(n))?;
         let (b, l, h) = (self.batch, self.len, self.model.d_model);
+        // Pairs of sequences: two rows per example.
+        let rows = if self.model.pairs { 2 * b } else { b };
         let x = match self.model.encoder {
             EncoderConfig::Linear { features } => {
-                Tensor::randn(0f32, 1., (b, l, features), device)?
+                Tensor::randn(0f32, 1., (rows, l, features), device)?
             }
             EncoderConfig::Embedding { vocab } => {
-                Tensor::rand(0f32, vocab as f32, (b, l), device)?.to_dtype(DType::U32)?
+                Tensor::rand(0f32, vocab as f32, (rows, l), device)?.to_dtype(DType::U32)?
             }
             EncoderConfig::Frames { side } => Tensor::rand(0f32, 1., (b, l, side * side), device)?,
         };
@@ -243,7 +245,7 @@ impl StepBench {
         };
         let batch = Batch {
             x,
-            lengths: Tensor::full(l as u32, b, device)?,
+            lengths: Tensor::full(l as u32, rows, device)?,
             target,
             dt,
         };

@@ -1,5 +1,6 @@
 //! A split held in memory, and how its examples become batches (padding included): labelled
-//! sequences for classification, or sequences with a target at every step for regression.
+//! sequences (or pairs of them) for classification, or sequences with a target at every step
+//! for regression.
 
 use candle_core::{Device, Result, Tensor};
 
@@ -9,6 +10,13 @@ pub enum Dataset {
     /// Token sequences of any lengths (padded per batch with id 0).
     Tokens {
         seqs: Vec<Vec<u32>>,
+        labels: Vec<u32>,
+    },
+    /// Pairs of token sequences with a label per pair: a batch holds the pairs' first
+    /// sequences, then their second ones, all padded alike.
+    Pairs {
+        first: Vec<Vec<u32>>,
+        second: Vec<Vec<u32>>,
         labels: Vec<u32>,
     },
     /// Real sequences of one length: `values` is (examples, len, features).
@@ -34,9 +42,10 @@ pub enum Dataset {
 /// A batch of examples on the device.
 #[derive(Debug)]
 pub struct Batch {
-    /// (batch, length) token ids or (batch, length, features) values.
+    /// (batch, length) token ids or (batch, length, features) values; for pairs (2 × batch,
+    /// length), the first sequences then the second ones.
     pub x: Tensor,
-    /// (batch) u32: the valid steps of each sequence.
+    /// (rows of x) u32: the valid steps of each sequence.
     pub lengths: Tensor,
     pub target: Target,
     /// (batch, length) each step's interval since the one before, for series.
@@ -72,7 +81,9 @@ impl Dataset {
     /// The class labels (none for series).
     pub fn labels(&self) -> &[u32] {
         match self {
-            Dataset::Tokens { labels, .. } | Dataset::Real { labels, .. } => labels,
+            Dataset::Tokens { labels, .. }
+            | Dataset::Pairs { labels, .. }
+            | Dataset::Real { labels, .. } => labels,
             Dataset::Series { .. } => &[],
         }
     }
@@ -81,13 +92,10 @@ impl Dataset {
     /// digest that identifies a run's data by its content wherever the files lie.
     pub fn hash_into(&self, hash: &mut impl sha2::Digest) {
         match self {
-            Dataset::Tokens { seqs, .. } => {
-                for s in seqs {
-                    hash.update((s.len() as u64).to_le_bytes());
-                    for t in s {
-                        hash.update(t.to_le_bytes());
-                    }
-                }
+            Dataset::Tokens { seqs, .. } => hash_tokens(hash, seqs),
+            Dataset::Pairs { first, second, .. } => {
+                hash_tokens(hash, first);
+                hash_tokens(hash, second);
             }
             Dataset::Real {
                 values,
@@ -138,6 +146,15 @@ impl Dataset {
                 seqs: seqs[r.clone()].to_vec(),
                 labels: labels[r].to_vec(),
             },
+            Dataset::Pairs {
+                first,
+                second,
+                labels,
+            } => Dataset::Pairs {
+                first: first[r.clone()].to_vec(),
+                second: second[r.clone()].to_vec(),
+                labels: labels[r].to_vec(),
+            },
             Dataset::Real {
                 values,
                 len,
@@ -172,23 +189,14 @@ impl Dataset {
     pub fn batch(&self, idx: &[usize], pad_to: Option<usize>, device: &Device) -> Result<Batch> {
         let (x, lengths) = match self {
             Dataset::Tokens { seqs, .. } => {
-                let longest = idx.iter().map(|&i| seqs[i].len()).max().unwrap_or(0);
-                let width = pad_to.unwrap_or(longest);
-                if let Some(&i) = idx
-                    .iter()
-                    .find(|&&i| seqs[i].len() > width || seqs[i].is_empty())
-                {
-                    candle_core::bail!(
-                        "example {i} has {} tokens; sequences must have 1..={width}",
-                        seqs[i].len()
-                    );
-                }
-                let mut flat = vec![0u32; idx.len() * width];
-                for (r, &i) in idx.iter().enumerate() {
-                    flat[r * width..r * width + seqs[i].len()].copy_from_slice(&seqs[i]);
-                }
-                let lengths: Vec<u32> = idx.iter().map(|&i| seqs[i].len() as u32).collect();
-                (Tensor::from_vec(flat, (idx.len(), width), device)?, lengths)
+                let rows: Vec<(usize, &[u32])> = idx.iter().map(|&i| (i, &seqs[i][..])).collect();
+                pad_tokens(&rows, pad_to, device)?
+            }
+            Dataset::Pairs { first, second, .. } => {
+                let rows: Vec<(usize, &[u32])> = (idx.iter().map(|&i| (i, &first[i][..])))
+                    .chain(idx.iter().map(|&i| (i, &second[i][..])))
+                    .collect();
+                pad_tokens(&rows, pad_to, device)?
             }
             Dataset::Real {
                 values,
@@ -256,7 +264,48 @@ impl Dataset {
             Dataset::Tokens { seqs, .. } => {
                 pad_to.or_else(|| idx.iter().map(|&i| seqs[i].len()).max())
             }
+            Dataset::Pairs { first, second, .. } => pad_to.or_else(|| {
+                idx.iter()
+                    .map(|&i| first[i].len().max(second[i].len()))
+                    .max()
+            }),
             Dataset::Real { .. } | Dataset::Series { .. } => pad_to,
+        }
+    }
+}
+
+/// Token sequences `rows` (each with its example's index, which errors name) padded with id 0
+/// to `pad_to`, else to the longest: (rows, width) and each row's length.
+fn pad_tokens(
+    rows: &[(usize, &[u32])],
+    pad_to: Option<usize>,
+    device: &Device,
+) -> Result<(Tensor, Vec<u32>)> {
+    let longest = rows.iter().map(|(_, s)| s.len()).max().unwrap_or(0);
+    let width = pad_to.unwrap_or(longest);
+    if let Some((i, s)) = rows.iter().find(|(_, s)| s.len() > width || s.is_empty()) {
+        candle_core::bail!(
+            "example {i} has a sequence of {} tokens; sequences must have 1..={width}",
+            s.len()
+        );
+    }
+    let mut flat = vec![0u32; rows.len() * width];
+    for (r, (_, s)) in rows.iter().enumerate() {
+        flat[r * width..r * width + s.len()].copy_from_slice(s);
+    }
+    let lengths = rows.iter().map(|(_, s)| s.len() as u32).collect();
+    Ok((
+        Tensor::from_vec(flat, (rows.len(), width), device)?,
+        lengths,
+    ))
+}
+
+/// Feeds token sequences to `hash`, each with its length.
+fn hash_tokens(hash: &mut impl sha2::Digest, seqs: &[Vec<u32>]) {
+    for s in seqs {
+        hash.update((s.len() as u64).to_le_bytes());
+        for t in s {
+            hash.update(t.to_le_bytes());
         }
     }
 }

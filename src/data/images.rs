@@ -4,11 +4,18 @@
 //!   `{train,t10k}-labels-idx1-ubyte` (magic 2049, count, labels), big-endian, plain or `.gz`;
 //! * CIFAR-10 binary: `data_batch_{1..5}.bin`, `test_batch.bin`, records of 1 label byte and
 //!   3,072 pixel bytes (the R, G, B planes of 32 × 32).
+//!
+//! Then how an image task's [`Pixels`] become normalised pixel sequences and splits.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use rand::seq::SliceRandom;
+use rand::{rngs::StdRng, SeedableRng};
+
+use super::dataset::Dataset;
+use super::task::{ImageFiles, Order, Pixels, Split};
 
 /// Images with labels, pixels as bytes in (image, row, column, channel) order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -233,3 +240,155 @@ pub const CIFAR_TRAIN: [&str; 5] = [
 ];
 /// The CIFAR-10 test file.
 pub const CIFAR_TEST: [&str; 1] = ["test_batch.bin"];
+
+impl Pixels {
+    /// Input features per pixel.
+    pub fn features(&self) -> usize {
+        if self.grey {
+            1
+        } else {
+            self.files.channels()
+        }
+    }
+
+    /// Sequence position → row-major pixel index.
+    pub fn order(&self) -> Vec<usize> {
+        let n = self.side * self.side;
+        match self.order {
+            Order::Raster => (0..n).collect(),
+            Order::Morton => {
+                crate::tree::Ordering::morton(self.side, self.side)
+                    .expect("a non-empty image")
+                    .perm
+            }
+            Order::Permuted { seed } => {
+                let mut p: Vec<usize> = (0..n).collect();
+                p.shuffle(&mut StdRng::seed_from_u64(seed));
+                p
+            }
+        }
+    }
+
+    /// Images `idx` of `set` as normalised pixel sequences.
+    fn sequences(&self, set: &ImageSet, idx: &[usize]) -> Dataset {
+        let features = self.features();
+        let order = self.order();
+        let (mean, std) = (&self.mean, &self.std);
+        let mut values = Vec::with_capacity(idx.len() * order.len() * features);
+        for &i in idx {
+            let img = set.image(i);
+            for &px in &order {
+                let p = &img[px * set.channels..(px + 1) * set.channels];
+                if self.grey {
+                    let grey = 0.2989 * p[0] as f32 + 0.5870 * p[1] as f32 + 0.1140 * p[2] as f32;
+                    values.push((grey / 255.0 - mean[0]) / std[0]);
+                } else {
+                    for c in 0..features {
+                        values.push((p[c] as f32 / 255.0 - mean[c]) / std[c]);
+                    }
+                }
+            }
+        }
+        Dataset::Real {
+            values,
+            len: order.len(),
+            features,
+            labels: idx.iter().map(|&i| set.labels[i] as u32).collect(),
+        }
+    }
+
+    /// The splits from the files in `dir`.
+    pub(super) fn load(&self, dir: &Path) -> Result<[Dataset; 3]> {
+        match self.files {
+            ImageFiles::Pathfinder => {
+                use super::pathfinder::{locate, read_pathfinder};
+                let all = read_pathfinder(&locate(dir, self.side)?, self.side)?;
+                self.split_one(&all)
+            }
+            ImageFiles::Mnist => {
+                self.split_pair(&read_mnist(dir, "train")?, &read_mnist(dir, "t10k")?, dir)
+            }
+            ImageFiles::Cifar10 => self.split_pair(
+                &read_cifar10(dir, &CIFAR_TRAIN)?,
+                &read_cifar10(dir, &CIFAR_TEST)?,
+                dir,
+            ),
+        }
+    }
+
+    /// The test split alone from the files in `dir` (see [`Task::load_test`]).
+    pub(super) fn load_test(&self, dir: &Path) -> Result<Dataset> {
+        let test = match self.files {
+            ImageFiles::Pathfinder => {
+                let [_, _, test] = self.load(dir)?;
+                return Ok(test);
+            }
+            ImageFiles::Mnist => read_mnist(dir, "t10k")?,
+            ImageFiles::Cifar10 => read_cifar10(dir, &CIFAR_TEST)?,
+        };
+        self.check(&test, dir)?;
+        let all: Vec<usize> = (0..test.len()).collect();
+        Ok(self.sequences(&test, &all))
+    }
+
+    /// Checks that `set` (read from `from`) holds images of this task's size and channels.
+    fn check(&self, set: &ImageSet, from: &Path) -> Result<()> {
+        let (side, channels) = (self.side, self.files.channels());
+        if (set.height, set.width, set.channels) != (side, side, channels) {
+            bail!(
+                "{}: images of {} x {} with {} channel(s); this task needs {side} x {side} with {channels}",
+                from.display(),
+                set.height,
+                set.width,
+                set.channels
+            );
+        }
+        Ok(())
+    }
+
+    /// The splits of a dataset that comes as training and test images (read from `from`).
+    pub(super) fn split_pair(
+        &self,
+        train: &ImageSet,
+        test: &ImageSet,
+        from: &Path,
+    ) -> Result<[Dataset; 3]> {
+        self.check(train, from)?;
+        self.check(test, from)?;
+        let Split::HoldOut { seed } = self.split else {
+            bail!(
+                "{:?} files come as training and test sets: their split is hold_out",
+                self.files
+            );
+        };
+        let mut idx: Vec<usize> = (0..train.len()).collect();
+        idx.shuffle(&mut StdRng::seed_from_u64(seed));
+        let (val, train_idx) = idx.split_at(train.len() / 10);
+        let all_test: Vec<usize> = (0..test.len()).collect();
+        Ok([
+            self.sequences(train, train_idx),
+            self.sequences(train, val),
+            self.sequences(test, &all_test),
+        ])
+    }
+
+    /// The splits of a dataset that comes as one set of images.
+    fn split_one(&self, all: &ImageSet) -> Result<[Dataset; 3]> {
+        let Split::Shuffle { seed } = self.split else {
+            bail!(
+                "{:?} files come as one set: their split is shuffle",
+                self.files
+            );
+        };
+        let mut idx: Vec<usize> = (0..all.len()).collect();
+        idx.shuffle(&mut StdRng::seed_from_u64(seed));
+        let tenth = all.len() / 10;
+        let (val, rest) = idx.split_at(tenth);
+        let (test, train) = rest.split_at(tenth);
+        Ok([
+            self.sequences(all, train),
+            self.sequences(all, val),
+            self.sequences(all, test),
+        ])
+    }
+}

@@ -12,3 +12,4 @@ pub mod pendulum;
 pub mod speech;
 pub mod strokes;
 pub mod task;
+pub mod text;

@@ -7,13 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use rand::seq::SliceRandom;
-use rand::{rngs::StdRng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::dataset::Dataset;
-use super::images::ImageSet;
 use super::listops::{self, ListOpsConfig};
+use super::text;
 use crate::nn::{EncoderConfig, TreeSpec};
 
 /// The longest sequence a task may have (2^20 steps, 64 times LRA's longest, Path-X's 16,384
@@ -46,6 +44,11 @@ pub enum Input {
     Listops { max_len: usize },
     /// Images as pixel sequences.
     Pixels(Pixels),
+    /// Documents as byte tokens of [`text::VOCAB`], at most `max_len` with EOS (LRA's Text:
+    /// [`super::text`]).
+    Text { max_len: usize },
+    /// Pairs of such documents, each encoded apart (LRA's Retrieval).
+    TextPairs { max_len: usize },
     /// Raw audio of `len` samples (Speech Commands: [`super::speech`]).
     Audio { len: usize },
     /// Irregularly sampled series of grey frames with real targets at every frame: the pendulum
@@ -318,6 +321,23 @@ pub fn registry() -> Vec<Task> {
         },
         pathfinder("pathfinder", 32, 4),
         pathfinder("pathx", 128, 2),
+        // LRA's byte-level documents: binary trees, as ListOps (Myosotis §5).
+        Task {
+            name: "text".into(),
+            input: Input::Text { max_len: 4096 },
+            classes: 2,
+            tree: TreeShape::Ragged { arity: 2 },
+            causal: false,
+            coupling_init: None,
+        },
+        Task {
+            name: "retrieval".into(),
+            input: Input::TextPairs { max_len: 4000 },
+            classes: 2,
+            tree: TreeShape::Ragged { arity: 2 },
+            causal: false,
+            coupling_init: None,
+        },
         // S5 §6.2: bidirectional, as for LRA.
         Task {
             name: "speech".into(),
@@ -369,10 +389,17 @@ impl Task {
         matches!(self.input, Input::Frames(_))
     }
 
+    /// Whether each example is a pair of sequences (the model's [`ClassifierConfig::pairs`](crate::nn::ClassifierConfig)).
+    pub fn pairs(&self) -> bool {
+        matches!(self.input, Input::TextPairs { .. })
+    }
+
     /// The longest sequence (for images, the number of pixels): the padding of Myo's trees.
     pub fn max_len(&self) -> usize {
         match &self.input {
-            Input::Listops { max_len } => *max_len,
+            Input::Listops { max_len } | Input::Text { max_len } | Input::TextPairs { max_len } => {
+                *max_len
+            }
             Input::Pixels(p) => p.side.saturating_mul(p.side),
             Input::Frames(f) => f.keep,
             Input::Audio { len } => *len,
@@ -385,6 +412,9 @@ impl Task {
             Input::Listops { .. } => EncoderConfig::Embedding {
                 vocab: listops::VOCAB,
             },
+            Input::Text { .. } | Input::TextPairs { .. } => {
+                EncoderConfig::Embedding { vocab: text::VOCAB }
+            }
             Input::Pixels(p) => EncoderConfig::Linear {
                 features: p.features(),
             },
@@ -444,6 +474,19 @@ impl Task {
                 super::pendulum::load(dir, f.keep, f.seed)
             }
             (Input::Audio { .. }, DataSource::Dir { dir }) => super::speech::load(dir),
+            (&Input::Text { max_len }, DataSource::Dir { dir }) => text::load_imdb(dir, max_len),
+            (&Input::TextPairs { max_len }, DataSource::Dir { dir }) => {
+                text::load_aan(dir, max_len)
+            }
+            (Input::Text { .. }, _) => bail!(
+                "task {} reads the IMDB folder (aclImdb) from --data-dir",
+                self.name
+            ),
+            (Input::TextPairs { .. }, _) => bail!(
+                "task {} reads the LRA release's {} from --data-dir",
+                self.name,
+                text::AAN_FILES.join(", ")
+            ),
             (Input::Audio { .. }, _) => bail!(
                 "task {} reads the Speech Commands folder from --data-dir",
                 self.name
@@ -477,6 +520,12 @@ impl Task {
             (Input::Pixels(p), DataSource::Dir { dir }) => p.load_test(dir),
             (Input::Frames(f), DataSource::Dir { dir }) => {
                 super::pendulum::load_test(dir, f.keep, f.seed)
+            }
+            (&Input::Text { max_len }, DataSource::Dir { dir }) => {
+                text::load_imdb_test(dir, max_len)
+            }
+            (&Input::TextPairs { max_len }, DataSource::Dir { dir }) => {
+                text::read_aan(&dir.join(text::AAN_FILES[2]), max_len)
             }
             _ => {
                 let [_, _, test] = self.load(data)?;
@@ -523,153 +572,4 @@ fn generate_listops_split(g: &Generated, k: usize) -> Result<Dataset> {
         })
         .collect();
     Ok(listops_set(examples))
-}
-
-impl Pixels {
-    /// Input features per pixel.
-    pub fn features(&self) -> usize {
-        if self.grey {
-            1
-        } else {
-            self.files.channels()
-        }
-    }
-
-    /// Sequence position → row-major pixel index.
-    pub fn order(&self) -> Vec<usize> {
-        let n = self.side * self.side;
-        match self.order {
-            Order::Raster => (0..n).collect(),
-            Order::Morton => {
-                crate::tree::Ordering::morton(self.side, self.side)
-                    .expect("a non-empty image")
-                    .perm
-            }
-            Order::Permuted { seed } => {
-                let mut p: Vec<usize> = (0..n).collect();
-                p.shuffle(&mut StdRng::seed_from_u64(seed));
-                p
-            }
-        }
-    }
-
-    /// Images `idx` of `set` as normalised pixel sequences.
-    fn sequences(&self, set: &ImageSet, idx: &[usize]) -> Dataset {
-        let features = self.features();
-        let order = self.order();
-        let (mean, std) = (&self.mean, &self.std);
-        let mut values = Vec::with_capacity(idx.len() * order.len() * features);
-        for &i in idx {
-            let img = set.image(i);
-            for &px in &order {
-                let p = &img[px * set.channels..(px + 1) * set.channels];
-                if self.grey {
-                    let grey = 0.2989 * p[0] as f32 + 0.5870 * p[1] as f32 + 0.1140 * p[2] as f32;
-                    values.push((grey / 255.0 - mean[0]) / std[0]);
-                } else {
-                    for c in 0..features {
-                        values.push((p[c] as f32 / 255.0 - mean[c]) / std[c]);
-                    }
-                }
-            }
-        }
-        Dataset::Real {
-            values,
-            len: order.len(),
-            features,
-            labels: idx.iter().map(|&i| set.labels[i] as u32).collect(),
-        }
-    }
-
-    /// The splits from the files in `dir`.
-    fn load(&self, dir: &Path) -> Result<[Dataset; 3]> {
-        use super::images::{read_cifar10, read_mnist, CIFAR_TEST, CIFAR_TRAIN};
-        match self.files {
-            ImageFiles::Pathfinder => {
-                use super::pathfinder::{locate, read_pathfinder};
-                let all = read_pathfinder(&locate(dir, self.side)?, self.side)?;
-                self.split_one(&all)
-            }
-            ImageFiles::Mnist => {
-                self.split_pair(&read_mnist(dir, "train")?, &read_mnist(dir, "t10k")?, dir)
-            }
-            ImageFiles::Cifar10 => self.split_pair(
-                &read_cifar10(dir, &CIFAR_TRAIN)?,
-                &read_cifar10(dir, &CIFAR_TEST)?,
-                dir,
-            ),
-        }
-    }
-
-    /// The test split alone from the files in `dir` (see [`Task::load_test`]).
-    fn load_test(&self, dir: &Path) -> Result<Dataset> {
-        use super::images::{read_cifar10, read_mnist, CIFAR_TEST};
-        let test = match self.files {
-            ImageFiles::Pathfinder => {
-                let [_, _, test] = self.load(dir)?;
-                return Ok(test);
-            }
-            ImageFiles::Mnist => read_mnist(dir, "t10k")?,
-            ImageFiles::Cifar10 => read_cifar10(dir, &CIFAR_TEST)?,
-        };
-        self.check(&test, dir)?;
-        let all: Vec<usize> = (0..test.len()).collect();
-        Ok(self.sequences(&test, &all))
-    }
-
-    /// Checks that `set` (read from `from`) holds images of this task's size and channels.
-    fn check(&self, set: &ImageSet, from: &Path) -> Result<()> {
-        let (side, channels) = (self.side, self.files.channels());
-        if (set.height, set.width, set.channels) != (side, side, channels) {
-            bail!(
-                "{}: images of {} x {} with {} channel(s); this task needs {side} x {side} with {channels}",
-                from.display(),
-                set.height,
-                set.width,
-                set.channels
-            );
-        }
-        Ok(())
-    }
-
-    /// The splits of a dataset that comes as training and test images (read from `from`).
-    fn split_pair(&self, train: &ImageSet, test: &ImageSet, from: &Path) -> Result<[Dataset; 3]> {
-        self.check(train, from)?;
-        self.check(test, from)?;
-        let Split::HoldOut { seed } = self.split else {
-            bail!(
-                "{:?} files come as training and test sets: their split is hold_out",
-                self.files
-            );
-        };
-        let mut idx: Vec<usize> = (0..train.len()).collect();
-        idx.shuffle(&mut StdRng::seed_from_u64(seed));
-        let (val, train_idx) = idx.split_at(train.len() / 10);
-        let all_test: Vec<usize> = (0..test.len()).collect();
-        Ok([
-            self.sequences(train, train_idx),
-            self.sequences(train, val),
-            self.sequences(test, &all_test),
-        ])
-    }
-
-    /// The splits of a dataset that comes as one set of images.
-    fn split_one(&self, all: &ImageSet) -> Result<[Dataset; 3]> {
-        let Split::Shuffle { seed } = self.split else {
-            bail!(
-                "{:?} files come as one set: their split is shuffle",
-                self.files
-            );
-        };
-        let mut idx: Vec<usize> = (0..all.len()).collect();
-        idx.shuffle(&mut StdRng::seed_from_u64(seed));
-        let tenth = all.len() / 10;
-        let (val, rest) = idx.split_at(tenth);
-        let (test, train) = rest.split_at(tenth);
-        Ok([
-            self.sequences(all, train),
-            self.sequences(all, val),
-            self.sequences(all, test),
-        ])
-    }
 }

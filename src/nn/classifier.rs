@@ -4,8 +4,8 @@
 //!   encoder (Linear for real inputs, Embedding for tokens, the frame encoder for images)
 //!   → N × block [pre-norm → layer → activation → dropout → + residual]
 //!               (or post-norm: layer → activation → dropout → + residual → norm)
-//!   → pooling (mean over valid steps, last valid step, or the Myo poolings) → Linear decoder
-//!   → log-softmax;
+//!   → pooling (mean over valid steps, last valid step, or the Myo poolings) → head (a Linear
+//!   decoder; for pairs of sequences, their pair features and an MLP) → log-softmax;
 //!   or, without pooling (regression), the Linear decoder at every step.
 //!
 //! Series sampled at irregular times carry each step's interval since the one before; the
@@ -26,6 +26,7 @@ use crate::ops::epilogue::{epilogue, Activation as EpilogueAct, Dropout};
 use crate::ops::masked_mean;
 
 use super::frames::{FrameEncoder, FrameEncoderConfig};
+use super::head::{top_levels, Head, Pooling};
 use super::{
     dense, embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig,
     S5,
@@ -128,56 +129,6 @@ pub enum Activation {
     Gelu,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Pooling {
-    /// Mean over the valid (unpadded) steps.
-    Mean,
-    /// The last valid step.
-    Last,
-    /// Myo: the root node's output of the last block.
-    Root,
-    /// Myo: the mean over the top `k` BFS levels of the last block (k = 1 is the root; §3.2).
-    TopLevels { k: usize },
-    /// None: the decoder reads every step, and the model regresses (batch, length, outputs).
-    None,
-}
-
-impl std::fmt::Display for Pooling {
-    /// As the flag `--pooling` takes it.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Pooling::Mean => f.write_str("mean"),
-            Pooling::Last => f.write_str("last"),
-            Pooling::Root => f.write_str("root"),
-            Pooling::TopLevels { k } => write!(f, "top:{k}"),
-            Pooling::None => f.write_str("none"),
-        }
-    }
-}
-
-impl std::str::FromStr for Pooling {
-    type Err = String;
-
-    /// `mean`, `last`, `root`, `top:K` (K ≥ 1) or `none`.
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        Ok(match s {
-            "mean" => Pooling::Mean,
-            "last" => Pooling::Last,
-            "root" => Pooling::Root,
-            "none" => Pooling::None,
-            _ => match s.strip_prefix("top:").map(str::parse) {
-                Some(Ok(k)) if k >= 1 => Pooling::TopLevels { k },
-                _ => {
-                    return Err(format!(
-                        "'{s}': expected mean, last, root, top:K with K ≥ 1, or none"
-                    ))
-                }
-            },
-        })
-    }
-}
-
 /// Configuration of a [`SequenceClassifier`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ClassifierConfig {
@@ -196,6 +147,11 @@ pub struct ClassifierConfig {
     /// What the blocks do with the time intervals of series.
     #[serde(default)]
     pub timing: Timing,
+    /// Each example is a pair of sequences, encoded apart by the same blocks and pooled: the
+    /// batch's first half of rows holds the first sequences, its second half the second ones,
+    /// and the [`Head`] reads [u, v, u ⊙ v, u − v] (LRA's Retrieval).
+    #[serde(default)]
+    pub pairs: bool,
     /// Seed of the encoder, GLU and decoder initialisation (the layers have their own).
     #[serde(default)]
     pub seed: u64,
@@ -223,7 +179,9 @@ impl Layer {
     /// Whether the parameter `name` (relative to the layer) is in the SSM group.
     fn is_ssm_param(&self, name: &str) -> bool {
         match self {
-            Layer::S5(_) => S5::SSM_PARAMS.contains(&name),
+            Layer::S5(l) => {
+                S5::SSM_PARAMS.contains(&name) && !(l.config().dt_global && name == "log_step")
+            }
             Layer::Myo(_) => Myo::SSM_PARAMS.contains(&name),
             Layer::Ssm2d(_) => Ssm2d::is_ssm_param(name),
             Layer::MinGru(_) => false,
@@ -347,7 +305,7 @@ pub struct SequenceClassifier {
     cfg: ClassifierConfig,
     encoder: Encoder,
     blocks: Vec<Block>,
-    decoder: Linear,
+    head: Head,
 }
 
 enum Encoder {
@@ -384,6 +342,9 @@ impl SequenceClassifier {
                 vb.pp("encoder"),
             )?),
         };
+        if cfg.pairs && cfg.pooling == Pooling::None {
+            candle_core::bail!("pairs of sequences are classified: pooling none does not apply");
+        }
         if cfg.timing == Timing::Continuous && !matches!(cfg.layer, SeqLayerConfig::S5(_)) {
             candle_core::bail!("timing continuous needs S5 layers (they discretise each step)");
         }
@@ -459,7 +420,7 @@ impl SequenceClassifier {
             });
         }
         Ok(SequenceClassifier {
-            decoder: linear(h, cfg.classes, vb.pp("decoder"), cfg.seed)?,
+            head: Head::new(h, cfg.classes, cfg.pairs, vb.clone(), cfg.seed)?,
             encoder,
             blocks,
             cfg,
@@ -557,6 +518,29 @@ impl SequenceClassifier {
         dt: Option<&Tensor>,
         mode: Mode,
     ) -> Result<Tensor> {
+        let out = self
+            .head
+            .forward(&self.features_timed(x, lengths, dt, mode)?)?;
+        match self.cfg.pooling {
+            Pooling::None => Ok(out),
+            _ => candle_nn::ops::log_softmax(&out, D::Minus1),
+        }
+    }
+
+    /// What the head reads: the pooled features (rows of `x`, H), or without pooling the last
+    /// block's output at every step (batch, length, H).
+    pub fn features(&self, x: &Tensor, lengths: Option<&Tensor>, mode: Mode) -> Result<Tensor> {
+        self.features_timed(x, lengths, None, mode)
+    }
+
+    /// [`Self::features`] of series whose steps lie `dt` apart.
+    pub fn features_timed(
+        &self,
+        x: &Tensor,
+        lengths: Option<&Tensor>,
+        dt: Option<&Tensor>,
+        mode: Mode,
+    ) -> Result<Tensor> {
         if dt.is_none() && self.cfg.timing != Timing::Drop {
             candle_core::bail!(
                 "the model's timing is {:?}: it needs the steps' time intervals",
@@ -592,8 +576,7 @@ impl SequenceClassifier {
                 &tree,
             ) {
                 // The last block's output is its tree nodes, pooled.
-                let pooled = self.pool_nodes(i, m, &z, block, mode)?;
-                return candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1);
+                return self.pool_nodes(i, m, &z, block, mode);
             }
             h = self.activate(
                 i,
@@ -606,15 +589,12 @@ impl SequenceClassifier {
                 h = block.norm.forward(&h, mode)?;
             }
         }
-        if self.cfg.pooling == Pooling::None {
-            return dense(&self.decoder, &h.narrow(1, 0, steps)?);
+        match &tree {
+            _ if self.cfg.pooling == Pooling::None => h.narrow(1, 0, steps),
+            Some(tree) if node_pooling => top_levels(&h, tree, self.cfg.pooling),
+            Some(_) => self.pool_steps(&h.narrow(1, 0, steps)?, lengths),
+            None => self.pool_steps(&h, lengths),
         }
-        let pooled = match &tree {
-            Some(tree) if node_pooling => top_levels(&h, tree, self.cfg.pooling)?,
-            Some(_) => self.pool_steps(&h.narrow(1, 0, steps)?, lengths)?,
-            None => self.pool_steps(&h, lengths)?,
-        };
-        candle_nn::ops::log_softmax(&dense(&self.decoder, &pooled)?, D::Minus1)
     }
 
     /// Mean over valid steps or the last valid step: (batch, H). The lengths stay on their
@@ -682,15 +662,4 @@ impl SequenceClassifier {
         let nodes = block.norm.forward(&nodes, mode)?;
         nodes.narrow(1, first, tree.len() - first)?.mean(1)
     }
-}
-
-/// The mean of (batch, nodes, H) over the top k BFS levels of `tree` (k = 1 for the root):
-/// (batch, H).
-fn top_levels(nodes: &Tensor, tree: &crate::tree::Tree, pooling: Pooling) -> Result<Tensor> {
-    let k = match pooling {
-        Pooling::TopLevels { k } => k.clamp(1, tree.levels()),
-        _ => 1,
-    };
-    let first = tree.level(tree.levels() - k).start;
-    nodes.narrow(1, first, tree.len() - first)?.mean(1)
 }

@@ -5,6 +5,7 @@
 pub mod batch_norm;
 pub mod classifier;
 pub mod frames;
+pub mod head;
 pub mod hippo;
 pub(crate) mod init;
 pub mod mingru;
@@ -14,9 +15,10 @@ pub mod ssm2d;
 
 pub use batch_norm::{ShardSum, Shards};
 pub use classifier::{
-    Activation, ClassifierConfig, DropoutKey, EncoderConfig, Mode, NormKind, ParamGroup, Pooling,
+    Activation, ClassifierConfig, DropoutKey, EncoderConfig, Mode, NormKind, ParamGroup,
     SeqLayerConfig, SequenceClassifier, Timing, BN_MOMENTUM,
 };
+pub use head::Pooling;
 pub use mingru::{MinGru, MinGruConfig};
 pub use myo::{Coupling, Myo, MyoConfig, TreeSpec};
 pub use s5::{CInit, Discretization, S5Config, S5};

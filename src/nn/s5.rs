@@ -72,6 +72,11 @@ pub struct S5Config {
     pub dt_max: f64,
     pub c_init: CInit,
     pub bidirectional: bool,
+    /// Δ (`log_step`) learns with the regular group, at the global learning rate and with weight
+    /// decay, rather than with the SSM parameters (the reference's `dt_global`, its choice for
+    /// LRA Text and Retrieval).
+    #[serde(default)]
+    pub dt_global: bool,
     /// Seed of the initialisation.
     pub seed: u64,
 }
@@ -89,6 +94,7 @@ impl Default for S5Config {
             dt_max: 0.1,
             c_init: CInit::TruncStandardNormal,
             bidirectional: false,
+            dt_global: false,
             seed: 0,
         }
     }

@@ -35,7 +35,8 @@ pub struct RunArgs {
     pub model: ModelKind,
     /// listops (generated unless --data-dir has basic_{train,val,test}.tsv), or with
     /// --data-dir: smnist, psmnist, zmnist (MNIST IDX), scifar, zcifar, lra-image (CIFAR-10
-    /// binary), pathfinder, pathx (LRA folders), speech (the Speech Commands folder), pendulum
+    /// binary), pathfinder, pathx (LRA folders), text (the IMDB folder aclImdb), retrieval (the
+    /// LRA release's new_aan_pairs.*.tsv), speech (the Speech Commands folder), pendulum
     /// (pend_regression.npz, a regression at every step). [default: the --preset's task, else
     /// listops]
     #[arg(long)]
@@ -49,9 +50,8 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "data_dir")]
     pub hub: bool,
     /// Start from the reference's hyper-parameters for this task (S5 Table 11 and run scripts:
-    /// listops, pathfinder, pathx, lra-image, scifar, zcifar, smnist, zmnist, psmnist, speech,
-    /// pendulum); the
-    /// flags below override it. Without a preset the defaults are a small, quick model.
+    /// listops, text, retrieval, pathfinder, pathx, lra-image, scifar, zcifar, smnist, zmnist,
+    /// psmnist, speech, pendulum); the flags below override it. Without a preset the defaults are a small, quick model.
     #[arg(long)]
     pub preset: Option<String>,
     /// Passes over the training split. [default: 10]
@@ -127,6 +127,17 @@ pub struct RunArgs {
     /// (the frame encoder reads each interval as one more feature). [default: continuous]
     #[arg(long, value_enum)]
     pub timing: Option<Timing>,
+    /// S5: the range [MIN, MAX] of the initial steps Δ, log-uniform. [default: 0.001 (0.01 for
+    /// the pendulum preset)]
+    #[arg(long)]
+    pub dt_min: Option<f64>,
+    /// S5: the upper end of the initial steps' range. [default: 0.1]
+    #[arg(long)]
+    pub dt_max: Option<f64>,
+    /// S5: Δ learns at the global learning rate with weight decay, not with the SSM
+    /// parameters. [default: true for the text and retrieval presets, else false]
+    #[arg(long)]
+    pub dt_global: Option<bool>,
     /// S5: C's initialisation. [default: trunc_standard_normal]
     #[arg(long, value_enum)]
     pub c_init: Option<CInit>,

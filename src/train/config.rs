@@ -103,6 +103,14 @@ impl RunConfig {
                 }
             );
         }
+        if model.pairs != task.pairs() {
+            bail!(
+                "the model reads {}, task {} has {}",
+                ["one sequence per example", "pairs of sequences"][model.pairs as usize],
+                task.name,
+                ["one sequence per example", "pairs of sequences"][task.pairs() as usize]
+            );
+        }
         if model.classes != task.classes {
             bail!(
                 "the model has {} classes, task {} has {}",
@@ -208,6 +216,11 @@ impl RunArgs {
         if !(0.0..1.0).contains(&bn_momentum) {
             bail!("--bn-momentum {bn_momentum}: expected a decay in [0, 1)");
         }
+        let dt_min = pickf(self.dt_min, |p| p.dt_min, S5Config::default().dt_min);
+        let dt_max = self.dt_max.unwrap_or(S5Config::default().dt_max);
+        if !(dt_min > 0.0 && dt_min < dt_max && dt_max.is_finite()) {
+            bail!("--dt-min {dt_min}, --dt-max {dt_max}: expected 0 < MIN < MAX < ∞");
+        }
         let (mut task, data) = self.task_and_data()?;
         if let Some(tree) = &self.tree {
             task.tree = tree.clone();
@@ -231,6 +244,9 @@ impl RunArgs {
                     .unwrap_or(CInit::TruncStandardNormal),
                 clip_eigs: self.clip_eigs.or(p.map(|p| p.clip_eigs)).unwrap_or(false),
                 discretization: self.discretization.unwrap_or(Discretization::Zoh),
+                dt_min,
+                dt_max,
+                dt_global: self.dt_global.or(p.map(|p| p.dt_global)).unwrap_or(false),
                 seed: self.seed,
                 ..S5Config::default()
             }),
@@ -335,6 +351,7 @@ impl RunArgs {
                 pooling,
                 classes: task.classes,
                 timing,
+                pairs: task.pairs(),
                 seed: self.seed,
                 bn_momentum,
             },
@@ -384,7 +401,7 @@ impl RunArgs {
     /// Refuses a flag that the chosen model would ignore, naming it and the models it is for.
     fn refuse_ignored(&self, preset: Option<&Preset>) -> Result<()> {
         use ModelKind::*;
-        let flags: [(&str, bool, &[ModelKind]); 16] = [
+        let flags: [(&str, bool, &[ModelKind]); 19] = [
             ("--heads", self.heads.is_some(), &[Myo]),
             ("--block-size", self.block_size.is_some(), &[Myo]),
             ("--tree", self.tree.is_some(), &[Myo]),
@@ -398,6 +415,9 @@ impl RunArgs {
             ("--discretization", self.discretization.is_some(), &[S5]),
             ("--c-init", self.c_init.is_some(), &[S5]),
             ("--clip-eigs", self.clip_eigs.is_some(), &[S5]),
+            ("--dt-min", self.dt_min.is_some(), &[S5]),
+            ("--dt-max", self.dt_max.is_some(), &[S5]),
+            ("--dt-global", self.dt_global.is_some(), &[S5]),
             ("--directions", self.directions.is_some(), &[Ssm2d]),
             ("--state-size", self.state_size.is_some(), &[S5, Myo, Ssm2d]),
             (
@@ -458,6 +478,15 @@ impl RunArgs {
                 };
                 DataSource::Generated(generated)
             }
+            None if matches!(task.input, Input::Text { .. }) => bail!(
+                "--task {} needs --data-dir: the IMDB folder (aclImdb, with train/ and test/)",
+                task.name
+            ),
+            None if task.pairs() => bail!(
+                "--task {} needs --data-dir: the LRA release's folder of {}",
+                task.name,
+                crate::data::text::AAN_FILES.join(", ")
+            ),
             None if task.regression() => bail!(
                 "--task {} needs --data-dir: a folder holding {} (write one with `myo data \
                  pendulum`)",

@@ -2,7 +2,8 @@
 //! (Smith et al., Appendix G.2) and its LRA run scripts (docs/reference.md) — depth, width H, latent
 //! size P, HiPPO blocks J, dropout, learning rates, batch size, epochs, weight decay, and the
 //! task-specific choices of G.3 (C initialisation, activation, post-norm for psMNIST, causal
-//! models for sMNIST/psMNIST and the pendulum, LayerNorm and post-norm for the pendulum). Myo
+//! models for sMNIST/psMNIST and the pendulum, LayerNorm, post-norm and S5's step range for the
+//! pendulum). Myo
 //! takes the same settings with heads = P (Myosotis §5).
 //! zMNIST and zCIFAR use the sMNIST and sCIFAR settings (Morton order only changes the input).
 
@@ -34,6 +35,10 @@ pub struct Preset {
     pub prenorm: bool,
     /// Linear warm-up length in epochs (the reference's `warmup_end`).
     pub warmup_epochs: usize,
+    /// The lower end of S5's initial step range [dt_min, 0.1].
+    pub dt_min: f64,
+    /// S5's Δ learns with the regular group (the reference's `dt_global`).
+    pub dt_global: bool,
 }
 
 /// The preset of `task`, or `None` for an unknown name.
@@ -59,6 +64,8 @@ pub fn preset(task: &str) -> Option<Preset> {
         bn_momentum: crate::nn::BN_MOMENTUM,
         prenorm: true,
         warmup_epochs: 1,
+        dt_min: 0.001,
+        dt_global: false,
     };
     let image: Row = (6, 512, 384, 3, 0.1, 0.0045, 0.001, 50, 250, 0.07);
     let p = match task {
@@ -66,6 +73,18 @@ pub fn preset(task: &str) -> Option<Preset> {
             c_init: CInit::LecunNormal,
             activation: Activation::HalfGlu2,
             ..base((8, 128, 16, 8, 0.0, 0.003, 0.001, 50, 40, 0.04))
+        },
+        // Text and Retrieval: the reference's scripts learn Δ with the regular group.
+        "text" => Preset {
+            c_init: CInit::LecunNormal,
+            activation: Activation::HalfGlu2,
+            warmup_epochs: 0,
+            dt_global: true,
+            ..base((6, 256, 192, 12, 0.1, 0.004, 0.001, 50, 35, 0.07))
+        },
+        "retrieval" => Preset {
+            dt_global: true,
+            ..base((6, 128, 256, 16, 0.0, 0.002, 0.001, 32, 20, 0.05))
         },
         "pathfinder" => Preset {
             bn_momentum: 0.9,
@@ -92,8 +111,11 @@ pub fn preset(task: &str) -> Option<Preset> {
         // No weight decay on C̃ is the reference's choice for speech (G.3.7); here C̃ takes the
         // regular group's, as for the other tasks.
         "speech" => base((6, 96, 128, 16, 0.1, 0.008, 0.002, 16, 40, 0.04)),
+        // The reference's pendulum script: half_glu2 and a step range from 0.01.
         "pendulum" => Preset {
             bidirectional: false,
+            activation: Activation::HalfGlu2,
+            dt_min: 0.01,
             norm: NormKind::Layer,
             prenorm: false,
             ..base((4, 30, 16, 8, 0.0, 0.012, 0.003, 32, 100, 0.0))
@@ -104,8 +126,10 @@ pub fn preset(task: &str) -> Option<Preset> {
 }
 
 /// The tasks that have a preset.
-pub const TASKS: [&str; 11] = [
+pub const TASKS: [&str; 13] = [
     "listops",
+    "text",
+    "retrieval",
     "pathfinder",
     "pathx",
     "lra-image",

@@ -1,0 +1,119 @@
+//! What the classifier reads out of its last block: the [`Pooling`] of the steps (or of Myo's
+//! tree nodes) and the [`Head`] that maps the pooled features to class scores — a linear
+//! decoder, or for pairs of sequences encoded apart the features [u, v, u ⊙ v, u − v] of the
+//! two (Tay et al. 2021, LRA's Retrieval) through Dense(4H → H), GELU, Dense(H → classes), as
+//! S5's reference decoder for that task.
+
+use candle_core::{Result, Tensor, D};
+use candle_nn::{Linear, VarBuilder};
+use serde::{Deserialize, Serialize};
+
+use super::{dense, linear};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Pooling {
+    /// Mean over the valid (unpadded) steps.
+    Mean,
+    /// The last valid step.
+    Last,
+    /// Myo: the root node's output of the last block.
+    Root,
+    /// Myo: the mean over the top `k` BFS levels of the last block (k = 1 is the root; §3.2).
+    TopLevels { k: usize },
+    /// None: the decoder reads every step, and the model regresses (batch, length, outputs).
+    None,
+}
+
+impl std::fmt::Display for Pooling {
+    /// As the flag `--pooling` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pooling::Mean => f.write_str("mean"),
+            Pooling::Last => f.write_str("last"),
+            Pooling::Root => f.write_str("root"),
+            Pooling::TopLevels { k } => write!(f, "top:{k}"),
+            Pooling::None => f.write_str("none"),
+        }
+    }
+}
+
+impl std::str::FromStr for Pooling {
+    type Err = String;
+
+    /// `mean`, `last`, `root`, `top:K` (K ≥ 1) or `none`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s {
+            "mean" => Pooling::Mean,
+            "last" => Pooling::Last,
+            "root" => Pooling::Root,
+            "none" => Pooling::None,
+            _ => match s.strip_prefix("top:").map(str::parse) {
+                Some(Ok(k)) if k >= 1 => Pooling::TopLevels { k },
+                _ => {
+                    return Err(format!(
+                        "'{s}': expected mean, last, root, top:K with K ≥ 1, or none"
+                    ))
+                }
+            },
+        })
+    }
+}
+
+/// The decoder: (rows, H) pooled features → (examples, classes) scores, or at every step
+/// (batch, length, H) → (batch, length, outputs).
+pub(crate) struct Head {
+    /// Pairs: Dense(4H → H) before the decoder.
+    pair: Option<Linear>,
+    decoder: Linear,
+}
+
+impl Head {
+    /// `pairs`: the rows come as two halves, the first and the second sequence of each pair.
+    pub(crate) fn new(
+        h: usize,
+        classes: usize,
+        pairs: bool,
+        vb: VarBuilder,
+        seed: u64,
+    ) -> Result<Self> {
+        Ok(Head {
+            pair: match pairs {
+                true => Some(linear(4 * h, h, vb.pp("pair"), seed)?),
+                false => None,
+            },
+            decoder: linear(h, classes, vb.pp("decoder"), seed)?,
+        })
+    }
+
+    /// The scores of `x`: for pairs, of the pairs its two halves of rows make.
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let Some(pair) = &self.pair else {
+            return dense(&self.decoder, x);
+        };
+        let rows = x.dim(0)?;
+        if rows % 2 != 0 {
+            candle_core::bail!(
+                "{rows} sequences do not make pairs: a pair batch holds 2 per example"
+            );
+        }
+        let (u, v) = (x.narrow(0, 0, rows / 2)?, x.narrow(0, rows / 2, rows / 2)?);
+        let features = Tensor::cat(&[&u, &v, &(&u * &v)?, &(&u - &v)?], D::Minus1)?;
+        dense(&self.decoder, &crate::ops::gelu(&dense(pair, &features)?)?)
+    }
+}
+
+/// The mean of (batch, nodes, H) over the top k BFS levels of `tree` (k = 1 for the root):
+/// (batch, H).
+pub(crate) fn top_levels(
+    nodes: &Tensor,
+    tree: &crate::tree::Tree,
+    pooling: Pooling,
+) -> Result<Tensor> {
+    let k = match pooling {
+        Pooling::TopLevels { k } => k.clamp(1, tree.levels()),
+        _ => 1,
+    };
+    let first = tree.level(tree.levels() - k).start;
+    nodes.narrow(1, first, tree.len() - first)?.mean(1)
+}
