@@ -74,6 +74,7 @@ fn config(
         classes: 4,
         timing: Default::default(),
         pairs: false,
+        decoder: Default::default(),
         seed: 0,
         bn_momentum: BN_MOMENTUM,
     }

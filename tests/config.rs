@@ -245,6 +245,7 @@ fn the_text_and_pendulum_presets_follow_the_reference_scripts() {
     assert_eq!(pendulum.model.activation, Activation::HalfGlu2);
     assert_eq!((s5(&pendulum).dt_min, s5(&pendulum).dt_max), (0.01, 0.1));
     assert!(!s5(&pendulum).dt_global);
+    assert_eq!(pendulum.model.decoder, Decoder::Gaussian);
     let text = ok(&["--preset", "text", "--data-dir", "d"]);
     assert_eq!(
         (text.model.d_model, s5(&text).state, s5(&text).blocks),
@@ -270,6 +271,27 @@ fn the_text_and_pendulum_presets_follow_the_reference_scripts() {
     ]);
     assert!(!s5(&flags).dt_global);
     assert_eq!((s5(&flags).dt_min, s5(&flags).dt_max), (0.002, 0.2));
+    // B̃ and C̃'s groups follow each script's opt_config.
+    for (preset, groups) in [
+        ("listops", S5Groups::BFastAndCDecay),
+        ("scifar", S5Groups::BFastAndCDecay),
+        ("pathx", S5Groups::BAndCDecay),
+        ("speech", S5Groups::NoBcDecay),
+        ("pathfinder", S5Groups::Standard),
+        ("text", S5Groups::Standard),
+    ] {
+        let cfg = ok(&["--preset", preset, "--data-dir", "d"]);
+        assert_eq!(s5(&cfg).groups, groups, "{preset}");
+    }
+    let flag = ok(&[
+        "--preset",
+        "speech",
+        "--data-dir",
+        "d",
+        "--s5-groups",
+        "standard",
+    ]);
+    assert_eq!(s5(&flag).groups, S5Groups::Standard);
     let e = err(&["--dt-min", "0.5"]);
     assert!(e.contains("--dt-min 0.5, --dt-max 0.1"), "{e}");
     let e = err(&["--model", "myo", "--dt-global", "true"]);

@@ -88,6 +88,7 @@ fn model(layer: &SeqLayerConfig, norm: NormKind, dev: &Device) -> (VarMap, Seque
         classes: 10,
         timing: Default::default(),
         pairs: false,
+        decoder: Default::default(),
         seed: 3,
         bn_momentum: BN_MOMENTUM,
     };

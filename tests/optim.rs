@@ -8,7 +8,9 @@ use myosotis::train::optim::{OptimConfig, Optimizer};
 
 /// The groups by name, for these tests' hand-made variables.
 fn by_name(name: &str) -> ParamGroup {
-    if name.contains(".ssm.") {
+    if name.contains(".ssm.b") {
+        ParamGroup::SsmDecayed
+    } else if name.contains(".ssm.") {
         ParamGroup::Ssm
     } else {
         ParamGroup::Regular
@@ -50,10 +52,11 @@ fn scalar_var(x: f64) -> Var {
 }
 
 #[test]
-fn one_step_is_adamw_with_decay_only_on_the_regular_group() {
+fn one_step_is_adamw_with_each_groups_rate_and_decay() {
     let vars: HashMap<String, Var> = [
         ("layers.0.ssm.lambda_re".to_string(), scalar_var(1.5)),
         ("decoder.weight".to_string(), scalar_var(-2.0)),
+        ("layers.0.ssm.b".to_string(), scalar_var(0.7)),
     ]
     .into_iter()
     .collect();
@@ -63,7 +66,8 @@ fn one_step_is_adamw_with_decay_only_on_the_regular_group() {
     };
     let mut opt = Optimizer::new(c.clone(), &vars, by_name).unwrap();
     let loss = ((vars["layers.0.ssm.lambda_re"].as_tensor() * 3.0).unwrap()
-        + (vars["decoder.weight"].as_tensor() * 0.5).unwrap())
+        + (vars["decoder.weight"].as_tensor() * 0.5).unwrap()
+        + (vars["layers.0.ssm.b"].as_tensor() * -1.0).unwrap())
     .unwrap()
     .sum_all()
     .unwrap();
@@ -73,6 +77,9 @@ fn one_step_is_adamw_with_decay_only_on_the_regular_group() {
     let adam = |g: f64| g / ((g * g).sqrt() + c.eps);
     let lr0 = c.rate(c.ssm_lr, 0);
     assert!((after("layers.0.ssm.lambda_re") - (1.5 - lr0 * adam(3.0))).abs() < 1e-12);
+    // The SSM learning rate with weight decay.
+    let want = 0.7 - lr0 * adam(-1.0) - lr0 * c.weight_decay * 0.7;
+    assert!((after("layers.0.ssm.b") - want).abs() < 1e-12);
     let lr0 = c.rate(c.lr, 0);
     assert!(
         (after("decoder.weight") - (-2.0 - lr0 * adam(0.5) - lr0 * c.weight_decay * -2.0)).abs()
@@ -220,6 +227,7 @@ fn parameters_fall_into_the_reference_groups() {
             classes: 3,
             timing: Default::default(),
             pairs: false,
+            decoder: Default::default(),
             seed: 0,
             bn_momentum: BN_MOMENTUM,
         };
@@ -242,24 +250,41 @@ fn parameters_fall_into_the_reference_groups() {
             };
             assert_eq!(model.param_group(name), expected, "{name}");
         }
-        // S5 with dt_global: Δ learns with the regular group.
+        // S5's other groupings (the reference's opt_config and dt_global): B̃, C̃, D, Δ.
         if let SeqLayerConfig::S5(c) = &cfg_layer {
-            let global = SequenceClassifier::new(
-                ClassifierConfig {
-                    layer: SeqLayerConfig::S5(S5Config {
-                        dt_global: true,
-                        ..c.clone()
-                    }),
-                    ..cfg_copy.clone()
-                },
-                VarBuilder::from_varmap(&VarMap::new(), candle_core::DType::F32, &Device::Cpu),
-            )
-            .unwrap();
-            assert_eq!(
-                global.param_group("layers.1.ssm.log_step"),
-                ParamGroup::Regular
-            );
-            assert_eq!(global.param_group("layers.1.ssm.b"), ParamGroup::Ssm);
+            use ParamGroup::*;
+            for (groups, dt_global, want) in [
+                (S5Groups::Standard, true, [Ssm, Regular, Regular, Regular]),
+                (
+                    S5Groups::BAndCDecay,
+                    false,
+                    [SsmDecayed, Regular, Regular, Ssm],
+                ),
+                (
+                    S5Groups::BFastAndCDecay,
+                    false,
+                    [Regular, Regular, Regular, Ssm],
+                ),
+                (S5Groups::NoBcDecay, false, [Ssm, Ssm, Ssm, Ssm]),
+            ] {
+                let model = SequenceClassifier::new(
+                    ClassifierConfig {
+                        layer: SeqLayerConfig::S5(S5Config {
+                            groups,
+                            dt_global,
+                            ..c.clone()
+                        }),
+                        ..cfg_copy.clone()
+                    },
+                    VarBuilder::from_varmap(&VarMap::new(), candle_core::DType::F32, &Device::Cpu),
+                )
+                .unwrap();
+                for (p, want) in ["b", "c", "d", "log_step"].iter().zip(want) {
+                    let name = format!("layers.1.ssm.{p}");
+                    assert_eq!(model.param_group(&name), want, "{groups:?}: {name}");
+                }
+                assert_eq!(model.param_group("layers.0.ssm.lambda_re"), Ssm);
+            }
         }
         // Every declared SSM parameter exists, in both blocks.
         for p in ssm {

@@ -148,6 +148,7 @@ fn pathfinder_trains_and_evaluates() {
             classes: 2,
             timing: Default::default(),
             pairs: false,
+            decoder: Default::default(),
             seed: 0,
             bn_momentum: BN_MOMENTUM,
         },

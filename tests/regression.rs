@@ -8,10 +8,11 @@ use candle_nn::{VarBuilder, VarMap};
 use myosotis::data::dataset::Dataset;
 use myosotis::data::pendulum::{read_split, write_dataset, PendulumConfig, FILE, SIDE};
 use myosotis::data::task::{self, DataSource};
-use myosotis::nn::{Mode, SequenceClassifier, Timing};
+use myosotis::nn::{Decoder, Mode, SequenceClassifier, Timing};
 use myosotis::train::checkpoint::read_metrics;
 use myosotis::train::config::{RunArgs, RunConfig};
 use myosotis::train::run::{eval_checkpoint, train, Exec, Start};
+use myosotis::train::trainer::score;
 
 fn dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("myosotis-regression-{name}-{}", std::process::id()));
@@ -182,6 +183,157 @@ fn the_timings_use_the_intervals_as_they_say() {
     assert!(diff(&a1, &out(&appended, Some(&uneven))) > 1e-6);
 }
 
+/// Row `x` through the dense layer `name` of `varmap`, in f64.
+fn dense64(varmap: &VarMap, name: &str, x: &[f64]) -> Vec<f64> {
+    let vars = varmap.data().lock().unwrap();
+    let w: Vec<f64> = vars[&format!("{name}.weight")]
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let b: Vec<f64> = vars[&format!("{name}.bias")].to_vec1().unwrap();
+    (0..b.len())
+        .map(|o| b[o] + (0..x.len()).map(|i| w[o * x.len() + i] * x[i]).sum::<f64>())
+        .collect()
+}
+
+/// The Gaussian decoder's objective is its negative log-likelihood computed by hand from the
+/// last block's features (σ² clamped at 1e-6), the loss the mean squared error of its mean, and
+/// the objective's gradient matches finite differences.
+#[test]
+fn the_gaussian_decoder_trains_its_likelihood() {
+    let d = dir("gaussian");
+    small_file(&d);
+    let data = d.to_string_lossy().to_string();
+    let flags = [
+        "--task",
+        "pendulum",
+        "--data-dir",
+        &data,
+        "--decoder",
+        "gaussian",
+        "--d-model",
+        "6",
+        "--state-size",
+        "4",
+        "--layers",
+        "1",
+    ];
+    let cfg = resolve(&flags).unwrap();
+    assert_eq!(cfg.model.decoder, Decoder::Gaussian);
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu);
+    let model = SequenceClassifier::new(cfg.model.clone(), vb).unwrap();
+    let [_, _, test] = cfg.task.load(&cfg.data).unwrap();
+    let batch = test.batch(&[0, 2], None, &Device::Cpu).unwrap();
+    let batch = myosotis::data::dataset::Batch {
+        x: batch.x.to_dtype(DType::F64).unwrap(),
+        dt: batch.dt.map(|t| t.to_dtype(DType::F64).unwrap()),
+        target: match batch.target {
+            myosotis::data::dataset::Target::Values(y) => {
+                myosotis::data::dataset::Target::Values(y.to_dtype(DType::F64).unwrap())
+            }
+            other => other,
+        },
+        ..batch
+    };
+    let myosotis::data::dataset::Target::Values(y) = &batch.target else {
+        panic!("values")
+    };
+    let y: Vec<f64> = y.flatten_all().unwrap().to_vec1().unwrap();
+    let by_hand = || {
+        let f: Vec<f64> = model
+            .features_timed(&batch.x, None, batch.dt.as_ref(), Mode::Eval)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let (mut nll, mut sq) = (0.0, 0.0);
+        let rows = f.len() / 6;
+        for r in 0..rows {
+            let h = &f[r * 6..r * 6 + 6];
+            let mlp = |name: &str| {
+                let hidden: Vec<f64> = dense64(&varmap, &format!("decoder.{name}.0"), h)
+                    .into_iter()
+                    .map(f64::tanh)
+                    .collect();
+                dense64(&varmap, &format!("decoder.{name}.1"), &hidden)
+            };
+            let (mean, v) = (mlp("mean"), mlp("var"));
+            for o in 0..2 {
+                let var = if v[o] < 0.0 { v[o].exp() } else { v[o] + 1.0 }.max(1e-6);
+                let e = (mean[o] - y[r * 2 + o]).powi(2);
+                sq += e;
+                nll += 0.5 * (var.ln() + e / var + (2.0 * std::f64::consts::PI).ln());
+            }
+        }
+        (nll / rows as f64, sq / (rows * 2) as f64)
+    };
+    let check = || {
+        let s = score(&model, &batch, Mode::Eval).unwrap();
+        let (objective, loss) = (
+            s.objective.to_scalar::<f64>().unwrap(),
+            s.loss.to_scalar::<f64>().unwrap(),
+        );
+        let (nll, mse) = by_hand();
+        assert!(
+            (objective - nll).abs() < 1e-9 * nll.abs().max(1.0),
+            "{objective} vs {nll}"
+        );
+        assert!((loss - mse).abs() < 1e-12, "{loss} vs {mse}");
+        s
+    };
+    let s = check();
+    // The gradient of the objective against central differences.
+    let grads = s.objective.backward().unwrap();
+    for (name, at) in [
+        ("decoder.var.1.bias", 0),
+        ("decoder.var.0.weight", 3),
+        ("decoder.mean.0.weight", 5),
+        ("decoder.mean.1.bias", 1),
+        ("layers.0.ssm.log_step", 0),
+        ("encoder.dense2.weight", 7),
+    ] {
+        let var = varmap.data().lock().unwrap()[name].clone();
+        let analytic: Vec<f64> = grads
+            .get(var.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let values: Vec<f64> = var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        let shape = var.as_tensor().shape().clone();
+        let eps = 1e-6;
+        let at_value = |delta: f64| {
+            let mut v = values.clone();
+            v[at] += delta;
+            var.set(&Tensor::from_vec(v, shape.clone(), &Device::Cpu).unwrap())
+                .unwrap();
+            let o = score(&model, &batch, Mode::Eval).unwrap().objective;
+            o.to_scalar::<f64>().unwrap()
+        };
+        let numeric = (at_value(eps) - at_value(-eps)) / (2.0 * eps);
+        at_value(0.0);
+        let err = (numeric - analytic[at]).abs() / numeric.abs().max(1e-3);
+        assert!(
+            err < 1e-5,
+            "{name}[{at}]: {} against {numeric}",
+            analytic[at]
+        );
+    }
+    // A variance decoder far below zero for the second output: its σ² is clamped.
+    {
+        let vars = varmap.data().lock().unwrap();
+        let bias = &vars["decoder.var.1.bias"];
+        bias.set(&Tensor::new(&[0.0f64, -40.0], &Device::Cpu).unwrap())
+            .unwrap();
+    }
+    check();
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// A pendulum run end to end: the mean squared error at every step is its loss, in the
 /// metrics (no accuracy), the summary, and `myo eval` of its best checkpoint, for each timing.
 #[test]
@@ -189,7 +341,12 @@ fn a_pendulum_run_reports_its_mean_squared_error() {
     let d = dir("run");
     small_file(&d);
     let data = d.to_string_lossy().to_string();
-    for timing in ["continuous", "drop", "append"] {
+    for (timing, decoder) in [
+        ("continuous", "linear"),
+        ("drop", "linear"),
+        ("append", "linear"),
+        ("continuous", "gaussian"),
+    ] {
         let cfg = resolve(&[
             "--task",
             "pendulum",
@@ -197,6 +354,8 @@ fn a_pendulum_run_reports_its_mean_squared_error() {
             &data,
             "--timing",
             timing,
+            "--decoder",
+            decoder,
             "--d-model",
             "8",
             "--state-size",
@@ -210,7 +369,7 @@ fn a_pendulum_run_reports_its_mean_squared_error() {
         ])
         .unwrap();
         assert_eq!(cfg.monitor, myosotis::train::config::Monitor::Loss);
-        let out = d.join(format!("out-{timing}"));
+        let out = d.join(format!("out-{timing}-{decoder}"));
         let summary = train(&cfg, &out, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();
         assert_eq!(
             (summary.best_val_accuracy, summary.test_accuracy),
@@ -267,6 +426,10 @@ fn unsuitable_flags_are_refused() {
     }
     for (flags, says) in [
         (&["--task", "listops", "--timing", "drop"][..], "--timing"),
+        (
+            &["--task", "listops", "--decoder", "gaussian"][..],
+            "--decoder applies to a regression",
+        ),
         (
             &["--task", "listops", "--pooling", "none"][..],
             "--pooling none",

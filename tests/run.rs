@@ -54,6 +54,7 @@ fn config(epochs: usize) -> RunConfig {
             classes: 10,
             timing: Default::default(),
             pairs: false,
+            decoder: Default::default(),
             seed: 0,
             bn_momentum: BN_MOMENTUM,
         },

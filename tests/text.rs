@@ -191,6 +191,7 @@ fn pair_config(layer: SeqLayerConfig, pooling: Pooling) -> ClassifierConfig {
         classes: 2,
         timing: Default::default(),
         pairs: true,
+        decoder: Default::default(),
         seed: 3,
         bn_momentum: BN_MOMENTUM,
     }

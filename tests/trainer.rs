@@ -50,6 +50,7 @@ fn model_with(
         classes: 10,
         timing: Default::default(),
         pairs: false,
+        decoder: Default::default(),
         seed: 0,
         bn_momentum: BN_MOMENTUM,
     };

@@ -201,7 +201,7 @@ impl Setup {
             step: self.step,
             first_row: 0,
         };
-        Ok(score(&self.model, &self.batch, Mode::Train(key, None))?.0)
+        Ok(score(&self.model, &self.batch, Mode::Train(key, None))?.objective)
     }
 
     fn step(&mut self) -> Result<()> {

@@ -26,7 +26,7 @@ use crate::ops::epilogue::{epilogue, Activation as EpilogueAct, Dropout};
 use crate::ops::masked_mean;
 
 use super::frames::{FrameEncoder, FrameEncoderConfig};
-use super::head::{top_levels, Head, Pooling};
+use super::head::{top_levels, Decoder, Head, Pooling};
 use super::{
     dense, embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig,
     S5,
@@ -152,6 +152,9 @@ pub struct ClassifierConfig {
     /// and the [`Head`] reads [u, v, u ⊙ v, u − v] (LRA's Retrieval).
     #[serde(default)]
     pub pairs: bool,
+    /// A regression's decoder (pooling none).
+    #[serde(default)]
+    pub decoder: Decoder,
     /// Seed of the encoder, GLU and decoder initialisation (the layers have their own).
     #[serde(default)]
     pub seed: u64,
@@ -176,15 +179,18 @@ enum Layer {
 }
 
 impl Layer {
-    /// Whether the parameter `name` (relative to the layer) is in the SSM group.
-    fn is_ssm_param(&self, name: &str) -> bool {
-        match self {
-            Layer::S5(l) => {
-                S5::SSM_PARAMS.contains(&name) && !(l.config().dt_global && name == "log_step")
-            }
+    /// The optimiser group of the parameter `name` (relative to the layer).
+    fn param_group(&self, name: &str) -> ParamGroup {
+        let ssm = match self {
+            Layer::S5(l) => return l.param_group(name),
             Layer::Myo(_) => Myo::SSM_PARAMS.contains(&name),
             Layer::Ssm2d(_) => Ssm2d::is_ssm_param(name),
             Layer::MinGru(_) => false,
+        };
+        if ssm {
+            ParamGroup::Ssm
+        } else {
+            ParamGroup::Regular
         }
     }
 
@@ -290,7 +296,6 @@ struct Block {
     out2: Option<Linear>,
 }
 
-/// The classifier: inputs → log-probabilities (batch, classes).
 /// The optimiser's groups (S5's reference): the SSM parameters and the norms' learn at `ssm_lr`
 /// without weight decay, the others at `lr` with it; BatchNorm's running averages are not
 /// learned.
@@ -298,6 +303,8 @@ struct Block {
 pub enum ParamGroup {
     Ssm,
     Regular,
+    /// At `ssm_lr` with weight decay (S5's B̃ under [`super::s5::S5Groups::BAndCDecay`]).
+    SsmDecayed,
     Frozen,
 }
 
@@ -342,6 +349,12 @@ impl SequenceClassifier {
                 vb.pp("encoder"),
             )?),
         };
+        if cfg.decoder == Decoder::Gaussian && cfg.pooling != Pooling::None {
+            candle_core::bail!(
+                "a Gaussian decoder regresses at every step (pooling none), not with pooling {}",
+                cfg.pooling
+            );
+        }
         if cfg.pairs && cfg.pooling == Pooling::None {
             candle_core::bail!("pairs of sequences are classified: pooling none does not apply");
         }
@@ -420,7 +433,7 @@ impl SequenceClassifier {
             });
         }
         Ok(SequenceClassifier {
-            head: Head::new(h, cfg.classes, cfg.pairs, vb.clone(), cfg.seed)?,
+            head: Head::new(h, cfg.classes, cfg.pairs, cfg.decoder, vb.clone(), cfg.seed)?,
             encoder,
             blocks,
             cfg,
@@ -440,8 +453,8 @@ impl SequenceClassifier {
         match in_block {
             Some((_, within)) if within.starts_with("norm.") => ParamGroup::Ssm,
             Some((block, within)) => match within.strip_prefix("ssm.") {
-                Some(p) if block.layer.is_ssm_param(p) => ParamGroup::Ssm,
-                _ => ParamGroup::Regular,
+                Some(p) => block.layer.param_group(p),
+                None => ParamGroup::Regular,
             },
             None => ParamGroup::Regular,
         }

@@ -60,12 +60,37 @@ impl std::str::FromStr for Pooling {
     }
 }
 
-/// The decoder: (rows, H) pooled features → (examples, classes) scores, or at every step
-/// (batch, length, H) → (batch, length, outputs).
-pub(crate) struct Head {
-    /// Pairs: Dense(4H → H) before the decoder.
-    pair: Option<Linear>,
-    decoder: Linear,
+/// What a regression at every step reads out of the last block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Decoder {
+    /// A Linear readout of the outputs, trained by their mean squared error.
+    #[default]
+    Linear,
+    /// A Gaussian per output, trained by its negative log-likelihood (S5 Appendix G.3.8, after
+    /// CRU): a mean and a variance decoder, each Dense(H → 30) → tanh → Dense(30 → outputs),
+    /// the variance through elu + 1. The model outputs [mean, variance] at every step.
+    Gaussian,
+}
+
+/// The hidden width of the Gaussian decoders (CRU's).
+const GAUSSIAN_HIDDEN: usize = 30;
+
+/// The head: (rows, H) pooled features → (examples, classes) scores, or at every step
+/// (batch, length, H) → (batch, length, outputs) (a Gaussian's: 2 × outputs).
+pub(crate) enum Head {
+    Linear(Linear),
+    /// Pairs: Dense(4H → H) → GELU before the decoder.
+    Pairs {
+        pair: Linear,
+        decoder: Linear,
+    },
+    /// Two small MLPs, for the mean and the variance.
+    Gaussian {
+        mean: [Linear; 2],
+        var: [Linear; 2],
+    },
 }
 
 impl Head {
@@ -74,32 +99,58 @@ impl Head {
         h: usize,
         classes: usize,
         pairs: bool,
+        decoder: Decoder,
         vb: VarBuilder,
         seed: u64,
     ) -> Result<Self> {
-        Ok(Head {
-            pair: match pairs {
-                true => Some(linear(4 * h, h, vb.pp("pair"), seed)?),
-                false => None,
+        let at = vb.pp("decoder");
+        let mlp = |name: &str| -> Result<[Linear; 2]> {
+            Ok([
+                linear(h, GAUSSIAN_HIDDEN, at.pp(name).pp("0"), seed)?,
+                linear(GAUSSIAN_HIDDEN, classes, at.pp(name).pp("1"), seed)?,
+            ])
+        };
+        Ok(match (pairs, decoder) {
+            (true, Decoder::Gaussian) => {
+                candle_core::bail!(
+                    "pairs of sequences are classified: a Gaussian decoder does not apply"
+                )
+            }
+            (true, Decoder::Linear) => Head::Pairs {
+                pair: linear(4 * h, h, vb.pp("pair"), seed)?,
+                decoder: linear(h, classes, at, seed)?,
             },
-            decoder: linear(h, classes, vb.pp("decoder"), seed)?,
+            (false, Decoder::Linear) => Head::Linear(linear(h, classes, at, seed)?),
+            (false, Decoder::Gaussian) => Head::Gaussian {
+                mean: mlp("mean")?,
+                var: mlp("var")?,
+            },
         })
     }
 
     /// The scores of `x`: for pairs, of the pairs its two halves of rows make.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let Some(pair) = &self.pair else {
-            return dense(&self.decoder, x);
-        };
-        let rows = x.dim(0)?;
-        if rows % 2 != 0 {
-            candle_core::bail!(
-                "{rows} sequences do not make pairs: a pair batch holds 2 per example"
-            );
+        match self {
+            Head::Linear(decoder) => dense(decoder, x),
+            Head::Pairs { pair, decoder } => {
+                let rows = x.dim(0)?;
+                if rows % 2 != 0 {
+                    candle_core::bail!(
+                        "{rows} sequences do not make pairs: a pair batch holds 2 per example"
+                    );
+                }
+                let (u, v) = (x.narrow(0, 0, rows / 2)?, x.narrow(0, rows / 2, rows / 2)?);
+                let features = Tensor::cat(&[&u, &v, &(&u * &v)?, &(&u - &v)?], D::Minus1)?;
+                dense(decoder, &crate::ops::gelu(&dense(pair, &features)?)?)
+            }
+            Head::Gaussian { mean, var } => {
+                let mlp = |l: &[Linear; 2]| dense(&l[1], &dense(&l[0], x)?.tanh()?);
+                let v = mlp(var)?;
+                // elu(v) + 1: exp(v) below 0, v + 1 above.
+                let v = (v.minimum(0f64)?.exp()? + v.relu()?)?;
+                Tensor::cat(&[&mlp(mean)?, &v], D::Minus1)
+            }
         }
-        let (u, v) = (x.narrow(0, 0, rows / 2)?, x.narrow(0, rows / 2, rows / 2)?);
-        let features = Tensor::cat(&[&u, &v, &(&u * &v)?, &(&u - &v)?], D::Minus1)?;
-        dense(&self.decoder, &crate::ops::gelu(&dense(pair, &features)?)?)
     }
 }
 

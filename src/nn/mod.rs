@@ -18,10 +18,10 @@ pub use classifier::{
     Activation, ClassifierConfig, DropoutKey, EncoderConfig, Mode, NormKind, ParamGroup,
     SeqLayerConfig, SequenceClassifier, Timing, BN_MOMENTUM,
 };
-pub use head::Pooling;
+pub use head::{Decoder, Pooling};
 pub use mingru::{MinGru, MinGruConfig};
 pub use myo::{Coupling, Myo, MyoConfig, TreeSpec};
-pub use s5::{CInit, Discretization, S5Config, S5};
+pub use s5::{CInit, Discretization, S5Config, S5Groups, S5};
 pub use ssm2d::{Ssm2d, Ssm2dConfig};
 
 use candle_core::{Result, Tensor};

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hippo::{block_init, block_states};
 use super::init::{init_param, layer_rng, normal, params, trunc_normal};
+use super::ParamGroup;
 use crate::complex::C;
 use crate::ops::{
     channel_mul, linear_scan, s5_discretize, s5_readout, S5Discretization, ScanOptions,
@@ -72,6 +73,9 @@ pub struct S5Config {
     pub dt_max: f64,
     pub c_init: CInit,
     pub bidirectional: bool,
+    /// Which optimiser group B̃ and C̃ learn in (the reference's `opt_config`).
+    #[serde(default)]
+    pub groups: S5Groups,
     /// Δ (`log_step`) learns with the regular group, at the global learning rate and with weight
     /// decay, rather than with the SSM parameters (the reference's `dt_global`, its choice for
     /// LRA Text and Retrieval).
@@ -94,10 +98,34 @@ impl Default for S5Config {
             dt_max: 0.1,
             c_init: CInit::TruncStandardNormal,
             bidirectional: false,
+            groups: S5Groups::Standard,
             dt_global: false,
             seed: 0,
         }
     }
+}
+
+/// The optimiser groups of S5's input and output matrices, as the reference's `opt_config`
+/// names them (Λ always learns in the SSM group, D and C̃ together).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum S5Groups {
+    /// B̃ in the SSM group (SSM learning rate, no weight decay), C̃ in the regular one.
+    #[default]
+    #[serde(rename = "standard")]
+    #[value(name = "standard")]
+    Standard,
+    /// B̃ at the SSM learning rate with weight decay (Path-X).
+    #[serde(rename = "b_and_c_decay")]
+    #[value(name = "b_and_c_decay")]
+    BAndCDecay,
+    /// B̃ in the regular group (ListOps, the image tasks).
+    #[serde(rename = "b_fast_and_c_decay")]
+    #[value(name = "b_fast_and_c_decay")]
+    BFastAndCDecay,
+    /// B̃, C̃ and D in the SSM group (Speech Commands).
+    #[serde(rename = "no_bc_decay")]
+    #[value(name = "no_bc_decay")]
+    NoBcDecay,
 }
 
 /// The S5 layer: (batch, length, H) → (batch, length, H).
@@ -113,8 +141,20 @@ pub struct S5 {
 }
 
 impl S5 {
-    /// The parameters S5's reference trains in its SSM group: Λ, B and log Δ.
-    pub const SSM_PARAMS: [&'static str; 4] = ["lambda_re", "lambda_im", "b", "log_step"];
+    /// The optimiser group of the parameter `name` (relative to the layer), by the config's
+    /// [`S5Groups`] and `dt_global`.
+    pub fn param_group(&self, name: &str) -> ParamGroup {
+        use ParamGroup::*;
+        match (name, self.cfg.groups) {
+            ("lambda_re" | "lambda_im", _) => Ssm,
+            ("log_step", _) if self.cfg.dt_global => Regular,
+            ("log_step", _) => Ssm,
+            ("b", S5Groups::Standard | S5Groups::NoBcDecay) => Ssm,
+            ("b", S5Groups::BAndCDecay) => SsmDecayed,
+            ("c" | "d", S5Groups::NoBcDecay) => Ssm,
+            _ => Regular,
+        }
+    }
 
     pub fn new(cfg: S5Config, vb: VarBuilder) -> Result<Self> {
         let (h, p_full) = (cfg.d_model, cfg.state);

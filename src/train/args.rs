@@ -138,6 +138,12 @@ pub struct RunArgs {
     /// parameters. [default: true for the text and retrieval presets, else false]
     #[arg(long)]
     pub dt_global: Option<bool>,
+    /// S5: the optimiser groups of B̃ and C̃ (the reference's opt_config): standard (B̃ at the
+    /// SSM learning rate without weight decay, C̃ and D at the global one with it),
+    /// b_and_c_decay (B̃ also decayed), b_fast_and_c_decay (B̃ with C̃), no_bc_decay (B̃, C̃ and D
+    /// with the SSM parameters). [default: the preset's, else standard]
+    #[arg(long, value_enum)]
+    pub s5_groups: Option<S5Groups>,
     /// S5: C's initialisation. [default: trunc_standard_normal]
     #[arg(long, value_enum)]
     pub c_init: Option<CInit>,
@@ -166,6 +172,12 @@ pub struct RunArgs {
     /// node; on zMNIST it learned twice as fast as mean pooling), mean otherwise]
     #[arg(long)]
     pub pooling: Option<Pooling>,
+    /// A regression's readout at every step: linear (trained by the mean squared error) or
+    /// gaussian (a mean and a variance per output, trained by their negative log-likelihood, as
+    /// S5 on the pendulum); the mean squared error of the mean is what is reported and
+    /// monitored either way. [default: gaussian with the pendulum preset, else linear]
+    #[arg(long, value_enum)]
+    pub decoder: Option<Decoder>,
     /// Dropout rate after each block's activation (one mask across time). [default: 0]
     #[arg(long)]
     pub dropout: Option<f64>,

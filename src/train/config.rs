@@ -247,6 +247,7 @@ impl RunArgs {
                 dt_min,
                 dt_max,
                 dt_global: self.dt_global.or(p.map(|p| p.dt_global)).unwrap_or(false),
+                groups: self.s5_groups.or(p.map(|p| p.groups)).unwrap_or_default(),
                 seed: self.seed,
                 ..S5Config::default()
             }),
@@ -352,6 +353,14 @@ impl RunArgs {
                 classes: task.classes,
                 timing,
                 pairs: task.pairs(),
+                decoder: match (self.decoder, regression) {
+                    (Some(_), false) => bail!(
+                        "--decoder applies to a regression at every step (--task pendulum), not \
+                         task {}",
+                        task.name
+                    ),
+                    (d, _) => d.or(p.map(|p| p.decoder)).unwrap_or_default(),
+                },
                 seed: self.seed,
                 bn_momentum,
             },
@@ -401,7 +410,7 @@ impl RunArgs {
     /// Refuses a flag that the chosen model would ignore, naming it and the models it is for.
     fn refuse_ignored(&self, preset: Option<&Preset>) -> Result<()> {
         use ModelKind::*;
-        let flags: [(&str, bool, &[ModelKind]); 19] = [
+        let flags: [(&str, bool, &[ModelKind]); 20] = [
             ("--heads", self.heads.is_some(), &[Myo]),
             ("--block-size", self.block_size.is_some(), &[Myo]),
             ("--tree", self.tree.is_some(), &[Myo]),
@@ -418,6 +427,7 @@ impl RunArgs {
             ("--dt-min", self.dt_min.is_some(), &[S5]),
             ("--dt-max", self.dt_max.is_some(), &[S5]),
             ("--dt-global", self.dt_global.is_some(), &[S5]),
+            ("--s5-groups", self.s5_groups.is_some(), &[S5]),
             ("--directions", self.directions.is_some(), &[Ssm2d]),
             ("--state-size", self.state_size.is_some(), &[S5, Myo, Ssm2d]),
             (

@@ -101,13 +101,14 @@ struct Slot {
     var: Var,
     /// The moments [m; v], (2, θ's shape), updated in place (zeros before the first step).
     moments: Tensor,
-    ssm: bool,
+    /// Its group's row in [`Optimizer::apply`]: 0 regular, 1 SSM, 2 SSM with weight decay.
+    group: usize,
 }
 
 /// Gradient values per collective in data-parallel training (16 MiB of f32).
 pub const BUCKET: usize = 1 << 22;
 
-/// AdamW over named variables in the two groups.
+/// AdamW over named variables in their groups.
 pub struct Optimizer {
     cfg: OptimConfig,
     slots: Vec<Slot>,
@@ -142,7 +143,11 @@ impl Optimizer {
                 Ok(Slot {
                     name: n.clone(),
                     moments: Tensor::zeros(two, var.dtype(), var.device())?,
-                    ssm: group(n) == ParamGroup::Ssm,
+                    group: match group(n) {
+                        ParamGroup::Ssm => 1,
+                        ParamGroup::SsmDecayed => 2,
+                        _ => 0,
+                    },
                     var,
                 })
             })
@@ -374,18 +379,22 @@ impl Optimizer {
             lr,
             weight_decay,
         };
-        let groups = [hyper(lr, self.cfg.weight_decay), hyper(ssm_lr, 0.0)];
+        let groups = [
+            hyper(lr, self.cfg.weight_decay),
+            hyper(ssm_lr, 0.0),
+            hyper(ssm_lr, self.cfg.weight_decay),
+        ];
         // A row (with the scale) per group and dtype, made on first use.
-        let mut rows: Vec<(bool, DType, Tensor)> = Vec::new();
+        let mut rows: Vec<(usize, DType, Tensor)> = Vec::new();
         for (s, g) in self.slots.iter_mut().zip(grads) {
             let Some(g) = g else { continue };
             let dtype = s.var.dtype();
-            let row = match rows.iter().find(|r| r.0 == s.ssm && r.1 == dtype) {
+            let row = match rows.iter().find(|r| r.0 == s.group && r.1 == dtype) {
                 Some(r) => r,
                 None => {
                     let k = scale.as_ref().map(|k| k.to_dtype(dtype)).transpose()?;
-                    let h = groups[s.ssm as usize].to_tensor(k.as_ref(), dtype, s.var.device())?;
-                    rows.push((s.ssm, dtype, h));
+                    let h = groups[s.group].to_tensor(k.as_ref(), dtype, s.var.device())?;
+                    rows.push((s.group, dtype, h));
                     rows.last().expect("just pushed")
                 }
             };

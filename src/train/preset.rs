@@ -7,7 +7,7 @@
 //! takes the same settings with heads = P (Myosotis §5).
 //! zMNIST and zCIFAR use the sMNIST and sCIFAR settings (Morton order only changes the input).
 
-use crate::nn::{Activation, CInit, NormKind};
+use crate::nn::{Activation, CInit, Decoder, NormKind, S5Groups};
 
 /// One task's settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +39,10 @@ pub struct Preset {
     pub dt_min: f64,
     /// S5's Δ learns with the regular group (the reference's `dt_global`).
     pub dt_global: bool,
+    /// S5's B̃ and C̃ groups (the reference's `opt_config`).
+    pub groups: S5Groups,
+    /// A regression's decoder.
+    pub decoder: Decoder,
 }
 
 /// The preset of `task`, or `None` for an unknown name.
@@ -66,10 +70,14 @@ pub fn preset(task: &str) -> Option<Preset> {
         warmup_epochs: 1,
         dt_min: 0.001,
         dt_global: false,
+        groups: S5Groups::Standard,
+        decoder: Decoder::Linear,
     };
     let image: Row = (6, 512, 384, 3, 0.1, 0.0045, 0.001, 50, 250, 0.07);
     let p = match task {
+        // The groups of B̃ and C̃ follow the reference's scripts (G.3.1, G.3.4, G.3.6, G.3.7).
         "listops" => Preset {
+            groups: S5Groups::BFastAndCDecay,
             c_init: CInit::LecunNormal,
             activation: Activation::HalfGlu2,
             ..base((8, 128, 16, 8, 0.0, 0.003, 0.001, 50, 40, 0.04))
@@ -91,10 +99,12 @@ pub fn preset(task: &str) -> Option<Preset> {
             ..base((6, 192, 256, 8, 0.05, 0.0045, 0.0009, 64, 200, 0.03))
         },
         "pathx" => Preset {
+            groups: S5Groups::BAndCDecay,
             c_init: CInit::ComplexNormal,
             ..base((6, 128, 256, 16, 0.0, 0.0018, 0.0006, 32, 75, 0.06))
         },
         "lra-image" | "scifar" | "zcifar" => Preset {
+            groups: S5Groups::BFastAndCDecay,
             c_init: CInit::LecunNormal,
             clip_eigs: true,
             ..base(image)
@@ -108,12 +118,15 @@ pub fn preset(task: &str) -> Option<Preset> {
             prenorm: false,
             ..base((4, 128, 128, 2, 0.15, 0.004, 0.001, 50, 150, 0.01))
         },
-        // No weight decay on C̃ is the reference's choice for speech (G.3.7); here C̃ takes the
-        // regular group's, as for the other tasks.
-        "speech" => base((6, 96, 128, 16, 0.1, 0.008, 0.002, 16, 40, 0.04)),
-        // The reference's pendulum script: half_glu2 and a step range from 0.01.
+        "speech" => Preset {
+            groups: S5Groups::NoBcDecay,
+            ..base((6, 96, 128, 16, 0.1, 0.008, 0.002, 16, 40, 0.04))
+        },
+        // The reference's pendulum script: half_glu2, a step range from 0.01, and its model's
+        // Gaussian decoders (G.3.8).
         "pendulum" => Preset {
             bidirectional: false,
+            decoder: Decoder::Gaussian,
             activation: Activation::HalfGlu2,
             dt_min: 0.01,
             norm: NormKind::Layer,

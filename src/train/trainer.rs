@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor, D};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -16,7 +16,7 @@ use super::dist::{part, World};
 use super::optim::Optimizer;
 use super::shards::{RankSum, ThreadGroup};
 use crate::data::dataset::{Batch, Dataset, Target};
-use crate::nn::{DropoutKey, Mode, SequenceClassifier, Shards};
+use crate::nn::{Decoder, DropoutKey, Mode, SequenceClassifier, Shards};
 
 /// How a split is cut into batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,11 +149,11 @@ fn train_batch(
                 step,
                 first_row: (mine.start + at) as u64,
             };
-            let (loss, correct) = score(model, &batch, Mode::Train(key, shards))?;
+            let s = score(model, &batch, Mode::Train(key, shards))?;
             // This shard's share of the batch mean.
-            let loss = (loss * (part.len() as f64 / idx.len() as f64))?;
-            let grads = loss.backward()?;
-            Ok((loss.to_dtype(DType::F64)?, correct, grads))
+            let share = part.len() as f64 / idx.len() as f64;
+            let grads = (s.objective * share)?.backward()?;
+            Ok(((s.loss * share)?.to_dtype(DType::F64)?, s.correct, grads))
         };
         let mine_idx = &idx[mine.clone()];
         let parts = match (batching.batch_norm, world.size()) {
@@ -253,14 +253,24 @@ pub(crate) fn internal(what: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!("internal error: {what}"))
 }
 
-/// The model's mean loss on `batch` and its number of correct predictions (an f64 scalar on the
-/// device): the labels' negative log-likelihood and the rows whose argmax is the label, or for
-/// values at every step their mean squared error over steps and outputs, and no count.
-pub(crate) fn score(
-    model: &SequenceClassifier,
-    batch: &Batch,
-    mode: Mode,
-) -> Result<(Tensor, Tensor)> {
+/// A model's results on a batch, on the device.
+pub struct Score {
+    /// What training minimises: the mean loss, or for a Gaussian decoder the mean negative
+    /// log-likelihood.
+    pub objective: Tensor,
+    /// The mean loss reported: the labels' negative log-likelihood, or for values the mean
+    /// squared error of the (mean) prediction.
+    pub loss: Tensor,
+    /// The rows whose argmax is the label (an f64 scalar; 0 for values).
+    pub correct: Tensor,
+}
+
+/// The model's [`Score`] on `batch`: for labels, their negative log-likelihood (objective and
+/// loss alike) and the correct predictions; for values at every step, the mean squared error
+/// over steps and outputs, and with a Gaussian decoder the objective its negative
+/// log-likelihood, 0.5 Σ_outputs (ln σ² + (μ − y)²/σ² + ln 2π) averaged over examples and steps
+/// (σ² at least 1e-6, as S5's and CRU's).
+pub fn score(model: &SequenceClassifier, batch: &Batch, mode: Mode) -> Result<Score> {
     let out = model.forward_timed(&batch.x, Some(&batch.lengths), batch.dt.as_ref(), mode)?;
     match &batch.target {
         Target::Labels(y) => {
@@ -271,18 +281,46 @@ pub(crate) fn score(
                 );
             }
             let correct = out.argmax(1)?.eq(y)?.to_dtype(DType::F64)?.sum_all()?;
-            Ok((candle_nn::loss::nll(&out, y)?, correct))
+            let loss = candle_nn::loss::nll(&out, y)?;
+            Ok(Score {
+                objective: loss.clone(),
+                loss,
+                correct,
+            })
         }
         Target::Values(y) => {
-            if out.dims() != y.dims() {
+            let gaussian = model.config().decoder == Decoder::Gaussian;
+            let k = y.dim(D::Minus1)?;
+            let want = [&y.dims()[..y.rank() - 1], &[k * (1 + gaussian as usize)]].concat();
+            if out.dims() != want {
                 candle_core::bail!(
-                    "the model outputs {:?}, the targets are {:?} (batch, steps, outputs)",
+                    "the model outputs {:?}, the targets are {:?} (batch, steps, outputs){}",
                     out.dims(),
-                    y.dims()
+                    y.dims(),
+                    if gaussian {
+                        " and a Gaussian's mean and variance per output"
+                    } else {
+                        ""
+                    }
                 );
             }
-            let loss = (out - y)?.sqr()?.mean_all()?;
-            Ok((loss, Tensor::zeros((), DType::F64, y.device())?))
+            let mean = out.narrow(D::Minus1, 0, k)?;
+            let sq = (&mean - y)?.sqr()?;
+            let loss = sq.mean_all()?;
+            let objective = match gaussian {
+                false => loss.clone(),
+                true => {
+                    let var = out.narrow(D::Minus1, k, k)?.maximum(1e-6)?;
+                    let per = (var.log()? + (sq / &var)?)?.mean_all()?;
+                    let half_k = 0.5 * k as f64;
+                    ((per * half_k)? + half_k * (2.0 * std::f64::consts::PI).ln())?
+                }
+            };
+            Ok(Score {
+                objective,
+                loss,
+                correct: Tensor::zeros((), DType::F64, y.device())?,
+            })
         }
     }
 }
@@ -430,11 +468,11 @@ pub fn evaluate(
             continue;
         }
         let parts = sharded(mine, batching.shards, |_, part| {
-            let (loss, correct) = score(model, &data.batch(part, pad, device)?, Mode::Eval)?;
+            let s = score(model, &data.batch(part, pad, device)?, Mode::Eval)?;
             Ok((
                 part.len(),
-                (loss.to_dtype(DType::F64)? * part.len() as f64)?,
-                correct,
+                (s.loss.to_dtype(DType::F64)? * part.len() as f64)?,
+                s.correct,
             ))
         })?;
         for (n, loss, correct) in &parts {
