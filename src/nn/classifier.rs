@@ -149,7 +149,7 @@ pub struct ClassifierConfig {
     pub timing: Timing,
     /// Each example is a pair of sequences, encoded apart by the same blocks and pooled: the
     /// batch's first half of rows holds the first sequences, its second half the second ones,
-    /// and the [`Head`] reads [u, v, u ⊙ v, u − v] (LRA's Retrieval).
+    /// and the head reads [u, v, u ⊙ v, u − v] (LRA's Retrieval).
     #[serde(default)]
     pub pairs: bool,
     /// A regression's decoder (pooling none).

@@ -1,8 +1,9 @@
 //! What the classifier reads out of its last block: the [`Pooling`] of the steps (or of Myo's
-//! tree nodes) and the [`Head`] that maps the pooled features to class scores — a linear
+//! tree nodes) and the head that maps the pooled features to class scores — a linear
 //! decoder, or for pairs of sequences encoded apart the features [u, v, u ⊙ v, u − v] of the
 //! two (Tay et al. 2021, LRA's Retrieval) through Dense(4H → H), GELU, Dense(H → classes), as
-//! S5's reference decoder for that task.
+//! S5's reference decoder for that task; for a regression at every step, a linear readout or a
+//! Gaussian's mean and variance ([`Decoder`]).
 
 use candle_core::{Result, Tensor, D};
 use candle_nn::{Linear, VarBuilder};
