@@ -57,9 +57,9 @@ fn imdb_root(dir: &Path) -> Result<PathBuf> {
     Ok(root)
 }
 
-/// The reviews of split `split` (`train` or `test`) under `root`: negative, then positive, each
-/// in file-name order.
-fn read_reviews(root: &Path, split: &str, max_len: usize) -> Result<Dataset> {
+/// The reviews of split `split` (`train` or `test`) under `root` and their labels: negative,
+/// then positive, each in file-name order.
+fn read_reviews(root: &Path, split: &str, max_len: usize) -> Result<(Vec<Vec<u32>>, Vec<u32>)> {
     let (mut seqs, mut labels) = (Vec::new(), Vec::new());
     for (label, class) in ["neg", "pos"].iter().enumerate() {
         let folder = root.join(split).join(class);
@@ -88,15 +88,13 @@ fn read_reviews(root: &Path, split: &str, max_len: usize) -> Result<Dataset> {
             root.display()
         );
     }
-    Ok(Dataset::Tokens { seqs, labels })
+    Ok((seqs, labels))
 }
 
 /// The Text task's training, validation and test splits from the IMDB folder `dir`.
 pub fn load_imdb(dir: &Path, max_len: usize) -> Result<[Dataset; 3]> {
     let root = imdb_root(dir)?;
-    let Dataset::Tokens { seqs, labels } = read_reviews(&root, "train", max_len)? else {
-        unreachable!("reviews are tokens");
-    };
+    let (seqs, labels) = read_reviews(&root, "train", max_len)?;
     let mut idx: Vec<usize> = (0..labels.len()).collect();
     idx.shuffle(&mut StdRng::seed_from_u64(VALIDATION_SEED));
     let (val, train) = idx.split_at(labels.len() / 10);
@@ -104,16 +102,13 @@ pub fn load_imdb(dir: &Path, max_len: usize) -> Result<[Dataset; 3]> {
         seqs: rows.iter().map(|&i| seqs[i].clone()).collect(),
         labels: rows.iter().map(|&i| labels[i]).collect(),
     };
-    Ok([
-        pick(train),
-        pick(val),
-        read_reviews(&root, "test", max_len)?,
-    ])
+    Ok([pick(train), pick(val), load_imdb_test(&root, max_len)?])
 }
 
 /// The Text task's test split alone.
 pub fn load_imdb_test(dir: &Path, max_len: usize) -> Result<Dataset> {
-    read_reviews(&imdb_root(dir)?, "test", max_len)
+    let (seqs, labels) = read_reviews(&imdb_root(dir)?, "test", max_len)?;
+    Ok(Dataset::Tokens { seqs, labels })
 }
 
 /// The pairs of one Retrieval file.
