@@ -516,7 +516,7 @@ impl SequenceClassifier {
     }
 
     /// Log-probabilities (batch, classes), or without pooling the outputs at every step (batch,
-    /// length, outputs). `lengths` (batch, u32) marks the valid steps of padded sequences for
+    /// length, outputs; a Gaussian decoder's means then variances, 2 × outputs). `lengths` (batch, u32) marks the valid steps of padded sequences for
     /// mean and last pooling (all steps when `None`).
     pub fn forward(&self, x: &Tensor, lengths: Option<&Tensor>, mode: Mode) -> Result<Tensor> {
         self.forward_timed(x, lengths, None, mode)
