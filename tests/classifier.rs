@@ -77,6 +77,7 @@ fn config(
         decoder: Default::default(),
         seed: 0,
         bn_momentum: BN_MOMENTUM,
+        dense_init: Default::default(),
     }
 }
 
@@ -335,4 +336,53 @@ fn dropout_masks_depend_on_coordinates_only() {
     assert_eq!(all.sum_all().unwrap().to_scalar::<f32>().unwrap(), 64.0);
     let err = dropout_keep(3, 0, 8, 8, 1.0, DType::F32, &cpu).unwrap_err();
     assert!(err.to_string().contains("[0, 1)"), "{err}");
+}
+
+/// The dense layers start as `dense_init` says: PyTorch's U(±1/√fan_in) for weight and bias, or
+/// Flax's truncated lecun_normal weights (|w| ≤ 2σ, σ = 1/(0.8796·√fan_in), so the standard
+/// deviation is 1/√fan_in) and zero biases; the frame encoder's convolutions too.
+#[test]
+fn dense_layers_start_as_dense_init_says() {
+    let std = |v: &[f64]| (v.iter().map(|x| x.powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+    for init in [DenseInit::Uniform, DenseInit::Lecun] {
+        let mut cfg = config(
+            SeqLayerConfig::MinGru(MinGruConfig::default()),
+            Activation::HalfGlu2,
+            NormKind::Layer,
+            Pooling::Mean,
+        );
+        (cfg.encoder, cfg.d_model, cfg.dense_init) = (EncoderConfig::Frames { side: 24 }, 64, init);
+        let (varmap, _) = build(&cfg);
+        let vars = varmap.data().lock().unwrap();
+        // (name, fan-in, values): weights of 64 × 64, 30 × 108 and 12 × 25 values.
+        for (name, fan_in) in [
+            ("layers.0.out2", 64),
+            ("encoder.dense1", 108),
+            ("encoder.conv1", 25),
+        ] {
+            let w = to_vec(vars[&format!("{name}.weight")].as_tensor());
+            let b = to_vec(vars[&format!("{name}.bias")].as_tensor());
+            let unit = 1.0 / (fan_in as f64).sqrt();
+            let largest = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+            let (expected_std, bound) = match init {
+                DenseInit::Uniform => (unit / 3f64.sqrt(), unit),
+                DenseInit::Lecun => (unit, 2.0 * unit / 0.879_625_661_034_239_8),
+            };
+            assert!(
+                largest <= bound,
+                "{init:?} {name}: |w| up to {largest}, bound {bound}"
+            );
+            let s = std(&w);
+            assert!(
+                (s / expected_std - 1.0).abs() < 0.15,
+                "{init:?} {name}: weights' standard deviation {s}, expected {expected_std}"
+            );
+            match init {
+                DenseInit::Uniform => {
+                    assert!(b.iter().all(|x| *x != 0.0 && x.abs() <= unit))
+                }
+                DenseInit::Lecun => assert!(b.iter().all(|x| *x == 0.0), "{name}: bias {b:?}"),
+            }
+        }
+    }
 }

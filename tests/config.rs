@@ -237,8 +237,9 @@ fn flags_override_the_preset_which_overrides_the_defaults() {
     assert_eq!(s5(&steps).c_init, CInit::LecunNormal);
 }
 
-/// The reference's scripts: the pendulum's half GLU 2 and step range from 0.01, Text's and
-/// Retrieval's Δ in the regular group (`dt_global`), Text without warm-up; flags override them.
+/// The reference's scripts: the pendulum's half GLU 2, step range from 0.01 and Flax's dense
+/// initialisation, Text's and Retrieval's Δ in the regular group (`dt_global`), Text without
+/// warm-up; flags override them.
 #[test]
 fn the_text_and_pendulum_presets_follow_the_reference_scripts() {
     let pendulum = ok(&["--preset", "pendulum", "--data-dir", "d"]);
@@ -246,7 +247,18 @@ fn the_text_and_pendulum_presets_follow_the_reference_scripts() {
     assert_eq!((s5(&pendulum).dt_min, s5(&pendulum).dt_max), (0.01, 0.1));
     assert!(!s5(&pendulum).dt_global);
     assert_eq!(pendulum.model.decoder, Decoder::Gaussian);
+    assert_eq!(pendulum.model.dense_init, DenseInit::Lecun);
+    let uniform = ok(&[
+        "--preset",
+        "pendulum",
+        "--data-dir",
+        "d",
+        "--dense-init",
+        "uniform",
+    ]);
+    assert_eq!(uniform.model.dense_init, DenseInit::Uniform);
     let text = ok(&["--preset", "text", "--data-dir", "d"]);
+    assert_eq!(text.model.dense_init, DenseInit::Uniform);
     assert_eq!(
         (text.model.d_model, s5(&text).state, s5(&text).blocks),
         (256, 192, 12)

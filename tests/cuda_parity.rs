@@ -91,6 +91,7 @@ fn model(layer: &SeqLayerConfig, norm: NormKind, dev: &Device) -> (VarMap, Seque
         decoder: Default::default(),
         seed: 3,
         bn_momentum: BN_MOMENTUM,
+        dense_init: Default::default(),
     };
     let varmap = VarMap::new();
     let m =

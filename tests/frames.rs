@@ -6,6 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use common::{rel_err, to_vec};
 use myosotis::nn::frames::{FrameEncoder, FrameEncoderConfig};
+use myosotis::nn::DenseInit;
 use rand::Rng;
 
 /// A convolution of `x` (c_in, s, s) by `w` (c_out, c_in, k, k) plus `b`, zero-padded by
@@ -83,6 +84,10 @@ fn the_encoder_equals_its_layers_as_loops() {
             d_model,
             seed: rng.random(),
             append_dt,
+            init: match append_dt {
+                true => DenseInit::Lecun,
+                false => DenseInit::Uniform,
+            },
         };
         let varmap = VarMap::new();
         let enc = FrameEncoder::new(
@@ -169,6 +174,7 @@ fn the_encoder_equals_its_layers_as_loops() {
         d_model: 4,
         seed: 0,
         append_dt: false,
+        init: DenseInit::Uniform,
     };
     let e = FrameEncoder::new(
         small,

@@ -230,6 +230,7 @@ fn parameters_fall_into_the_reference_groups() {
             decoder: Default::default(),
             seed: 0,
             bn_momentum: BN_MOMENTUM,
+            dense_init: Default::default(),
         };
         let (cfg_layer, cfg_copy) = (cfg.layer.clone(), cfg.clone());
         let model = SequenceClassifier::new(

@@ -151,6 +151,7 @@ fn pathfinder_trains_and_evaluates() {
             decoder: Default::default(),
             seed: 0,
             bn_momentum: BN_MOMENTUM,
+            dense_init: Default::default(),
         },
         optim: myosotis::train::optim::OptimConfig {
             lr: 0.01,

@@ -57,6 +57,7 @@ fn config(epochs: usize) -> RunConfig {
             decoder: Default::default(),
             seed: 0,
             bn_momentum: BN_MOMENTUM,
+            dense_init: Default::default(),
         },
         optim: OptimConfig {
             lr: 0.01,

@@ -194,6 +194,7 @@ fn pair_config(layer: SeqLayerConfig, pooling: Pooling) -> ClassifierConfig {
         decoder: Default::default(),
         seed: 3,
         bn_momentum: BN_MOMENTUM,
+        dense_init: Default::default(),
     }
 }
 

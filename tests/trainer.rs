@@ -53,6 +53,7 @@ fn model_with(
         decoder: Default::default(),
         seed: 0,
         bn_momentum: BN_MOMENTUM,
+        dense_init: Default::default(),
     };
     let varmap = VarMap::new();
     let m = SequenceClassifier::new(

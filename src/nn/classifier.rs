@@ -27,6 +27,7 @@ use crate::ops::masked_mean;
 
 use super::frames::{FrameEncoder, FrameEncoderConfig};
 use super::head::{top_levels, Decoder, Head, Pooling};
+use super::init::DenseInit;
 use super::{
     dense, embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig,
     S5,
@@ -158,6 +159,9 @@ pub struct ClassifierConfig {
     /// Seed of the encoder, GLU and decoder initialisation (the layers have their own).
     #[serde(default)]
     pub seed: u64,
+    /// How the encoder's, the GLUs' and the decoder's dense layers start.
+    #[serde(default)]
+    pub dense_init: DenseInit,
     /// BatchNorm's running averages: running = m · running + (1 − m) · batch, with m this
     /// (the reference's `bn_momentum`; its default 0.95, 0.9 for Pathfinder).
     #[serde(default = "default_bn_momentum")]
@@ -323,7 +327,7 @@ enum Encoder {
 
 impl SequenceClassifier {
     pub fn new(cfg: ClassifierConfig, vb: VarBuilder) -> Result<Self> {
-        let h = cfg.d_model;
+        let (h, init) = (cfg.d_model, cfg.dense_init);
         if matches!(cfg.pooling, Pooling::Root | Pooling::TopLevels { .. })
             && !matches!(cfg.layer, SeqLayerConfig::Myo(_))
         {
@@ -334,7 +338,7 @@ impl SequenceClassifier {
         }
         let encoder = match cfg.encoder {
             EncoderConfig::Linear { features } => {
-                Encoder::Linear(linear(features, h, vb.pp("encoder"), cfg.seed)?)
+                Encoder::Linear(linear(features, h, vb.pp("encoder"), cfg.seed, init)?)
             }
             EncoderConfig::Embedding { vocab } => {
                 Encoder::Embedding(embedding(vocab, h, vb.pp("encoder"), cfg.seed)?)
@@ -345,6 +349,7 @@ impl SequenceClassifier {
                     d_model: h,
                     seed: cfg.seed,
                     append_dt: cfg.timing == Timing::Append,
+                    init,
                 },
                 vb.pp("encoder"),
             )?),
@@ -417,11 +422,11 @@ impl SequenceClassifier {
             };
             let (out1, out2) = match cfg.activation {
                 Activation::FullGlu => (
-                    Some(linear(h, h, vb.pp("out1"), cfg.seed)?),
-                    Some(linear(h, h, vb.pp("out2"), cfg.seed)?),
+                    Some(linear(h, h, vb.pp("out1"), cfg.seed, init)?),
+                    Some(linear(h, h, vb.pp("out2"), cfg.seed, init)?),
                 ),
                 Activation::HalfGlu1 | Activation::HalfGlu2 => {
-                    (None, Some(linear(h, h, vb.pp("out2"), cfg.seed)?))
+                    (None, Some(linear(h, h, vb.pp("out2"), cfg.seed, init)?))
                 }
                 Activation::Gelu => (None, None),
             };
@@ -433,7 +438,14 @@ impl SequenceClassifier {
             });
         }
         Ok(SequenceClassifier {
-            head: Head::new(h, cfg.classes, cfg.pairs, cfg.decoder, vb.clone(), cfg.seed)?,
+            head: Head::new(
+                h,
+                cfg.classes,
+                cfg.pairs,
+                cfg.decoder,
+                vb.clone(),
+                (cfg.seed, init),
+            )?,
             encoder,
             blocks,
             cfg,

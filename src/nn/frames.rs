@@ -4,17 +4,16 @@
 //!   conv 12@5×5 (padding 2) → ReLU → max-pool 2 → conv 12@3×3 (stride 2, padding 1) → ReLU
 //!   → max-pool 2 → dense 30 → ReLU → dense H,
 //!
-//! initialised as PyTorch does (weights and biases U(±1/√fan_in)), from the model's seed.
+//! started as the model's [`DenseInit`] says, from its seed.
 //! With `append_dt` (S5-append, S5 Appendix F.3) each frame's interval since the one before
 //! joins the 30 hidden features, so that the last dense layer reads 31.
 //! Parameters: `conv1`, `conv2`, `dense1`, `dense2`, each `weight` and `bias`.
 
 use candle_core::{bail, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
-use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use super::init::{init_rng, linear, param_with};
+use super::init::{init_rng, linear, param_with, DenseInit};
 
 const CHANNELS: usize = 12;
 const HIDDEN: usize = 30;
@@ -30,6 +29,9 @@ pub struct FrameEncoderConfig {
     /// Append each frame's time interval to its hidden features (S5-append).
     #[serde(default)]
     pub append_dt: bool,
+    /// How the convolutions and dense layers start.
+    #[serde(default)]
+    pub init: DenseInit,
 }
 
 impl FrameEncoderConfig {
@@ -61,16 +63,24 @@ impl FrameEncoder {
         if cfg.d_model == 0 {
             bail!("frame encoder: d_model must be positive");
         }
-        let seed = cfg.seed;
+        let (seed, init) = (cfg.seed, cfg.init);
+        let side = cfg.side;
         Ok(FrameEncoder {
-            conv1: ConvPool::new(1, 5, 2, 1, cfg.side, vb.pp("conv1"), seed)?,
-            conv2: ConvPool::new(CHANNELS, 3, 1, 2, cfg.side / 2, vb.pp("conv2"), seed)?,
-            dense1: linear(CHANNELS * pooled * pooled, HIDDEN, vb.pp("dense1"), seed)?,
+            conv1: ConvPool::new([1, 5, 2, 1, side], vb.pp("conv1"), seed, init)?,
+            conv2: ConvPool::new([CHANNELS, 3, 1, 2, side / 2], vb.pp("conv2"), seed, init)?,
+            dense1: linear(
+                CHANNELS * pooled * pooled,
+                HIDDEN,
+                vb.pp("dense1"),
+                seed,
+                init,
+            )?,
             dense2: linear(
                 HIDDEN + usize::from(cfg.append_dt),
                 cfg.d_model,
                 vb.pp("dense2"),
                 seed,
+                init,
             )?,
             cfg,
         })
@@ -127,7 +137,7 @@ impl Module for FrameEncoder {
 /// of the four, plus the bias, through the ReLU (which commutes with the maximum). Candle's own
 /// conv2d would also take the gradient of its input, frames included, by a transposed
 /// convolution that dominates a training step. The kernel is stored as PyTorch's (out, in, k,
-/// k), initialised as PyTorch does, U(±1/√(in_c·k²)) for weight and bias.
+/// k), with fan-in in_c·k².
 #[derive(Clone, Debug)]
 struct ConvPool {
     weight: Tensor,
@@ -144,24 +154,17 @@ struct ConvPool {
 }
 
 impl ConvPool {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        in_c: usize,
-        k: usize,
-        padding: usize,
-        stride: usize,
-        side: usize,
-        vb: VarBuilder,
-        seed: u64,
-    ) -> Result<ConvPool> {
+    /// `shape`: input channels, kernel side, padding, stride and input side.
+    fn new(shape: [usize; 5], vb: VarBuilder, seed: u64, init: DenseInit) -> Result<ConvPool> {
+        let [in_c, k, padding, stride, side] = shape;
         let mut rng = init_rng(seed, &vb);
-        let bound = 1.0 / ((in_c * k * k) as f64).sqrt();
-        let mut uniform =
-            |n: usize| -> Vec<f64> { (0..n).map(|_| rng.random_range(-bound..bound)).collect() };
+        let fan_in = in_c * k * k;
         let weight = param_with(&vb, "weight", &[CHANNELS, in_c, k, k], || {
-            uniform(CHANNELS * in_c * k * k)
+            init.weights(&mut rng, CHANNELS * fan_in, fan_in)
         })?;
-        let bias = param_with(&vb, "bias", &[CHANNELS], || uniform(CHANNELS))?;
+        let bias = param_with(&vb, "bias", &[CHANNELS], || {
+            init.biases(&mut rng, CHANNELS, fan_in)
+        })?;
         let padded = side + 2 * padding;
         let convolved = (padded - k) / stride + 1;
         let pooled = convolved / 2;

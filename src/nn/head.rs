@@ -9,6 +9,7 @@ use candle_core::{Result, Tensor, D};
 use candle_nn::{Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
+use super::init::DenseInit;
 use super::{dense, linear};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,13 +103,13 @@ impl Head {
         pairs: bool,
         decoder: Decoder,
         vb: VarBuilder,
-        seed: u64,
+        (seed, init): (u64, DenseInit),
     ) -> Result<Self> {
         let at = vb.pp("decoder");
         let mlp = |name: &str| -> Result<[Linear; 2]> {
             Ok([
-                linear(h, GAUSSIAN_HIDDEN, at.pp(name).pp("0"), seed)?,
-                linear(GAUSSIAN_HIDDEN, classes, at.pp(name).pp("1"), seed)?,
+                linear(h, GAUSSIAN_HIDDEN, at.pp(name).pp("0"), seed, init)?,
+                linear(GAUSSIAN_HIDDEN, classes, at.pp(name).pp("1"), seed, init)?,
             ])
         };
         Ok(match (pairs, decoder) {
@@ -118,10 +119,10 @@ impl Head {
                 )
             }
             (true, Decoder::Linear) => Head::Pairs {
-                pair: linear(4 * h, h, vb.pp("pair"), seed)?,
-                decoder: linear(h, classes, at, seed)?,
+                pair: linear(4 * h, h, vb.pp("pair"), seed, init)?,
+                decoder: linear(h, classes, at, seed, init)?,
             },
-            (false, Decoder::Linear) => Head::Linear(linear(h, classes, at, seed)?),
+            (false, Decoder::Linear) => Head::Linear(linear(h, classes, at, seed, init)?),
             (false, Decoder::Gaussian) => Head::Gaussian {
                 mean: mlp("mean")?,
                 var: mlp("var")?,

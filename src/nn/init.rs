@@ -72,23 +72,63 @@ pub(crate) fn normal_vec(rng: &mut StdRng, n: usize, std: f64) -> Vec<f64> {
     (0..n).map(|_| std * normal(rng)).collect()
 }
 
-/// A linear layer initialised as PyTorch and candle do, U(±1/√fan_in) for weight and bias, from
-/// a seeded generator.
+/// How dense and convolution layers start.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum DenseInit {
+    /// PyTorch's and candle's: weight and bias U(±1/√fan_in).
+    #[default]
+    Uniform,
+    /// Flax's, which the S5 reference uses: weight lecun_normal (a normal truncated at ±2σ,
+    /// variance 1/fan_in), bias zero.
+    Lecun,
+}
+
+impl DenseInit {
+    /// `n` weights of a layer with `fan_in` inputs.
+    pub(crate) fn weights(self, rng: &mut StdRng, n: usize, fan_in: usize) -> Vec<f64> {
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        match self {
+            DenseInit::Uniform => (0..n).map(|_| rng.random_range(-bound..bound)).collect(),
+            DenseInit::Lecun => (0..n).map(|_| trunc_normal(rng, fan_in)).collect(),
+        }
+    }
+
+    /// `n` biases of a layer with `fan_in` inputs (drawn after its weights).
+    pub(crate) fn biases(self, rng: &mut StdRng, n: usize, fan_in: usize) -> Vec<f64> {
+        match self {
+            DenseInit::Uniform => self.weights(rng, n, fan_in),
+            DenseInit::Lecun => vec![0.0; n],
+        }
+    }
+}
+
+/// A linear layer started as `init` says, from a seeded generator.
 pub(crate) fn linear(
     in_dim: usize,
     out_dim: usize,
     vb: VarBuilder,
     seed: u64,
+    init: DenseInit,
 ) -> Result<candle_nn::Linear> {
-    use rand::Rng;
     let mut rng = init_rng(seed, &vb);
-    let bound = 1.0 / (in_dim as f64).sqrt();
-    let mut uniform =
-        |n: usize| -> Vec<f64> { (0..n).map(|_| rng.random_range(-bound..bound)).collect() };
     let w = param_with(&vb, "weight", &[out_dim, in_dim], || {
-        uniform(out_dim.saturating_mul(in_dim))
+        init.weights(&mut rng, out_dim.saturating_mul(in_dim), in_dim)
     })?;
-    let b = param_with(&vb, "bias", &[out_dim], || uniform(out_dim))?;
+    let b = param_with(&vb, "bias", &[out_dim], || {
+        init.biases(&mut rng, out_dim, in_dim)
+    })?;
     Ok(candle_nn::Linear::new(w, Some(b)))
 }
 

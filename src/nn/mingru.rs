@@ -10,7 +10,7 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
 
-use super::linear;
+use super::{linear, DenseInit};
 use serde::{Deserialize, Serialize};
 
 use crate::ops::{linear_scan, ScanOptions};
@@ -51,8 +51,20 @@ pub struct MinGru {
 impl MinGru {
     pub fn new(cfg: MinGruConfig, vb: VarBuilder) -> Result<Self> {
         Ok(MinGru {
-            gate: linear(cfg.d_model, cfg.hidden, vb.pp("gate"), cfg.seed)?,
-            impulse: linear(cfg.d_model, cfg.hidden, vb.pp("impulse"), cfg.seed)?,
+            gate: linear(
+                cfg.d_model,
+                cfg.hidden,
+                vb.pp("gate"),
+                cfg.seed,
+                DenseInit::Uniform,
+            )?,
+            impulse: linear(
+                cfg.d_model,
+                cfg.hidden,
+                vb.pp("impulse"),
+                cfg.seed,
+                DenseInit::Uniform,
+            )?,
             cfg,
         })
     }

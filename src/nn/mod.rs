@@ -26,6 +26,7 @@ pub use ssm2d::{Ssm2d, Ssm2dConfig};
 
 use candle_core::{Result, Tensor};
 
+pub use init::DenseInit;
 pub(crate) use init::{
     embedding, init_param, init_rng, layer_rng, linear, normal_vec, param_with, params,
 };

@@ -178,6 +178,12 @@ pub struct RunArgs {
     /// monitored either way. [default: gaussian with the pendulum preset, else linear]
     #[arg(long, value_enum)]
     pub decoder: Option<Decoder>,
+    /// How the encoder's, the GLUs' and the decoder's dense (and convolution) layers start:
+    /// uniform (PyTorch's U(±1/√fan_in), bias too) or lecun (Flax's, as the S5 reference: a
+    /// truncated normal of variance 1/fan_in, bias zero). [default: lecun with the pendulum
+    /// preset, else uniform]
+    #[arg(long, value_enum)]
+    pub dense_init: Option<DenseInit>,
     /// Dropout rate after each block's activation (one mask across time). [default: 0]
     #[arg(long)]
     pub dropout: Option<f64>,

@@ -362,6 +362,10 @@ impl RunArgs {
                     (d, _) => d.or(p.map(|p| p.decoder)).unwrap_or_default(),
                 },
                 seed: self.seed,
+                dense_init: self
+                    .dense_init
+                    .or(p.map(|p| p.dense_init))
+                    .unwrap_or_default(),
                 bn_momentum,
             },
             optim: OptimConfig {

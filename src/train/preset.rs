@@ -7,7 +7,7 @@
 //! takes the same settings with heads = P (Myosotis §5).
 //! zMNIST and zCIFAR use the sMNIST and sCIFAR settings (Morton order only changes the input).
 
-use crate::nn::{Activation, CInit, Decoder, NormKind, S5Groups};
+use crate::nn::{Activation, CInit, Decoder, DenseInit, NormKind, S5Groups};
 
 /// One task's settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,6 +43,8 @@ pub struct Preset {
     pub groups: S5Groups,
     /// A regression's decoder.
     pub decoder: Decoder,
+    /// How the dense and convolution layers start.
+    pub dense_init: DenseInit,
 }
 
 /// The preset of `task`, or `None` for an unknown name.
@@ -72,6 +74,7 @@ pub fn preset(task: &str) -> Option<Preset> {
         dt_global: false,
         groups: S5Groups::Standard,
         decoder: Decoder::Linear,
+        dense_init: DenseInit::Uniform,
     };
     let image: Row = (6, 512, 384, 3, 0.1, 0.0045, 0.001, 50, 250, 0.07);
     let p = match task {
@@ -123,10 +126,11 @@ pub fn preset(task: &str) -> Option<Preset> {
             ..base((6, 96, 128, 16, 0.1, 0.008, 0.002, 16, 40, 0.04))
         },
         // The reference's pendulum script: half_glu2, a step range from 0.01, and its model's
-        // Gaussian decoders (G.3.8).
+        // Gaussian decoders (G.3.8) and Flax's initialisation of its dense and convolution layers.
         "pendulum" => Preset {
             bidirectional: false,
             decoder: Decoder::Gaussian,
+            dense_init: DenseInit::Lecun,
             activation: Activation::HalfGlu2,
             dt_min: 0.01,
             norm: NormKind::Layer,
