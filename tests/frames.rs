@@ -84,9 +84,10 @@ fn the_encoder_equals_its_layers_as_loops() {
             d_model,
             seed: rng.random(),
             append_dt,
-            init: match append_dt {
-                true => DenseInit::Lecun,
-                false => DenseInit::Uniform,
+            init: if append_dt {
+                DenseInit::Lecun
+            } else {
+                DenseInit::Uniform
             },
         };
         let varmap = VarMap::new();

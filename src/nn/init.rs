@@ -98,9 +98,11 @@ pub enum DenseInit {
 impl DenseInit {
     /// `n` weights of a layer with `fan_in` inputs.
     pub(crate) fn weights(self, rng: &mut StdRng, n: usize, fan_in: usize) -> Vec<f64> {
-        let bound = 1.0 / (fan_in as f64).sqrt();
         match self {
-            DenseInit::Uniform => (0..n).map(|_| rng.random_range(-bound..bound)).collect(),
+            DenseInit::Uniform => {
+                let bound = 1.0 / (fan_in as f64).sqrt();
+                (0..n).map(|_| rng.random_range(-bound..bound)).collect()
+            }
             DenseInit::Lecun => (0..n).map(|_| trunc_normal(rng, fan_in)).collect(),
         }
     }

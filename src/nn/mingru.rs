@@ -50,21 +50,13 @@ pub struct MinGru {
 
 impl MinGru {
     pub fn new(cfg: MinGruConfig, vb: VarBuilder) -> Result<Self> {
+        let dense = |name: &str| {
+            let (h, seed) = (cfg.hidden, cfg.seed);
+            linear(cfg.d_model, h, vb.pp(name), seed, DenseInit::Uniform)
+        };
         Ok(MinGru {
-            gate: linear(
-                cfg.d_model,
-                cfg.hidden,
-                vb.pp("gate"),
-                cfg.seed,
-                DenseInit::Uniform,
-            )?,
-            impulse: linear(
-                cfg.d_model,
-                cfg.hidden,
-                vb.pp("impulse"),
-                cfg.seed,
-                DenseInit::Uniform,
-            )?,
+            gate: dense("gate")?,
+            impulse: dense("impulse")?,
             cfg,
         })
     }
