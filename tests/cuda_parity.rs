@@ -123,7 +123,7 @@ fn cuda_training_step_matches_the_cpu_for_every_model() {
             let g = gpu_vars.data().lock().unwrap()[k].clone();
             g.set(&v.as_tensor().to_device(&gpu).unwrap()).unwrap();
         }
-        let step = |m: &SequenceClassifier, vars: &VarMap, dev: &Device| {
+        let step = |m: &SequenceClassifier, vars: &VarMap, dev: &Device, by_hand: bool| {
             let batch = data.batch(&idx, None, dev).unwrap();
             let (x, lengths) = (&batch.x, &batch.lengths);
             let Target::Labels(y) = &batch.target else {
@@ -134,9 +134,12 @@ fn cuda_training_step_matches_the_cpu_for_every_model() {
                 step: 0,
                 first_row: 0,
             };
-            let logp = m.forward(x, Some(lengths), Mode::Train(key, None)).unwrap();
+            let sink = GradSink::new();
+            let mode = Mode::Train(key, None, by_hand.then_some(&sink));
+            let logp = m.forward(x, Some(lengths), mode).unwrap();
             let loss = candle_nn::loss::nll(&logp, y).unwrap();
-            let grads = loss.backward().unwrap();
+            let mut grads = loss.backward().unwrap();
+            sink.add_to(&mut grads).unwrap();
             let mut out = vec![("loss".to_string(), to_vec(&loss))];
             let data = vars.data().lock().unwrap();
             let mut names: Vec<_> = data.keys().cloned().collect();
@@ -149,13 +152,19 @@ fn cuda_training_step_matches_the_cpu_for_every_model() {
             }
             out
         };
-        let (want, got) = (
-            step(&cpu_model, &cpu_vars, &Device::Cpu),
-            step(&gpu_model, &gpu_vars, &gpu),
-        );
-        for ((k, w), (_, g)) in want.iter().zip(&got) {
-            let e = rel_err(g, w);
-            assert!(e < TOL, "{name}: {k} CUDA vs CPU {e:e} (seed {seed})");
+        // Candle's autograd, then the backward by hand where a layer has one (as training runs).
+        for by_hand in [false, true] {
+            let (want, got) = (
+                step(&cpu_model, &cpu_vars, &Device::Cpu, by_hand),
+                step(&gpu_model, &gpu_vars, &gpu, by_hand),
+            );
+            for ((k, w), (_, g)) in want.iter().zip(&got) {
+                let e = rel_err(g, w);
+                assert!(
+                    e < TOL,
+                    "{name}: {k} CUDA vs CPU {e:e}, by hand {by_hand} (seed {seed})"
+                );
+            }
         }
     }
 }

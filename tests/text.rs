@@ -303,6 +303,7 @@ fn the_pair_head_reads_both_documents() {
                 first_row: 0,
             },
             None,
+            None,
         );
         let logp = model
             .forward(&batch.x, Some(&batch.lengths), train)

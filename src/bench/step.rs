@@ -3,7 +3,7 @@
 use super::*;
 use crate::data::dataset::{Batch, Target};
 use crate::device::parse_device;
-use crate::nn::Pooling;
+use crate::nn::{GradSink, Pooling};
 use crate::ops::in_place_updates;
 use crate::train::config::RunArgs;
 use crate::train::optim::{OptimConfig, Optimizer};
@@ -191,6 +191,8 @@ struct Setup {
     opt: Optimizer,
     batch: Batch,
     step: u64,
+    /// The gradients the layers compute by hand (see [`Mode::Train`]).
+    sink: GradSink,
 }
 
 impl Setup {
@@ -201,11 +203,19 @@ impl Setup {
             step: self.step,
             first_row: 0,
         };
-        Ok(score(&self.model, &self.batch, Mode::Train(key, None))?.objective)
+        let mode = Mode::Train(key, None, Some(&self.sink));
+        Ok(score(&self.model, &self.batch, mode)?.objective)
+    }
+
+    fn backward(&self, loss: &Tensor) -> Result<GradStore> {
+        let mut grads = loss.backward()?;
+        self.sink.add_to(&mut grads)?;
+        Ok(grads)
     }
 
     fn step(&mut self) -> Result<()> {
-        let grads = self.forward()?.backward()?;
+        let loss = self.forward()?;
+        let grads = self.backward(&loss)?;
         self.opt.step(&grads)
     }
 }
@@ -254,6 +264,7 @@ impl StepBench {
             opt,
             batch,
             step: 0,
+            sink: GradSink::new(),
         };
         let whole = time_median(device, self.warmup, self.repeats, || s.step())?;
         let forward = time_median(device, self.warmup, self.repeats, || {
@@ -267,8 +278,8 @@ impl StepBench {
         let z = Var::from_tensor(&Tensor::randn(0f32, 1., (b, width, h), device)?)?;
         let one = time_median(device, self.warmup, self.repeats, || {
             s.model
-                .layer_forward(0, z.as_tensor())?
-                .backward()
+                .layer_forward(0, z.as_tensor(), Some(&s.sink))
+                .and_then(|out| s.backward(&out))
                 .map(drop)
         })?;
         let times = self.model.layers as f64;
@@ -279,10 +290,12 @@ impl StepBench {
         };
 
         let (loss, fwd) = count(device, || s.forward())?;
-        let (grads, bwd) = count(device, || loss.backward())?;
+        let (grads, bwd) = count(device, || s.backward(&loss))?;
         let ((), opt) = count(device, || s.opt.step(&grads))?;
-        let (out, layer_fwd) = count(device, || s.model.layer_forward(0, z.as_tensor()))?;
-        let (_, layer_bwd) = count(device, || out.backward())?;
+        let (out, layer_fwd) = count(device, || {
+            s.model.layer_forward(0, z.as_tensor(), Some(&s.sink))
+        })?;
+        let (_, layer_bwd) = count(device, || s.backward(&out))?;
         let ops = StepOps {
             forward: fwd,
             backward: bwd,
@@ -328,7 +341,7 @@ impl StepBench {
         pause()?;
         let loss = s.forward()?;
         pause()?;
-        let grads: GradStore = loss.backward()?;
+        let grads = s.backward(&loss)?;
         pause()?;
         s.opt.step(&grads)?;
         device.synchronize()

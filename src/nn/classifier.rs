@@ -21,6 +21,7 @@ use candle_nn::{Embedding, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
 use super::batch_norm::{BatchNorm, Shards};
+use super::by_hand::GradSink;
 use crate::ops::dropout::{absorb, mix};
 use crate::ops::epilogue::{epilogue, Activation as EpilogueAct, Dropout};
 use crate::ops::masked_mean;
@@ -199,11 +200,12 @@ impl Layer {
     }
 
     /// The layer on `x`, each step discretised with its interval in `dt` when given (S5).
-    fn forward(&self, x: &Tensor, dt: Option<&Tensor>) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, dt: Option<&Tensor>, sink: Option<&GradSink>) -> Result<Tensor> {
         match self {
-            Layer::S5(l) => match dt {
-                Some(dt) => l.forward_timed(x, dt),
-                None => l.forward(x),
+            Layer::S5(l) => match (dt, sink) {
+                (Some(dt), _) => l.forward_timed(x, dt),
+                (None, Some(sink)) => l.forward_by_hand(x, sink),
+                (None, None) => l.forward(x),
             },
             Layer::Myo(l) => l.forward(x),
             Layer::Ssm2d(l) => l.forward(x),
@@ -242,7 +244,7 @@ impl Norm {
     /// (batch, length, H) normalised over H (BatchNorm: statistics over batch and length).
     fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         match (self, mode) {
-            (Norm::Batch(n), Mode::Train(_, shards)) => n.forward_train(x, shards),
+            (Norm::Batch(n), Mode::Train(_, shards, _)) => n.forward_train(x, shards),
             (Norm::Batch(n), Mode::Eval) => n.forward_eval(x),
             (Norm::Layer(n), _) => n.forward(x),
         }
@@ -256,8 +258,19 @@ pub enum Mode<'a> {
     Eval,
     /// Training: dropout masks come from the key; BatchNorm uses (and updates) the statistics
     /// of the batch, summed over its data-parallel shards when the forward computes one of them
-    /// (`None`: the forward has the whole batch).
-    Train(DropoutKey, Option<&'a Shards>),
+    /// (`None`: the forward has the whole batch). With a [`GradSink`], layers that have a
+    /// backward written by hand run as one node of the graph each and leave their parameters'
+    /// gradients there, for the caller to add to the backward's ([`GradSink::add_to`]).
+    Train(DropoutKey, Option<&'a Shards>, Option<&'a GradSink>),
+}
+
+impl Mode<'_> {
+    fn sink(&self) -> Option<&GradSink> {
+        match self {
+            Mode::Train(_, _, sink) => *sink,
+            Mode::Eval => None,
+        }
+    }
 }
 
 /// What a training step's dropout masks are a function of. The mask entry of (dropout site,
@@ -284,7 +297,7 @@ impl DropoutKey {
 /// the length): none in evaluation or at rate 0.
 fn dropout(p: f64, mode: Mode, site: u64) -> Option<Dropout> {
     match mode {
-        Mode::Train(key, _) if p > 0.0 => Some(Dropout {
+        Mode::Train(key, ..) if p > 0.0 => Some(Dropout {
             site_hash: key.site_hash(site),
             first_row: key.first_row,
             p,
@@ -490,10 +503,11 @@ impl SequenceClassifier {
         }
     }
 
-    /// Block `i`'s sequence layer alone on (batch, positions, H).
-    pub fn layer_forward(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+    /// Block `i`'s sequence layer alone on (batch, positions, H), by hand where it can be with a
+    /// sink (see [`Mode::Train`]).
+    pub fn layer_forward(&self, i: usize, x: &Tensor, sink: Option<&GradSink>) -> Result<Tensor> {
         match self.blocks.get(i) {
-            Some(block) => block.layer.forward(x, None),
+            Some(block) => block.layer.forward(x, None, sink),
             None => candle_core::bail!("no block {i} in a {}-block model", self.blocks.len()),
         }
     }
@@ -606,7 +620,7 @@ impl SequenceClassifier {
             h = self.activate(
                 i,
                 block,
-                &block.layer.forward(&z, layer_dt)?,
+                &block.layer.forward(&z, layer_dt, mode.sink())?,
                 Some(&h),
                 mode,
             )?;

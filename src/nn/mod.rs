@@ -3,6 +3,7 @@
 //! `Layer::new(config, vb)` with a serialisable config, and implements `Module`.
 
 pub mod batch_norm;
+pub mod by_hand;
 pub mod classifier;
 pub mod frames;
 pub mod head;
@@ -14,6 +15,7 @@ pub mod s5;
 pub mod ssm2d;
 
 pub use batch_norm::{ShardSum, Shards};
+pub use by_hand::GradSink;
 pub use classifier::{
     Activation, ClassifierConfig, DropoutKey, EncoderConfig, Mode, NormKind, ParamGroup,
     SeqLayerConfig, SequenceClassifier, Timing, BN_MOMENTUM,

@@ -17,11 +17,14 @@
 //! Parameters (names as in checkpoints): `lambda_re`, `lambda_im` (P), `b` (P, H, 2) = B̃,
 //! `c` (H, P or 2P, 2) = C̃, `d` (H), `log_step` (P).
 
-use candle_core::{bail, Module, Result, Tensor};
+mod backward;
+
+use candle_core::{bail, DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+use super::by_hand::{by_hand, GradSink};
 use super::hippo::{block_init, block_states};
 use super::init::{init_param, layer_rng, normal, params, trunc_normal};
 use super::ParamGroup;
@@ -266,23 +269,6 @@ impl S5 {
     pub fn config(&self) -> &S5Config {
         &self.cfg
     }
-
-    /// The discretised Λ̄ as the scan's (P, 2) gate and B̄ as the (H, 2P) matrix whose columns
-    /// interleave (re, im), so that one matmul writes B̄u in the scan's (…, P, 2) layout
-    /// ([`s5_discretize()`]: one op forward and one backward).
-    pub fn discretize(&self) -> Result<(Tensor, Tensor)> {
-        let how = S5Discretization {
-            bilinear: self.cfg.discretization == Discretization::Bilinear,
-            clip_eigs: self.cfg.clip_eigs,
-        };
-        s5_discretize(
-            &self.lambda_re,
-            &self.lambda_im,
-            &self.log_step,
-            &self.b,
-            how,
-        )
-    }
 }
 
 impl S5 {
@@ -349,33 +335,112 @@ impl S5 {
 
 impl Module for S5 {
     fn forward(&self, u: &Tensor) -> Result<Tensor> {
-        let (batch, len, h) = u.dims3()?;
-        let (gate, b_mat) = self.discretize()?;
-        let p = gate.dim(0)?;
-        let bu = u
-            .reshape((batch * len, h))?
-            .matmul(&b_mat)?
-            .reshape((batch, len, p, 2))?;
-        let fwd = ScanOptions {
+        Ok(self.run(u, self.params())?.y)
+    }
+}
+
+/// What a forward pass computed, kept for the backward by hand ([`S5::forward_by_hand`]).
+struct Pass {
+    y: Tensor,
+    /// The input as (batch · length, H).
+    u2: Tensor,
+    gate: Tensor,
+    b_mat: Tensor,
+    /// Each direction's states (batch, length, P, 2).
+    states: Vec<Tensor>,
+    /// The readout matrices of all directions, (directions · 2P, H).
+    r: Tensor,
+}
+
+impl S5 {
+    /// The parameters in the order λ_re, λ_im, log Δ, B̃, C̃, D.
+    fn params(&self) -> [&Tensor; 6] {
+        [
+            &self.lambda_re,
+            &self.lambda_im,
+            &self.log_step,
+            &self.b,
+            &self.c,
+            &self.d,
+        ]
+    }
+
+    fn how(&self) -> S5Discretization {
+        S5Discretization {
+            bilinear: self.cfg.discretization == Discretization::Bilinear,
+            clip_eigs: self.cfg.clip_eigs,
+        }
+    }
+
+    /// The discretised Λ̄ as the scan's (P, 2) gate and B̄ as the (H, 2P) matrix whose columns
+    /// interleave (re, im), so that one matmul writes B̄u in the scan's (…, P, 2) layout
+    /// ([`s5_discretize()`]: one op forward and one backward).
+    pub fn discretize(&self) -> Result<(Tensor, Tensor)> {
+        let [lr, li, ls, b, ..] = self.params();
+        s5_discretize(lr, li, ls, b, self.how())
+    }
+
+    fn scan_options(reverse: bool) -> ScanOptions {
+        ScanOptions {
             complex: true,
-            reverse: false,
-        };
-        let mut states = vec![linear_scan(&gate, &bu, None, fwd)?];
+            reverse,
+        }
+    }
+
+    /// The layer on `u` with the parameters `w` ([`S5::params`]' order).
+    fn run(&self, u: &Tensor, w: [&Tensor; 6]) -> Result<Pass> {
+        let [lr, li, ls, b, c, d] = w;
+        let (batch, len, h) = u.dims3()?;
+        let (gate, b_mat) = s5_discretize(lr, li, ls, b, self.how())?;
+        let p = gate.dim(0)?;
+        let u2 = u.reshape((batch * len, h))?;
+        let bu = u2.matmul(&b_mat)?.reshape((batch, len, p, 2))?;
+        let mut states = vec![linear_scan(&gate, &bu, None, Self::scan_options(false))?];
         if self.cfg.bidirectional {
-            let bwd = ScanOptions {
-                reverse: true,
-                ..fwd
-            };
-            states.push(linear_scan(&gate, &bu, None, bwd)?);
+            states.push(linear_scan(&gate, &bu, None, Self::scan_options(true))?);
         }
         // Re(C̃ x) (× 2 with conj_sym): one matmul per direction with its (2P, H) readout matrix.
-        let r = s5_readout(&self.c, states.len(), self.cfg.conj_sym)?;
-        let mut y = channel_mul(u, &self.d)?;
+        let r = s5_readout(c, states.len(), self.cfg.conj_sym)?;
+        let mut y = channel_mul(u, d)?;
         for (i, x) in states.iter().enumerate() {
             let r_i = r.narrow(0, i * 2 * p, 2 * p)?;
             let yi = x.reshape((batch * len, 2 * p))?.matmul(&r_i)?;
             y = (y + yi.reshape((batch, len, h))?)?;
         }
-        Ok(y)
+        Ok(Pass {
+            y,
+            u2,
+            gate,
+            b_mat,
+            states,
+            r,
+        })
+    }
+
+    /// [`Module::forward`] as one node of candle's graph whose backward is written by hand
+    /// ([`super::by_hand`]): the parameters' gradients go to `sink`. Where the fused ops do
+    /// not cover the dtype or device, the ordinary forward.
+    pub fn forward_by_hand(&self, u: &Tensor, sink: &GradSink) -> Result<Tensor> {
+        let fused = matches!(u.dtype(), DType::F32 | DType::F64)
+            && (u.device().is_cpu() || u.device().is_cuda());
+        if !fused {
+            return self.forward(u);
+        }
+        let w = self.params().map(Tensor::detach);
+        let x = u.detach();
+        let pass = self.run(&x, [&w[0], &w[1], &w[2], &w[3], &w[4], &w[5]])?;
+        let back = backward::S5Backward {
+            vars: self.params().map(Tensor::clone),
+            w,
+            u: x,
+            u2: pass.u2,
+            gate: pass.gate,
+            b_mat: pass.b_mat,
+            states: pass.states,
+            r: pass.r,
+            how: self.how(),
+            conj_sym: self.cfg.conj_sym,
+        };
+        by_hand(u, &pass.y, &self.d, back, sink)
     }
 }

@@ -16,7 +16,7 @@ use super::dist::{part, World};
 use super::optim::Optimizer;
 use super::shards::{RankSum, ThreadGroup};
 use crate::data::dataset::{Batch, Dataset, Target};
-use crate::nn::{Decoder, DropoutKey, Mode, SequenceClassifier, Shards};
+use crate::nn::{Decoder, DropoutKey, GradSink, Mode, SequenceClassifier, Shards};
 
 /// How a split is cut into batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,10 +149,12 @@ fn train_batch(
                 step,
                 first_row: (mine.start + at) as u64,
             };
-            let s = score(model, &batch, Mode::Train(key, shards))?;
+            let sink = GradSink::new();
+            let s = score(model, &batch, Mode::Train(key, shards, Some(&sink)))?;
             // This shard's share of the batch mean.
             let share = part.len() as f64 / idx.len() as f64;
-            let grads = (s.objective * share)?.backward()?;
+            let mut grads = (s.objective * share)?.backward()?;
+            sink.add_to(&mut grads)?;
             Ok(((s.loss * share)?.to_dtype(DType::F64)?, s.correct, grads))
         };
         let mine_idx = &idx[mine.clone()];

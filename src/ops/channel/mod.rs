@@ -37,6 +37,27 @@ pub fn channel_mul(x: &Tensor, d: &Tensor) -> Result<Tensor> {
     apply(x, d, Kind::Mul)
 }
 
+/// The backward of [`channel_mul`] on its own, for layers that compute gradients by hand:
+/// (∂x, ∂d) from ∂y = `g`.
+pub fn channel_mul_backward(x: &Tensor, d: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
+    let h = x.dim(D::Minus1)?;
+    let fused = d.dtype() == x.dtype()
+        && match x.device() {
+            Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
+            Device::Cuda(_) => cuda::supports(h, x.dtype()),
+            _ => false,
+        };
+    if !fused {
+        let rows = x.elem_count() / h.max(1);
+        let dd = (g * x)?.reshape((rows, h))?.sum(0)?;
+        return Ok((g.broadcast_mul(d)?, dd));
+    }
+    match ChannelOp(Kind::Mul).bwd(&x.contiguous()?, d, x, g)? {
+        (Some(dx), Some(dd)) => Ok((dx, dd)),
+        _ => bail!("channel_mul backward: a gradient is missing"),
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Add,

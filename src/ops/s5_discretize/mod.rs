@@ -78,6 +78,25 @@ pub fn s5_discretize(
     ))
 }
 
+/// The backward of [`s5_discretize`] on its own, for layers that compute gradients by hand:
+/// (∂λ_re, ∂λ_im, ∂log Δ, ∂B̃) from the gradients of Λ̄ (P, 2) and B̄ (H, 2P) (f32 and f64 on
+/// the CPU and CUDA).
+pub fn s5_discretize_backward(
+    [lambda_re, lambda_im, log_step, b]: [&Tensor; 4],
+    how: S5Discretization,
+    d_gate: &Tensor,
+    d_bmat: &Tensor,
+) -> Result<[Tensor; 4]> {
+    let (p, h, _) = b.dims3()?;
+    let params = Tensor::stack(&[lambda_re, lambda_im, log_step], 0)?;
+    let g = Tensor::cat(&[d_gate.flatten_all()?, d_bmat.flatten_all()?], 0)?;
+    let op = S5DiscretizeOp { p, h, how };
+    let (Some(dp), Some(db)) = op.bwd(&params, &b.contiguous()?, &g, &g)? else {
+        bail!("s5_discretize backward: a gradient is missing");
+    };
+    Ok([dp.get(0)?, dp.get(1)?, dp.get(2)?, db])
+}
+
 /// The same in candle ops (any device and float dtype): the tests' reference.
 pub fn s5_discretize_reference(
     lambda_re: &Tensor,

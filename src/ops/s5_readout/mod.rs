@@ -51,6 +51,22 @@ pub fn s5_readout(c: &Tensor, dirs: usize, conj_sym: bool) -> Result<Tensor> {
     }
 }
 
+/// The backward of [`s5_readout`] on its own, for layers that compute gradients by hand: ∂C̃
+/// from the gradient `g` of the readout matrices (f32 and f64 on the CPU and CUDA).
+pub fn s5_readout_backward(c: &Tensor, dirs: usize, conj_sym: bool, g: &Tensor) -> Result<Tensor> {
+    let (h, dp, _) = c.dims3()?;
+    let op = ReadoutOp {
+        dirs,
+        p: dp / dirs.max(1),
+        h,
+        scale: if conj_sym { 2 } else { 1 },
+    };
+    match op.bwd(c, g, g)? {
+        Some(dc) => Ok(dc),
+        None => bail!("s5_readout backward: no gradient"),
+    }
+}
+
 struct ReadoutOp {
     dirs: usize,
     p: usize,

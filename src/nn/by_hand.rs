@@ -1,0 +1,133 @@
+//! Layers whose backward pass is written by hand.
+//!
+//! candle's autograd (candle-core 0.11, `backprop.rs`) pays, for every op of a forward pass, a
+//! detached copy of the incoming gradient and, per input, a tensor of zeros and an add into it:
+//! a layer of twenty small ops costs some 140 tensor ops in its backward, each a kernel on a GPU.
+//! A layer can instead run its forward on detached tensors and join the graph as one node
+//! ([`by_hand`]) whose backward is the layer's chain rule written out ([`Backward`]): the
+//! gradient of the layer's input goes on through candle's graph, the parameters' gradients go to
+//! a [`GradSink`], which the caller adds to candle's `GradStore` after the backward pass
+//! ([`GradSink::add_to`]).
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::backend::BackendStorage;
+use candle_core::backprop::GradStore;
+use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+
+/// Parameter gradients computed by hand during a backward pass, in the order computed.
+#[derive(Clone, Default)]
+pub struct GradSink(Arc<Mutex<Vec<(Tensor, Tensor)>>>);
+
+impl GradSink {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn push(&self, grads: Vec<(Tensor, Tensor)>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(grads);
+    }
+
+    /// Moves the collected gradients into `grads`, adding each to what candle's backward
+    /// already holds for the same parameter.
+    pub fn add_to(&self, grads: &mut GradStore) -> Result<()> {
+        let collected = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        for (param, g) in collected {
+            let sum = match grads.get(&param) {
+                Some(old) => (old + g)?,
+                None => g,
+            };
+            grads.insert(&param, sum);
+        }
+        Ok(())
+    }
+}
+
+/// The chain rule of a layer, with what its forward kept.
+pub trait Backward: Send + Sync {
+    /// Given ∂L/∂y, the layer's output gradient: ∂L/∂x and (parameter, ∂L/∂parameter) pairs.
+    fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)>;
+}
+
+/// The output `y` of a layer with input `x`, computed on detached tensors, joined to candle's
+/// graph as one node with the backward `back`. `anchor`, one of the layer's parameters, keeps
+/// the node in the graph when `x` needs no gradient; the parameters' gradients go to `sink`.
+/// Costs one copy of `y`.
+pub fn by_hand(
+    x: &Tensor,
+    y: &Tensor,
+    anchor: &Tensor,
+    back: impl Backward + 'static,
+    sink: &GradSink,
+) -> Result<Tensor> {
+    let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
+        y.detach()
+    } else {
+        y.detach().force_contiguous()?
+    };
+    let op = ByHand {
+        back: Box::new(back),
+        sink: sink.clone(),
+    };
+    x.apply_op3(&y, anchor, op)
+}
+
+struct ByHand {
+    back: Box<dyn Backward>,
+    sink: GradSink,
+}
+
+/// `y`'s values as the node's output.
+fn copy_of<S: BackendStorage>(s: &S, l: &Layout) -> Result<(S, Shape)> {
+    if !l.is_contiguous() || l.start_offset() != 0 {
+        bail!("by_hand: the layer's output must be contiguous from its storage's start");
+    }
+    Ok((s.try_clone(l)?, l.shape().clone()))
+}
+
+impl CustomOp3 for ByHand {
+    fn name(&self) -> &'static str {
+        "by-hand"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        y: &CpuStorage,
+        ly: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        copy_of(y, ly)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        y: &candle_core::CudaStorage,
+        ly: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        copy_of(y, ly)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        _y: &Tensor,
+        _anchor: &Tensor,
+        _out: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, params) = self.back.backward(dy)?;
+        self.sink.push(params);
+        Ok((x.track_op().then_some(dx), None, None))
+    }
+}

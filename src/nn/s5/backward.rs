@@ -1,0 +1,88 @@
+//! The S5 layer's backward pass written out ([`super::S5::forward_by_hand`]). With
+//! y = D ⊙ u + Σ_k X_k R_k, X_k = scan_k(Λ̄, U B̄) (U the input as (batch · length, H) rows):
+//!
+//!   ∂R = [X_1 … X_D]ᵀ ∂y,  ∂[X_1 … X_D] = ∂y Rᵀ,  (∂(UB̄), ∂Λ̄) = Σ_k scan_kᵀ(∂X_k),
+//!   ∂u = D ⊙ ∂y + ∂(UB̄) B̄ᵀ,  ∂B̄ = Uᵀ ∂(UB̄),  ∂D = Σ_rows u ⊙ ∂y,
+//!
+//! then ∂C̃ from ∂R and (∂λ, ∂log Δ, ∂B̃) from (∂Λ̄, ∂B̄) by the readout's and the
+//! discretisation's own backward kernels.
+
+use candle_core::{Result, Tensor};
+
+use crate::nn::by_hand::Backward;
+use crate::ops::{
+    channel_mul_backward, linear_scan_backward, s5_discretize_backward, s5_readout_backward,
+    S5Discretization,
+};
+
+/// What the forward kept.
+pub(super) struct S5Backward {
+    /// The layer's parameters (the gradients' keys), in `S5::params`' order.
+    pub vars: [Tensor; 6],
+    /// The same, detached.
+    pub w: [Tensor; 6],
+    pub u: Tensor,
+    pub u2: Tensor,
+    pub gate: Tensor,
+    pub b_mat: Tensor,
+    pub states: Vec<Tensor>,
+    pub r: Tensor,
+    pub how: S5Discretization,
+    pub conj_sym: bool,
+}
+
+impl Backward for S5Backward {
+    fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        let [lr, li, ls, b, c, d] = &self.w;
+        let (batch, len, h) = dy.dims3()?;
+        let (rows, p, dirs) = (batch * len, self.gate.dim(0)?, self.states.len());
+        let dy2 = dy.reshape((rows, h))?;
+        let (du_skip, dd) = channel_mul_backward(&self.u, d, dy)?;
+        let xs = match &self.states[..] {
+            [x] => x.reshape((rows, 2 * p))?,
+            states => {
+                let flat: Vec<Tensor> = states
+                    .iter()
+                    .map(|x| x.reshape((rows, 2 * p)))
+                    .collect::<Result<_>>()?;
+                Tensor::cat(&flat, 1)?
+            }
+        };
+        let dc = s5_readout_backward(c, dirs, self.conj_sym, &xs.t()?.matmul(&dy2)?)?;
+        let dxs = dy2.matmul(&self.r.t()?)?;
+        let (mut dbu, mut dgate) = (None::<Tensor>, None::<Tensor>);
+        for (k, x) in self.states.iter().enumerate() {
+            let dx = dxs.narrow(1, k * 2 * p, 2 * p)?.reshape(x.dims())?;
+            let g =
+                linear_scan_backward(&self.gate, x, None, &dx, super::S5::scan_options(k == 1))?;
+            dbu = Some(match dbu {
+                Some(s) => (s + g.b)?,
+                None => g.b,
+            });
+            dgate = Some(match dgate {
+                Some(s) => (s + g.a)?,
+                None => g.a,
+            });
+        }
+        let (Some(dbu), Some(dgate)) = (dbu, dgate) else {
+            candle_core::bail!("S5 backward: no direction");
+        };
+        let dbu2 = dbu.reshape((rows, 2 * p))?;
+        let du = (du_skip + dbu2.matmul(&self.b_mat.t()?)?.reshape((batch, len, h))?)?;
+        let db_mat = self.u2.t()?.matmul(&dbu2)?;
+        let [dlr, dli, dls, db] =
+            s5_discretize_backward([lr, li, ls, b], self.how, &dgate, &db_mat)?;
+        let [vlr, vli, vls, vb, vc, vd] = self.vars.clone();
+        Ok((
+            du,
+            vec![
+                (vlr, dlr),
+                (vli, dli),
+                (vls, dls),
+                (vb, db),
+                (vc, dc),
+                (vd, dd),
+            ],
+        ))
+    }
+}
