@@ -393,9 +393,10 @@ fn dense_layers_start_as_dense_init_says() {
 }
 
 /// Training with the S5 layers' backward by hand (a [`GradSink`] in the mode) follows candle's
-/// autograd through the same ops: 15 AdamW steps of an f64 model (dropout on, LayerNorm and
-/// BatchNorm, half-GLU and GELU) give the same losses and parameters to 1e-9, and every
-/// parameter gets its gradient through the sink.
+/// autograd through the same ops: 15 AdamW steps of an f64 model (dropout on; every activation;
+/// LayerNorm blocks, which run by hand whole, pre- and post-norm; BatchNorm, whose S5 layers
+/// alone do) give the same losses and parameters to 1e-9, and every parameter gets its
+/// gradient.
 #[test]
 fn training_by_hand_follows_autograd() {
     use myosotis::train::optim::{OptimConfig, Optimizer};
@@ -404,11 +405,19 @@ fn training_by_hand_follows_autograd() {
     let x = randn(&mut rng, &[5, len, 2], DType::F64, &Device::Cpu);
     let target = Tensor::new(&[0u32, 1, 2, 3, 1], &Device::Cpu).unwrap();
     let layer = layer_kinds(len).remove(0);
-    for (activation, norm) in [
-        (Activation::HalfGlu2, NormKind::Layer),
-        (Activation::Gelu, NormKind::Batch),
+    for (activation, norm, prenorm) in [
+        (Activation::HalfGlu2, NormKind::Layer, false),
+        (Activation::HalfGlu2, NormKind::Layer, true),
+        (Activation::HalfGlu1, NormKind::Layer, false),
+        (Activation::FullGlu, NormKind::Layer, true),
+        (Activation::Gelu, NormKind::Layer, true),
+        (Activation::Gelu, NormKind::Layer, false),
+        (Activation::Gelu, NormKind::Batch, true),
     ] {
-        let cfg = config(layer.clone(), activation, norm, Pooling::Mean);
+        let cfg = ClassifierConfig {
+            prenorm,
+            ..config(layer.clone(), activation, norm, Pooling::Mean)
+        };
         let run = |by_hand: bool| {
             let varmap = VarMap::new();
             let vb = VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu);
@@ -452,7 +461,7 @@ fn training_by_hand_follows_autograd() {
             (losses, params)
         };
         let ((want_loss, want), (got_loss, got)) = (run(false), run(true));
-        let what = format!("{activation:?}, {norm:?} (seed {seed})");
+        let what = format!("{activation:?}, {norm:?}, prenorm {prenorm} (seed {seed})");
         assert!(
             want_loss[14] < want_loss[0],
             "the run does not learn: {want_loss:?}"

@@ -60,7 +60,7 @@ pub fn by_hand(
     x: &Tensor,
     y: &Tensor,
     anchor: &Tensor,
-    back: impl Backward + 'static,
+    back: Box<dyn Backward>,
     sink: &GradSink,
 ) -> Result<Tensor> {
     let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
@@ -69,7 +69,7 @@ pub fn by_hand(
         y.detach().force_contiguous()?
     };
     let op = ByHand {
-        back: Box::new(back),
+        back,
         sink: sink.clone(),
     };
     x.apply_op3(&y, anchor, op)

@@ -24,7 +24,7 @@ use candle_nn::VarBuilder;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use super::by_hand::{by_hand, GradSink};
+use super::by_hand::{by_hand, Backward, GradSink};
 use super::hippo::{block_init, block_states};
 use super::init::{init_param, layer_rng, normal, params, trunc_normal};
 use super::ParamGroup;
@@ -421,10 +421,19 @@ impl S5 {
     /// ([`super::by_hand`]): the parameters' gradients go to `sink`. Where the fused ops do
     /// not cover the dtype or device, the ordinary forward.
     pub fn forward_by_hand(&self, u: &Tensor, sink: &GradSink) -> Result<Tensor> {
+        match self.run_by_hand(u)? {
+            Some((y, back)) => by_hand(u, &y, &self.d, back, sink),
+            None => self.forward(u),
+        }
+    }
+
+    /// The forward on detached tensors and its backward by hand; `None` where the fused ops
+    /// do not cover u's dtype or device.
+    pub(crate) fn run_by_hand(&self, u: &Tensor) -> Result<Option<(Tensor, Box<dyn Backward>)>> {
         let fused = matches!(u.dtype(), DType::F32 | DType::F64)
             && (u.device().is_cpu() || u.device().is_cuda());
         if !fused {
-            return self.forward(u);
+            return Ok(None);
         }
         let w = self.params().map(Tensor::detach);
         let x = u.detach();
@@ -441,6 +450,6 @@ impl S5 {
             how: self.how(),
             conj_sym: self.cfg.conj_sym,
         };
-        by_hand(u, &pass.y, &self.d, back, sink)
+        Ok(Some((pass.y, Box::new(back))))
     }
 }

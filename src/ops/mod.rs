@@ -24,10 +24,10 @@ mod value;
 pub use adamw::{adamw_step, in_place_updates, AdamwHyper};
 pub use channel::{channel_add, channel_mul, channel_mul_backward};
 pub use dropout::dropout_keep;
-pub use epilogue::epilogue;
+pub use epilogue::{epilogue, epilogue_backward};
 pub use gelu::gelu;
 pub use head_solve::{head_solve, head_solve_backward, HeadSolveGrads};
-pub use layer_norm::{layer_norm, layer_norm_composed};
+pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_composed};
 pub use masked_mean::masked_mean;
 pub use s5_discretize::{
     s5_discretize, s5_discretize_backward, s5_discretize_reference, S5Discretization,

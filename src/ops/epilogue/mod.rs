@@ -90,13 +90,7 @@ pub fn epilogue(
             bail!("epilogue: the dropout rate must be in [0, 1), got {}", d.p);
         }
     }
-    let e = Epilogue {
-        samples: dims[0],
-        per_sample: dims[1..].iter().product(),
-        features: dims[dims.len() - 1],
-        activation,
-        dropout: dropout.filter(|d| d.p > 0.0),
-    };
+    let e = Epilogue::new(dims, activation, dropout);
     let fused = fused_elementwise(y);
     // Nothing to fuse: the identity without dropout is the residual sum (or y).
     let trivial = activation == Activation::Identity && e.dropout.is_none();
@@ -111,6 +105,39 @@ pub fn epilogue(
 }
 
 /// The epilogue in candle ops (dtypes and devices without a kernel).
+/// ∂y of [`epilogue`] from the gradient `g` of its output (the residual's is `g` itself), for
+/// layers that compute gradients by hand; f32 and f64 on the CPU, every float on CUDA.
+pub fn epilogue_backward(
+    y: &Tensor,
+    activation: Activation,
+    dropout: Option<Dropout>,
+    g: &Tensor,
+) -> Result<Tensor> {
+    let e = Epilogue::new(y.dims(), activation, dropout);
+    if activation == Activation::Identity && e.dropout.is_none() {
+        return Ok(g.clone());
+    }
+    if !fused_elementwise(y) {
+        bail!(
+            "epilogue backward: {:?} on this device is not fused",
+            y.dtype()
+        );
+    }
+    e.dy(&y.contiguous()?, g)
+}
+
+impl Epilogue {
+    fn new(dims: &[usize], activation: Activation, dropout: Option<Dropout>) -> Self {
+        Epilogue {
+            samples: dims[0],
+            per_sample: dims[1..].iter().product(),
+            features: dims[dims.len() - 1],
+            activation,
+            dropout: dropout.filter(|d| d.p > 0.0),
+        }
+    }
+}
+
 fn composed(y: &Tensor, residual: Option<&Tensor>, e: &Epilogue) -> Result<Tensor> {
     let mut z = match e.activation {
         Activation::Gelu => super::gelu(y)?,

@@ -43,12 +43,7 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
             bail!("layer_norm: {name} differs from the input in dtype or device");
         }
     }
-    let fused = match x.device() {
-        Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
-        Device::Cuda(_) => cuda::supports(h, x.dtype()),
-        _ => false,
-    };
-    if fused {
+    if fused(x)? {
         x.contiguous()?.apply_op3(
             &weight.contiguous()?,
             &bias.contiguous()?,
@@ -56,6 +51,38 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
         )
     } else {
         layer_norm_composed(x, weight, bias, eps)
+    }
+}
+
+/// Whether [`layer_norm`] on `x` is the fused op (else candle ops).
+pub fn fused(x: &Tensor) -> Result<bool> {
+    let h = x.dim(D::Minus1)?;
+    Ok(match x.device() {
+        Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
+        Device::Cuda(_) => cuda::supports(h, x.dtype()),
+        _ => false,
+    })
+}
+
+/// The backward of the fused [`layer_norm`] on its own, for layers that compute gradients by
+/// hand: (∂x, ∂weight, ∂bias) from ∂y = `g`.
+pub fn layer_norm_backward(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    g: &Tensor,
+) -> Result<[Tensor; 3]> {
+    if !fused(x)? {
+        bail!(
+            "layer_norm backward: the fused op does not cover {:?} on this device",
+            x.dtype()
+        );
+    }
+    let op = LayerNormOp { eps };
+    match op.bwd(&x.contiguous()?, weight, bias, x, g)? {
+        (Some(dx), Some(dw), Some(db)) => Ok([dx, dw, db]),
+        _ => bail!("layer_norm backward: a gradient is missing"),
     }
 }
 

@@ -1,0 +1,238 @@
+//! A block (norm → layer → activation → dropout → residual) as one node of candle's graph with
+//! its backward written out ([`crate::nn::by_hand`]), for LayerNorm blocks whose layer has a
+//! backward by hand (S5). With x the block's input, pre-norm z = LN(x) (post-norm z = x),
+//! y = layer(z), and the activation's output o = x + k₁ ⊙ a(y) (then LN(o) post-norm):
+//!
+//! * GELU: a = GELU(y) with its dropout k₀, one epilogue;
+//! * the GLUs: g = GELU(y) ⊙ k₀, s = σ(W₂g + b₂), a = f ⊙ s with f = W₁g + b₁ | g | y (full,
+//!   half 1, half 2), so that ∂f = ∂a ⊙ s, ∂s = ∂a ⊙ f, ∂(W₂g + b₂) = ∂s ⊙ s(1 − s); ∂g
+//!   collects W₂ᵀ of it and W₁ᵀ ∂f (full) or ∂f (half 1); half 2 adds ∂f to ∂y instead.
+//!
+//! The residual's gradient is the output's: ∂x = ∂o + LNᵀ(∂z) pre-norm, ∂o + ∂z post-norm.
+
+use candle_core::{Result, Tensor, D};
+use candle_nn::Linear;
+
+use super::{dropout, Activation, Block, Layer, Mode, Norm, SequenceClassifier, LN_EPS};
+use crate::nn::by_hand::{by_hand, Backward, GradSink};
+use crate::nn::dense;
+use crate::ops::epilogue::{epilogue, epilogue_backward, Activation as EpilogueAct, Dropout};
+use crate::ops::{layer_norm, layer_norm_backward};
+
+/// A dense layer's parameters (the gradients' keys) and their detached values.
+struct Dense {
+    vars: [Tensor; 2],
+    detached: Linear,
+}
+
+impl Dense {
+    fn new(l: &Linear) -> Result<Self> {
+        let Some(b) = l.bias() else {
+            candle_core::bail!("a block's dense layer has no bias");
+        };
+        Ok(Dense {
+            vars: [l.weight().clone(), b.clone()],
+            detached: Linear::new(l.weight().detach(), Some(b.detach())),
+        })
+    }
+
+    /// ∂x of y = x Wᵀ + b over the last dimension, from ∂y; ∂W and ∂b go to `params`.
+    fn backward(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        params: &mut Vec<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let (k, out) = (x.dim(D::Minus1)?, dy.dim(D::Minus1)?);
+        let rows = x.elem_count() / k.max(1);
+        let (x2, dy2) = (x.reshape((rows, k))?, dy.reshape((rows, out))?);
+        let [w, b] = &self.vars;
+        params.push((w.clone(), dy2.t()?.matmul(&x2)?));
+        params.push((b.clone(), dy2.sum(0)?));
+        dy2.matmul(self.detached.weight())?.reshape(x.dims())
+    }
+}
+
+/// The activation's forward values.
+enum Act {
+    /// GELU with the dropout k₀.
+    Gelu(Option<Dropout>),
+    Glu {
+        kind: Activation,
+        /// GELU(y) ⊙ k₀ and the dropout k₀.
+        g: Tensor,
+        drop0: Option<Dropout>,
+        /// σ(W₂g + b₂).
+        s: Tensor,
+        /// The factor of s: W₁g + b₁, g or y.
+        f: Tensor,
+        /// f ⊙ s and the dropout k₁.
+        gated: Tensor,
+        drop1: Option<Dropout>,
+        out1: Option<Dense>,
+        out2: Dense,
+    },
+}
+
+/// What the block's forward kept.
+struct BlockBackward {
+    prenorm: bool,
+    /// LayerNorm's (weight, bias), then their detached values.
+    norm: ([Tensor; 2], [Tensor; 2]),
+    /// The block's input.
+    x: Tensor,
+    /// The activation's output (before a post-norm).
+    o: Tensor,
+    layer: Box<dyn Backward>,
+    /// The layer's output.
+    y: Tensor,
+    act: Act,
+}
+
+impl BlockBackward {
+    /// ∂ of LayerNorm's input from its output's `g`; the scale's and shift's go to `params`.
+    fn norm_backward(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        params: &mut Vec<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let ([w, b], [wd, bd]) = &self.norm;
+        let [dx, dw, db] = layer_norm_backward(x, wd, bd, LN_EPS, g)?;
+        params.push((w.clone(), dw));
+        params.push((b.clone(), db));
+        Ok(dx)
+    }
+
+    /// ∂y of the activation from ∂o.
+    fn act_backward(&self, d_o: &Tensor, params: &mut Vec<(Tensor, Tensor)>) -> Result<Tensor> {
+        let (kind, g, drop0, s, f, gated, drop1, out1, out2) = match &self.act {
+            Act::Gelu(drop0) => {
+                return epilogue_backward(&self.y, EpilogueAct::Gelu, *drop0, d_o);
+            }
+            Act::Glu {
+                kind,
+                g,
+                drop0,
+                s,
+                f,
+                gated,
+                drop1,
+                out1,
+                out2,
+            } => (kind, g, drop0, s, f, gated, drop1, out1, out2),
+        };
+        let d_gated = epilogue_backward(gated, EpilogueAct::Identity, *drop1, d_o)?;
+        let df = (&d_gated * s)?;
+        let dl2 = ((&d_gated * f)? * (s * s.affine(-1.0, 1.0)?)?)?;
+        let mut dg = out2.backward(g, &dl2, params)?;
+        let mut direct = None;
+        match (kind, out1) {
+            (Activation::FullGlu, Some(out1)) => dg = (dg + out1.backward(g, &df, params)?)?,
+            (Activation::HalfGlu1, _) => dg = (dg + df)?,
+            _ => direct = Some(df),
+        }
+        let dy = epilogue_backward(&self.y, EpilogueAct::Gelu, *drop0, &dg)?;
+        match direct {
+            Some(df) => dy + df,
+            None => Ok(dy),
+        }
+    }
+}
+
+impl Backward for BlockBackward {
+    fn backward(&self, dout: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        let mut params = vec![];
+        let d_o = match self.prenorm {
+            true => dout.clone(),
+            false => self.norm_backward(&self.o, dout, &mut params)?,
+        };
+        let dy = self.act_backward(&d_o, &mut params)?;
+        let (dz, layer_params) = self.layer.backward(&dy)?;
+        params.extend(layer_params);
+        let dz = match self.prenorm {
+            true => self.norm_backward(&self.x, &dz, &mut params)?,
+            false => dz,
+        };
+        Ok(((dz + d_o)?, params))
+    }
+}
+
+impl SequenceClassifier {
+    /// Block `i` on `h` as one node with its backward by hand, where it has one (a LayerNorm
+    /// block around an untimed S5 layer, in the fused ops' dtypes): `None` otherwise.
+    pub(super) fn block_by_hand(
+        &self,
+        i: usize,
+        block: &Block,
+        h: &Tensor,
+        mode: Mode,
+        sink: &GradSink,
+    ) -> Result<Option<Tensor>> {
+        let (Norm::Layer(ln), Layer::S5(s5)) = (&block.norm, &block.layer) else {
+            return Ok(None);
+        };
+        if !crate::ops::layer_norm::fused(h)? {
+            return Ok(None);
+        }
+        let x = h.detach();
+        let norm = (
+            [ln.weight.clone(), ln.bias.clone()],
+            [ln.weight.detach(), ln.bias.detach()],
+        );
+        let [wd, bd] = &norm.1;
+        let z = match self.cfg.prenorm {
+            true => layer_norm(&x, wd, bd, LN_EPS)?,
+            false => x.clone(),
+        };
+        let Some((y, layer)) = s5.run_by_hand(&z)? else {
+            return Ok(None);
+        };
+        let drop = |k: u64| dropout(self.cfg.dropout, mode, 3 * i as u64 + k);
+        let (o, act) = match self.cfg.activation {
+            Activation::Gelu => (
+                epilogue(&y, Some(&x), EpilogueAct::Gelu, drop(0))?,
+                Act::Gelu(drop(0)),
+            ),
+            kind => {
+                let out2 = Dense::new(block.out2.as_ref().expect("gate"))?;
+                let out1 = block.out1.as_ref().map(Dense::new).transpose()?;
+                let g = epilogue(&y, None, EpilogueAct::Gelu, drop(0))?;
+                let s = candle_nn::ops::sigmoid(&dense(&out2.detached, &g)?)?;
+                let f = match (&out1, kind) {
+                    (Some(out1), Activation::FullGlu) => dense(&out1.detached, &g)?,
+                    (_, Activation::HalfGlu1) => g.clone(),
+                    _ => y.clone(),
+                };
+                let gated = (&f * &s)?;
+                let o = epilogue(&gated, Some(&x), EpilogueAct::Identity, drop(1))?;
+                let act = Act::Glu {
+                    kind,
+                    g,
+                    drop0: drop(0),
+                    s,
+                    f,
+                    gated,
+                    drop1: drop(1),
+                    out1,
+                    out2,
+                };
+                (o, act)
+            }
+        };
+        let out = match self.cfg.prenorm {
+            true => o.clone(),
+            false => layer_norm(&o, wd, bd, LN_EPS)?,
+        };
+        let back = BlockBackward {
+            prenorm: self.cfg.prenorm,
+            norm,
+            x,
+            o,
+            layer,
+            y,
+            act,
+        };
+        by_hand(h, &out, &ln.weight, Box::new(back), sink).map(Some)
+    }
+}
