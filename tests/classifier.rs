@@ -392,13 +392,14 @@ fn dense_layers_start_as_dense_init_says() {
     }
 }
 
-/// Training with the S5 layers' backward by hand (a [`GradSink`] in the mode) follows candle's
+/// Training with the backward by hand (a [`GradSink`] in the mode, and the loss's) follows candle's
 /// autograd through the same ops: 15 AdamW steps of an f64 model (dropout on; every activation;
 /// LayerNorm blocks, which run by hand whole, pre- and post-norm; BatchNorm, whose S5 layers
 /// alone do) give the same losses and parameters to 1e-9, and every parameter gets its
 /// gradient.
 #[test]
 fn training_by_hand_follows_autograd() {
+    use myosotis::nn::loss::log_softmax_nll;
     use myosotis::train::optim::{OptimConfig, Optimizer};
     let (mut rng, seed) = common::seeded_rng("training by hand", 133);
     let len = 12;
@@ -445,8 +446,8 @@ fn training_by_hand_follows_autograd() {
                 };
                 let sink = GradSink::new();
                 let mode = Mode::Train(key, None, by_hand.then_some(&sink));
-                let logp = model.forward(&x, None, mode).unwrap();
-                let loss = candle_nn::loss::nll(&logp, &target).unwrap();
+                let logits = model.logits_timed(&x, None, None, mode).unwrap();
+                let [_, loss] = log_softmax_nll(&logits, &target, by_hand).unwrap();
                 let mut grads = loss.backward().unwrap();
                 sink.add_to(&mut grads).unwrap();
                 if step == 0 {
@@ -475,5 +476,39 @@ fn training_by_hand_follows_autograd() {
             let e = common::rel_err(g, w);
             assert!(e < 1e-9, "{name} after the run: {e:e}, {what}");
         }
+    }
+}
+
+/// The labels' negative log-likelihood by hand has the value of candle's ops to the bit and
+/// their gradient to 1e-12 (f64, awkward shapes, any incoming gradient).
+#[test]
+fn nll_by_hand_equals_autograd() {
+    use candle_core::Var;
+    use myosotis::nn::loss::log_softmax_nll;
+    let (mut rng, seed) = common::seeded_rng("nll by hand", 134);
+    for (rows, classes) in [(1, 2), (7, 10), (33, 3)] {
+        let logits =
+            Var::from_tensor(&randn(&mut rng, &[rows, classes], DType::F64, &Device::Cpu)).unwrap();
+        let labels: Vec<u32> = (0..rows as u32)
+            .map(|i| (i * 7 + 1) % classes as u32)
+            .collect();
+        let labels = Tensor::new(labels, &Device::Cpu).unwrap();
+        let run = |by_hand: bool| {
+            let [logp, loss] = log_softmax_nll(logits.as_tensor(), &labels, by_hand).unwrap();
+            let grads = (&loss * 1.7).unwrap().backward().unwrap();
+            let g = to_vec(grads.get(&logits).unwrap());
+            (to_vec(&logp), to_vec(&loss), g)
+        };
+        let ((lp, l, g), (lp_h, l_h, g_h)) = (run(false), run(true));
+        assert_eq!(
+            (lp_h, l_h),
+            (lp, l),
+            "values, ({rows}, {classes}), seed {seed}"
+        );
+        let e = common::rel_err(&g_h, &g);
+        assert!(
+            e < 1e-12,
+            "gradient by hand: {e:e}, ({rows}, {classes}), seed {seed}"
+        );
     }
 }

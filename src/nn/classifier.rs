@@ -510,13 +510,23 @@ impl SequenceClassifier {
         dt: Option<&Tensor>,
         mode: Mode,
     ) -> Result<Tensor> {
-        let out = self
-            .head
-            .forward(&self.features_timed(x, lengths, dt, mode)?)?;
+        let out = self.logits_timed(x, lengths, dt, mode)?;
         match self.cfg.pooling {
             Pooling::None => Ok(out),
             _ => candle_nn::ops::log_softmax(&out, D::Minus1),
         }
+    }
+
+    /// [`Self::forward_timed`] before the log-softmax: the head's output.
+    pub fn logits_timed(
+        &self,
+        x: &Tensor,
+        lengths: Option<&Tensor>,
+        dt: Option<&Tensor>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        self.head
+            .forward(&self.features_timed(x, lengths, dt, mode)?)
     }
 
     /// What the head reads: the pooled features (rows of `x`, H), or without pooling the last

@@ -9,6 +9,7 @@ pub mod frames;
 pub mod head;
 pub mod hippo;
 pub(crate) mod init;
+pub mod loss;
 pub mod mingru;
 pub mod myo;
 pub mod s5;

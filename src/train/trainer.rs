@@ -16,6 +16,7 @@ use super::dist::{part, World};
 use super::optim::Optimizer;
 use super::shards::{RankSum, ThreadGroup};
 use crate::data::dataset::{Batch, Dataset, Target};
+use crate::nn::loss::log_softmax_nll;
 use crate::nn::{Decoder, DropoutKey, GradSink, Mode, SequenceClassifier, Shards};
 
 /// How a split is cut into batches.
@@ -273,7 +274,7 @@ pub struct Score {
 /// log-likelihood, 0.5 Σ_outputs (ln σ² + (μ − y)²/σ² + ln 2π) averaged over examples and steps
 /// (σ² at least 1e-6, as S5's and CRU's).
 pub fn score(model: &SequenceClassifier, batch: &Batch, mode: Mode) -> Result<Score> {
-    let out = model.forward_timed(&batch.x, Some(&batch.lengths), batch.dt.as_ref(), mode)?;
+    let out = model.logits_timed(&batch.x, Some(&batch.lengths), batch.dt.as_ref(), mode)?;
     match &batch.target {
         Target::Labels(y) => {
             if out.rank() != 2 {
@@ -282,8 +283,8 @@ pub fn score(model: &SequenceClassifier, batch: &Batch, mode: Mode) -> Result<Sc
                     out.dims()
                 );
             }
+            let [out, loss] = log_softmax_nll(&out, y, mode.sink().is_some())?;
             let correct = out.argmax(1)?.eq(y)?.to_dtype(DType::F64)?.sum_all()?;
-            let loss = candle_nn::loss::nll(&out, y)?;
             Ok(Score {
                 objective: loss.clone(),
                 loss,

@@ -17,7 +17,8 @@ pub enum Mode<'a> {
 }
 
 impl Mode<'_> {
-    pub(super) fn sink(&self) -> Option<&GradSink> {
+    /// The sink of the gradients computed by hand, in training.
+    pub fn sink(&self) -> Option<&GradSink> {
         match self {
             Mode::Train(_, _, sink) => *sink,
             Mode::Eval => None,
