@@ -394,9 +394,8 @@ fn dense_layers_start_as_dense_init_says() {
 
 /// Training with the backward by hand (a [`GradSink`] in the mode, and the loss's) follows candle's
 /// autograd through the same ops: 15 AdamW steps of an f64 model (dropout on; every activation;
-/// LayerNorm blocks, which run by hand whole, pre- and post-norm; BatchNorm, whose S5 layers
-/// alone do) give the same losses and parameters to 1e-9, and every parameter gets its
-/// gradient.
+/// LayerNorm and BatchNorm, pre- and post-norm) give the same losses and parameters to 1e-9,
+/// and every parameter gets its gradient.
 #[test]
 fn training_by_hand_follows_autograd() {
     use myosotis::nn::loss::log_softmax_nll;
@@ -414,6 +413,7 @@ fn training_by_hand_follows_autograd() {
         (Activation::Gelu, NormKind::Layer, true),
         (Activation::Gelu, NormKind::Layer, false),
         (Activation::Gelu, NormKind::Batch, true),
+        (Activation::HalfGlu2, NormKind::Batch, false),
     ] {
         let cfg = ClassifierConfig {
             prenorm,

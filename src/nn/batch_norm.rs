@@ -18,7 +18,7 @@ use candle_core::{
 };
 use candle_nn::{Init, VarBuilder};
 
-use crate::ops::{channel_add, channel_mul};
+use crate::ops::{channel_add, channel_mul, channel_mul_backward};
 
 /// The sum over every data-parallel shard of a batch of a tensor each shard computes: the same
 /// bits on every shard, whatever the shard.
@@ -69,14 +69,54 @@ impl BatchNorm {
     /// Training: the statistics of the whole batch, of which `x` is one shard's part (`None`:
     /// `x` is the whole batch).
     pub fn forward_train(&self, x: &Tensor, shards: Option<&Shards>) -> Result<Tensor> {
+        Ok(self.train(x, shards, [&self.weight, &self.bias], true)?.y)
+    }
+
+    /// [`Self::forward_train`] on a detached `x` and parameters, with its backward by hand
+    /// ([`BatchNormBackward`]).
+    pub(crate) fn forward_by_hand(
+        &self,
+        x: &Tensor,
+        shards: Option<&Shards>,
+    ) -> Result<(Tensor, BatchNormBackward)> {
+        let (w, b) = (self.weight.detach(), self.bias.detach());
+        let pass = self.train(x, shards, [&w, &b], false)?;
+        let back = BatchNormBackward {
+            vars: [self.weight.clone(), self.bias.clone()],
+            weight: w,
+            centred: pass.centred,
+            scale: pass.scale,
+            kg: pass.kg,
+            n: pass.n,
+            shards: shards.cloned(),
+        };
+        Ok((pass.y, back))
+    }
+
+    /// The parameter that anchors a block by hand in candle's graph.
+    pub(crate) fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// The training forward with the parameters `[weight, bias]`; `summed_op`: the shards'
+    /// sums are the [`Summed`] op, whose backward sums the gradients over the shards (for
+    /// candle's autograd), else plain values.
+    fn train(
+        &self,
+        x: &Tensor,
+        shards: Option<&Shards>,
+        [weight, bias]: [&Tensor; 2],
+        summed_op: bool,
+    ) -> Result<TrainPass> {
         let h = x.dim(candle_core::D::Minus1)?;
         let rows = x.elem_count() / h.max(1);
         let xf = x.reshape((rows, h))?;
         let across = |t: Tensor| match shards {
-            Some(s) => {
+            Some(s) if summed_op => {
                 let total = s.sum(&t.detach())?;
                 t.apply_op2(&total, Summed(s.clone()))
             }
+            Some(s) => s.sum(&t),
             None => Ok(t),
         };
         // Σx and the row count, summed over the shards in one collective; the count stays a
@@ -102,11 +142,69 @@ impl BatchNorm {
             update(&self.running_var, var.broadcast_mul(&unbiased)?)?;
         }
         let scale = (var + self.eps)?.sqrt()?.recip()?;
-        channel_add(
-            &channel_mul(&centred, &(scale * &self.weight)?)?,
-            &self.bias,
-        )?
-        .reshape(x.shape())
+        let kg = (&scale * weight)?;
+        let y = channel_add(&channel_mul(&centred, &kg)?, bias)?.reshape(x.shape())?;
+        Ok(TrainPass {
+            y,
+            centred,
+            scale,
+            kg,
+            n,
+        })
+    }
+}
+
+/// What the training forward computed: y = c ⊙ kγ + β with c = x − μ (rows, H), k = 1/σ.
+struct TrainPass {
+    y: Tensor,
+    centred: Tensor,
+    scale: Tensor,
+    kg: Tensor,
+    /// The rows over all shards, (1).
+    n: Tensor,
+}
+
+/// The backward of [`BatchNorm::forward_by_hand`]: from ∂y, with ∂(kγ) = Σ_rows ∂y ⊙ c,
+/// ∂β = Σ_rows ∂y, ∂γ = k ⊙ ∂(kγ); then σ² = S₂/n with S₂ = Σ_all c² gives
+/// ∂S₂ = −½ k³ γ ⊙ ∂(kγ) / n, μ = S₁/n with S₁ = Σ_all x gives ∂S₁ = −Σ_rows ∂c / n, where
+/// ∂c = ∂y ⊙ kγ + 2c ⊙ ∂S₂, and ∂x = ∂c + ∂S₁. ∂S₂ and ∂S₁ are summed over the shards (every
+/// shard's loss depends on the sums), as the forward summed S₂ and S₁.
+pub(crate) struct BatchNormBackward {
+    vars: [Tensor; 2],
+    /// γ, detached.
+    weight: Tensor,
+    centred: Tensor,
+    scale: Tensor,
+    kg: Tensor,
+    n: Tensor,
+    shards: Option<Shards>,
+}
+
+impl BatchNormBackward {
+    /// ∂x from ∂y; ∂γ and ∂β go to `params`.
+    pub(crate) fn backward(
+        &self,
+        dy: &Tensor,
+        params: &mut Vec<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let across = |t: Tensor| match &self.shards {
+            Some(s) => s.sum(&t),
+            None => Ok(t),
+        };
+        let dy2 = dy.reshape(self.centred.shape())?;
+        let (dc, dkg) = channel_mul_backward(&self.centred, &self.kg, &dy2)?;
+        let [w, b] = &self.vars;
+        params.push((w.clone(), (&dkg * &self.scale)?));
+        params.push((b.clone(), dy2.sum(0)?));
+        let k3 = (self.scale.sqr()? * &self.scale)?;
+        let ds2 = across(
+            ((dkg * &self.weight)? * k3)?
+                .affine(-0.5, 0.0)?
+                .broadcast_div(&self.n)?,
+        )?;
+        let dc = (dc + channel_mul(&self.centred, &ds2.affine(2.0, 0.0)?)?)?;
+        let ds1 = across(dc.sum(0)?.neg()?.broadcast_div(&self.n)?)?;
+        channel_add(&dc, &ds1)?.reshape(dy.shape())
     }
 }
 

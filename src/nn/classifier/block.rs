@@ -1,19 +1,21 @@
 //! A block (norm → layer → activation → dropout → residual) as one node of candle's graph with
-//! its backward written out ([`crate::nn::by_hand`]), for LayerNorm blocks whose layer has a
-//! backward by hand (S5). With x the block's input, pre-norm z = LN(x) (post-norm z = x),
-//! y = layer(z), and the activation's output o = x + k₁ ⊙ a(y) (then LN(o) post-norm):
+//! its backward written out ([`crate::nn::by_hand`]), for blocks whose layer has a backward by
+//! hand (S5). With x the block's input, pre-norm z = N(x) (post-norm z = x), y = layer(z), and
+//! the activation's output o = x + k₁ ⊙ a(y) (then N(o) post-norm), N LayerNorm or BatchNorm
+//! (its backward: [`BatchNormBackward`]):
 //!
 //! * GELU: a = GELU(y) with its dropout k₀, one epilogue;
 //! * the GLUs: g = GELU(y) ⊙ k₀, s = σ(W₂g + b₂), a = f ⊙ s with f = W₁g + b₁ | g | y (full,
 //!   half 1, half 2), so that ∂f = ∂a ⊙ s, ∂s = ∂a ⊙ f, ∂(W₂g + b₂) = ∂s ⊙ s(1 − s); ∂g
 //!   collects W₂ᵀ of it and W₁ᵀ ∂f (full) or ∂f (half 1); half 2 adds ∂f to ∂y instead.
 //!
-//! The residual's gradient is the output's: ∂x = ∂o + LNᵀ(∂z) pre-norm, ∂o + ∂z post-norm.
+//! The residual's gradient is the output's: ∂x = ∂o + Nᵀ(∂z) pre-norm, ∂o + ∂z post-norm.
 
 use candle_core::{Result, Tensor, D};
 use candle_nn::Linear;
 
 use super::{dropout, Activation, Block, Layer, Mode, Norm, SequenceClassifier, LN_EPS};
+use crate::nn::batch_norm::BatchNormBackward;
 use crate::nn::by_hand::{by_hand, Backward, GradSink};
 use crate::nn::dense;
 use crate::ops::epilogue::{epilogue, epilogue_backward, Activation as EpilogueAct, Dropout};
@@ -74,15 +76,69 @@ enum Act {
     },
 }
 
+/// A norm's forward values.
+enum NormPass {
+    Layer {
+        input: Tensor,
+        /// (weight, bias), then their detached values.
+        vars: [Tensor; 2],
+        detached: [Tensor; 2],
+    },
+    Batch(BatchNormBackward),
+}
+
+impl NormPass {
+    /// The block's norm on `x` (detached), by hand.
+    fn forward(norm: &Norm, x: &Tensor, mode: Mode) -> Result<(Tensor, Self)> {
+        match norm {
+            Norm::Layer(ln) => {
+                let detached = [ln.weight.detach(), ln.bias.detach()];
+                let y = layer_norm(x, &detached[0], &detached[1], LN_EPS)?;
+                let vars = [ln.weight.clone(), ln.bias.clone()];
+                let input = x.clone();
+                Ok((
+                    y,
+                    NormPass::Layer {
+                        input,
+                        vars,
+                        detached,
+                    },
+                ))
+            }
+            Norm::Batch(bn) => {
+                let shards = match mode {
+                    Mode::Train(_, shards, _) => shards,
+                    Mode::Eval => None,
+                };
+                let (y, back) = bn.forward_by_hand(x, shards)?;
+                Ok((y, NormPass::Batch(back)))
+            }
+        }
+    }
+
+    /// ∂ of the norm's input from its output's `g`; the scale's and shift's go to `params`.
+    fn backward(&self, g: &Tensor, params: &mut Vec<(Tensor, Tensor)>) -> Result<Tensor> {
+        match self {
+            NormPass::Layer {
+                input,
+                vars: [w, b],
+                detached: [wd, bd],
+            } => {
+                let [dx, dw, db] = layer_norm_backward(input, wd, bd, LN_EPS, g)?;
+                params.push((w.clone(), dw));
+                params.push((b.clone(), db));
+                Ok(dx)
+            }
+            NormPass::Batch(back) => back.backward(g, params),
+        }
+    }
+}
+
 /// What the block's forward kept.
 struct BlockBackward {
-    prenorm: bool,
-    /// LayerNorm's (weight, bias), then their detached values.
-    norm: ([Tensor; 2], [Tensor; 2]),
-    /// The block's input.
-    x: Tensor,
-    /// The activation's output (before a post-norm).
-    o: Tensor,
+    /// The norm before the layer (pre-norm) or after the residual (post-norm).
+    pre: Option<NormPass>,
+    post: Option<NormPass>,
     layer: Box<dyn Backward>,
     /// The layer's output.
     y: Tensor,
@@ -90,20 +146,6 @@ struct BlockBackward {
 }
 
 impl BlockBackward {
-    /// ∂ of LayerNorm's input from its output's `g`; the scale's and shift's go to `params`.
-    fn norm_backward(
-        &self,
-        x: &Tensor,
-        g: &Tensor,
-        params: &mut Vec<(Tensor, Tensor)>,
-    ) -> Result<Tensor> {
-        let ([w, b], [wd, bd]) = &self.norm;
-        let [dx, dw, db] = layer_norm_backward(x, wd, bd, LN_EPS, g)?;
-        params.push((w.clone(), dw));
-        params.push((b.clone(), db));
-        Ok(dx)
-    }
-
     /// ∂y of the activation from ∂o.
     fn act_backward(&self, d_o: &Tensor, params: &mut Vec<(Tensor, Tensor)>) -> Result<Tensor> {
         let (kind, g, drop0, s, f, gated, drop1, out1, out2) = match &self.act {
@@ -143,24 +185,24 @@ impl BlockBackward {
 impl Backward for BlockBackward {
     fn backward(&self, dout: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
         let mut params = vec![];
-        let d_o = match self.prenorm {
-            true => dout.clone(),
-            false => self.norm_backward(&self.o, dout, &mut params)?,
+        let d_o = match &self.post {
+            Some(norm) => norm.backward(dout, &mut params)?,
+            None => dout.clone(),
         };
         let dy = self.act_backward(&d_o, &mut params)?;
         let (dz, layer_params) = self.layer.backward(&dy)?;
         params.extend(layer_params);
-        let dz = match self.prenorm {
-            true => self.norm_backward(&self.x, &dz, &mut params)?,
-            false => dz,
+        let dz = match &self.pre {
+            Some(norm) => norm.backward(&dz, &mut params)?,
+            None => dz,
         };
         Ok(((dz + d_o)?, params))
     }
 }
 
 impl SequenceClassifier {
-    /// Block `i` on `h` as one node with its backward by hand, where it has one (a LayerNorm
-    /// block around an untimed S5 layer, in the fused ops' dtypes): `None` otherwise.
+    /// Block `i` on `h` as one node with its backward by hand, where it has one (a block
+    /// around an untimed S5 layer; LayerNorm in the fused op's dtypes): `None` otherwise.
     pub(super) fn block_by_hand(
         &self,
         i: usize,
@@ -169,21 +211,21 @@ impl SequenceClassifier {
         mode: Mode,
         sink: &GradSink,
     ) -> Result<Option<Tensor>> {
-        let (Norm::Layer(ln), Layer::S5(s5)) = (&block.norm, &block.layer) else {
+        let Layer::S5(s5) = &block.layer else {
             return Ok(None);
         };
-        if !crate::ops::layer_norm::fused(h)? {
-            return Ok(None);
-        }
+        let anchor = match &block.norm {
+            Norm::Layer(ln) if crate::ops::layer_norm::fused(h)? => &ln.weight,
+            Norm::Batch(bn) => bn.weight(),
+            Norm::Layer(_) => return Ok(None),
+        };
         let x = h.detach();
-        let norm = (
-            [ln.weight.clone(), ln.bias.clone()],
-            [ln.weight.detach(), ln.bias.detach()],
-        );
-        let [wd, bd] = &norm.1;
-        let z = match self.cfg.prenorm {
-            true => layer_norm(&x, wd, bd, LN_EPS)?,
-            false => x.clone(),
+        let (z, pre) = match self.cfg.prenorm {
+            true => {
+                let (z, pass) = NormPass::forward(&block.norm, &x, mode)?;
+                (z, Some(pass))
+            }
+            false => (x.clone(), None),
         };
         let Some((y, layer)) = s5.run_by_hand(&z)? else {
             return Ok(None);
@@ -220,19 +262,20 @@ impl SequenceClassifier {
                 (o, act)
             }
         };
-        let out = match self.cfg.prenorm {
-            true => o.clone(),
-            false => layer_norm(&o, wd, bd, LN_EPS)?,
+        let (out, post) = match self.cfg.prenorm {
+            true => (o, None),
+            false => {
+                let (out, pass) = NormPass::forward(&block.norm, &o, mode)?;
+                (out, Some(pass))
+            }
         };
         let back = BlockBackward {
-            prenorm: self.cfg.prenorm,
-            norm,
-            x,
-            o,
+            pre,
+            post,
             layer,
             y,
             act,
         };
-        by_hand(h, &out, &ln.weight, Box::new(back), sink).map(Some)
+        by_hand(h, &out, anchor, Box::new(back), sink).map(Some)
     }
 }
