@@ -145,24 +145,31 @@ struct BlockBackward {
     act: Act,
 }
 
-impl BlockBackward {
-    /// ∂y of the activation from ∂o.
-    fn act_backward(&self, d_o: &Tensor, params: &mut Vec<(Tensor, Tensor)>) -> Result<Tensor> {
-        let (kind, g, drop0, s, f, gated, drop1, out1, out2) = match &self.act {
-            Act::Gelu(drop0) => {
-                return epilogue_backward(&self.y, EpilogueAct::Gelu, *drop0, d_o);
-            }
-            Act::Glu {
-                kind,
-                g,
-                drop0,
-                s,
-                f,
-                gated,
-                drop1,
-                out1,
-                out2,
-            } => (kind, g, drop0, s, f, gated, drop1, out1, out2),
+impl Act {
+    /// ∂y of the activation from ∂o, y the layer's output; the dense layers' gradients go to
+    /// `params`.
+    fn backward(
+        &self,
+        y: &Tensor,
+        d_o: &Tensor,
+        params: &mut Vec<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let Act::Glu {
+            kind,
+            g,
+            drop0,
+            s,
+            f,
+            gated,
+            drop1,
+            out1,
+            out2,
+        } = self
+        else {
+            let Act::Gelu(drop0) = self else {
+                unreachable!("Act has two kinds")
+            };
+            return epilogue_backward(y, EpilogueAct::Gelu, *drop0, d_o);
         };
         let d_gated = epilogue_backward(gated, EpilogueAct::Identity, *drop1, d_o)?;
         let df = (&d_gated * s)?;
@@ -174,7 +181,7 @@ impl BlockBackward {
             (Activation::HalfGlu1, _) => dg = (dg + df)?,
             _ => direct = Some(df),
         }
-        let dy = epilogue_backward(&self.y, EpilogueAct::Gelu, *drop0, &dg)?;
+        let dy = epilogue_backward(y, EpilogueAct::Gelu, *drop0, &dg)?;
         match direct {
             Some(df) => dy + df,
             None => Ok(dy),
@@ -189,7 +196,7 @@ impl Backward for BlockBackward {
             Some(norm) => norm.backward(dout, &mut params)?,
             None => dout.clone(),
         };
-        let dy = self.act_backward(&d_o, &mut params)?;
+        let dy = self.act.backward(&self.y, &d_o, &mut params)?;
         let (dz, layer_params) = self.layer.backward(&dy)?;
         params.extend(layer_params);
         let dz = match &self.pre {

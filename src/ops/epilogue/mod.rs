@@ -104,7 +104,6 @@ pub fn epilogue(
     }
 }
 
-/// The epilogue in candle ops (dtypes and devices without a kernel).
 /// ∂y of [`epilogue`] from the gradient `g` of its output (the residual's is `g` itself), for
 /// layers that compute gradients by hand; f32 and f64 on the CPU, every float on CUDA.
 pub fn epilogue_backward(
@@ -138,6 +137,7 @@ impl Epilogue {
     }
 }
 
+/// The epilogue in candle ops (dtypes and devices without a kernel).
 fn composed(y: &Tensor, residual: Option<&Tensor>, e: &Epilogue) -> Result<Tensor> {
     let mut z = match e.activation {
         Activation::Gelu => super::gelu(y)?,
