@@ -468,26 +468,6 @@ fn backward_by_hand_equals_autograd() {
     let mut grads = (&y * &g).unwrap().sum_all().unwrap().backward().unwrap();
     sink.add_to(&mut grads).unwrap();
     let vars = varmap.data().lock().unwrap().clone();
-    for (name, var) in vars.iter().map(|(n, v)| (n.as_str(), v)).chain([("u", &u)]) {
-        let analytic = to_vec(grads.get(var).unwrap());
-        let values = to_vec(var.as_tensor());
-        for e in [0, values.len() / 2, values.len() - 1] {
-            let at = |x: f64| {
-                let mut v = values.clone();
-                v[e] = x;
-                var.set(&Tensor::from_vec(v, var.dims(), &Device::Cpu).unwrap())
-                    .unwrap();
-                loss()
-            };
-            let eps = 1e-6;
-            let numeric = (at(values[e] + eps) - at(values[e] - eps)) / (2.0 * eps);
-            at(values[e]);
-            let err = (numeric - analytic[e]).abs() / (1.0 + numeric.abs());
-            assert!(
-                err < 1e-6,
-                "∂{name}[{e}]: {} by hand, {numeric} by differences",
-                analytic[e]
-            );
-        }
-    }
+    let named: Vec<(&str, &Var)> = vars.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    common::assert_central_differences(&[named, vec![("u", &u)]].concat(), &grads, loss, "S5");
 }

@@ -212,7 +212,10 @@ impl Layer {
                 (None, Some(sink)) => l.forward_by_hand(x, sink),
                 (None, None) => l.forward(x),
             },
-            Layer::Myo(l) => l.forward(x),
+            Layer::Myo(l) => match sink {
+                Some(sink) => l.forward_by_hand(x, sink),
+                None => l.forward(x),
+            },
             Layer::Ssm2d(l) => l.forward(x),
             Layer::MinGru(l) => l.forward(x),
         }

@@ -30,6 +30,8 @@
 //! (heads, levels or nodes, 2), `coupling_c` (same, only for [`Coupling::Free`]), `c_out`
 //! (H, heads, 2), `d` (H).
 
+mod backward;
+
 use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 use rand::Rng;

@@ -427,12 +427,16 @@ impl S5 {
         }
     }
 
+    /// Whether [`S5::run_by_hand`] covers `u`: the fused ops' dtypes and devices.
+    pub(crate) fn has_backward_by_hand(u: &Tensor) -> bool {
+        matches!(u.dtype(), DType::F32 | DType::F64)
+            && (u.device().is_cpu() || u.device().is_cuda())
+    }
+
     /// The forward on detached tensors and its backward by hand; `None` where the fused ops
     /// do not cover u's dtype or device.
     pub(crate) fn run_by_hand(&self, u: &Tensor) -> Result<Option<(Tensor, Box<dyn Backward>)>> {
-        let fused = matches!(u.dtype(), DType::F32 | DType::F64)
-            && (u.device().is_cpu() || u.device().is_cuda());
-        if !fused {
+        if !Self::has_backward_by_hand(u) {
             return Ok(None);
         }
         let w = self.params().map(Tensor::detach);

@@ -556,3 +556,35 @@ fn dense_solve(t: &mut [(f64, f64)], rhs: &mut [(f64, f64)], m: usize, k: usize)
         }
     }
 }
+
+/// Each gradient in `grads` of the variables `vars` equals the central difference of `loss` at
+/// its first, middle and last entries (step 1e-6, relative error 1e-6; f64 variables).
+pub fn assert_central_differences(
+    vars: &[(&str, &candle_core::Var)],
+    grads: &candle_core::backprop::GradStore,
+    loss: impl Fn() -> f64,
+    what: &str,
+) {
+    for (name, var) in vars {
+        let analytic = to_vec(grads.get(var).unwrap());
+        let values = to_vec(var.as_tensor());
+        for e in [0, values.len() / 2, values.len() - 1] {
+            let at = |v: f64| {
+                let mut all = values.clone();
+                all[e] = v;
+                var.set(&Tensor::from_vec(all, var.dims(), &Device::Cpu).unwrap())
+                    .unwrap();
+                loss()
+            };
+            let eps = 1e-6;
+            let numeric = (at(values[e] + eps) - at(values[e] - eps)) / (2.0 * eps);
+            at(values[e]);
+            let err = (numeric - analytic[e]).abs() / (1.0 + numeric.abs());
+            assert!(
+                err < 1e-6,
+                "∂{name}[{e}]: {} analytic, {numeric} by differences, {what}",
+                analytic[e]
+            );
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! A block (norm → layer → activation → dropout → residual) as one node of candle's graph with
 //! its backward written out ([`crate::nn::by_hand`]), for blocks whose layer has a backward by
-//! hand (S5). With x the block's input, pre-norm z = N(x) (post-norm z = x), y = layer(z), and
+//! hand (S5, and Myo's default form). With x the block's input, pre-norm z = N(x) (post-norm z = x), y = layer(z), and
 //! the activation's output o = x + k₁ ⊙ a(y) (then N(o) post-norm), N LayerNorm or BatchNorm
 //! (its backward: [`BatchNormBackward`]):
 //!
@@ -17,7 +17,7 @@ use candle_nn::Linear;
 use super::{dropout, Activation, Block, Layer, Mode, Norm, SequenceClassifier, LN_EPS};
 use crate::nn::batch_norm::BatchNormBackward;
 use crate::nn::by_hand::{by_hand, Backward, GradSink};
-use crate::nn::dense;
+use crate::nn::{dense, S5};
 use crate::ops::epilogue::{epilogue, epilogue_backward, Activation as EpilogueAct, Dropout};
 use crate::ops::{layer_norm, layer_norm_backward};
 
@@ -209,7 +209,8 @@ impl Backward for BlockBackward {
 
 impl SequenceClassifier {
     /// Block `i` on `h` as one node with its backward by hand, where it has one (a block
-    /// around an untimed S5 layer; LayerNorm in the fused op's dtypes): `None` otherwise.
+    /// around an untimed S5 layer or Myo's default form; LayerNorm in the fused op's dtypes):
+    /// `None` otherwise.
     pub(super) fn block_by_hand(
         &self,
         i: usize,
@@ -218,9 +219,14 @@ impl SequenceClassifier {
         mode: Mode,
         sink: &GradSink,
     ) -> Result<Option<Tensor>> {
-        let Layer::S5(s5) = &block.layer else {
-            return Ok(None);
+        let covered = match &block.layer {
+            Layer::S5(_) => S5::has_backward_by_hand(h),
+            Layer::Myo(m) => m.has_backward_by_hand(h),
+            _ => false,
         };
+        if !covered {
+            return Ok(None);
+        }
         let anchor = match &block.norm {
             Norm::Layer(ln) if crate::ops::layer_norm::fused(h)? => &ln.weight,
             Norm::Batch(bn) => bn.weight(),
@@ -234,8 +240,13 @@ impl SequenceClassifier {
             }
             false => (x.clone(), None),
         };
-        let Some((y, layer)) = s5.run_by_hand(&z)? else {
-            return Ok(None);
+        let run = match &block.layer {
+            Layer::S5(s5) => s5.run_by_hand(&z)?,
+            Layer::Myo(m) => m.run_by_hand(&z)?,
+            _ => None,
+        };
+        let Some((y, layer)) = run else {
+            candle_core::bail!("block {i}: its layer has no backward by hand");
         };
         let drop = |k: u64| dropout(self.cfg.dropout, mode, 3 * i as u64 + k);
         let (o, act) = match self.cfg.activation {

@@ -1,0 +1,165 @@
+//! The Myo layer's backward written out, for scalar complex heads with skew couplings over all
+//! tree nodes (the default layer). With U = X B_in (X the input as rows), per head
+//! x = T_G⁻¹ u + bias (the heads' solve), y = Re(C_out x) + D ⊙ X and T_G's entries
+//! B = −s, C = conj(s) from the couplings s (per level: s = S[level(v)]):
+//!
+//!   ∂C_out from [x]ᵀ ∂y (the readout's backward kernel), ∂x = ∂y Rᵀ,
+//!   (∂u, ∂bias, ∂B, ∂C) = the heads' solve backward, ∂s = conj(∂C) − ∂B (summed per level),
+//!   ∂B_in = Xᵀ ∂U,  ∂X = ∂U B_inᵀ + D ⊙ ∂y,  ∂D = Σ_rows X ⊙ ∂y.
+
+use candle_core::{DType, Result, Tensor};
+
+use super::{Coupling, Myo};
+use crate::nn::by_hand::{by_hand, Backward, GradSink};
+use crate::ops::{
+    channel_mul, channel_mul_backward, head_solve, head_solve_backward, s5_readout,
+    s5_readout_backward,
+};
+use crate::tree::Tree;
+
+/// What the forward kept (all detached).
+pub(super) struct MyoBackward {
+    /// The parameters b_in, virtual_u, coupling_b, c_out, d (the gradients' keys).
+    vars: [Tensor; 5],
+    c_out: Tensor,
+    d: Tensor,
+    x: Tensor,
+    x2: Tensor,
+    b_mat: Tensor,
+    u: Tensor,
+    bias: Tensor,
+    b: Tensor,
+    c: Tensor,
+    xs: Tensor,
+    r: Tensor,
+    conj: Tensor,
+    /// Per-level couplings: each node's level, and the levels.
+    levels: Option<(Tensor, usize)>,
+    tree: Tree,
+}
+
+impl Myo {
+    /// [`candle_core::Module::forward`] as one node of candle's graph whose backward is
+    /// written by hand ([`crate::nn::by_hand`]): the parameters' gradients go to `sink`. Where
+    /// [`Myo::has_backward_by_hand`] is false, the ordinary forward.
+    pub fn forward_by_hand(&self, x: &Tensor, sink: &GradSink) -> Result<Tensor> {
+        match self.run_by_hand(x)? {
+            Some((y, back)) => by_hand(x, &y, &self.d, back, sink),
+            None => candle_core::Module::forward(self, x),
+        }
+    }
+
+    /// Whether [`Myo::run_by_hand`] covers this layer on `x`.
+    pub(crate) fn has_backward_by_hand(&self, x: &Tensor) -> bool {
+        matches!(x.dtype(), DType::F32 | DType::F64)
+            && (x.device().is_cpu() || x.device().is_cuda())
+            && self.cfg.block == 1
+            && self.cfg.coupling == Coupling::Skew
+            && self.cfg.all_nodes
+    }
+
+    /// [`candle_core::Module::forward`] on detached tensors, the same ops, and its backward by
+    /// hand; `None` where [`Myo::has_backward_by_hand`] is false.
+    pub(crate) fn run_by_hand(&self, x: &Tensor) -> Result<Option<(Tensor, Box<dyn Backward>)>> {
+        if !self.has_backward_by_hand(x) {
+            return Ok(None);
+        }
+        let x = x.detach();
+        let len = self.check_input(&x)?;
+        let (batch, _, h) = x.dims3()?;
+        let (heads, n) = (self.cfg.heads, self.tree.len());
+        let vars = [
+            self.b_in.clone(),
+            self.virtual_u.clone(),
+            self.coupling_b.clone(),
+            self.c_out.clone(),
+            self.d.clone(),
+        ];
+        let [b_in, virtual_u, raw, c_out, d] = vars.clone().map(|t| t.detach());
+        let b_mat = b_in.transpose(0, 1)?.reshape((h, 2 * heads))?;
+        let x2 = x.reshape((batch * len, h))?;
+        let u = x2.matmul(&b_mat)?.reshape((batch, len, heads, 2))?;
+        let s = match self.cfg.per_level {
+            true => raw.index_select(&self.node_level, 1)?,
+            false => raw,
+        };
+        let (b, c) = (s.neg()?, s.broadcast_mul(&self.conj.to_dtype(s.dtype())?)?);
+        let (b, c) = (b.transpose(0, 1)?, c.transpose(0, 1)?);
+        let bias = virtual_u.transpose(0, 1)?;
+        let xs = head_solve(&self.tree, &u, &bias, &b, &c)?;
+        let r = s5_readout(&c_out, 1, false)?;
+        let y = xs
+            .reshape((batch * n, 2 * heads))?
+            .matmul(&r)?
+            .reshape((batch, n, h))?;
+        let y = (y + channel_mul(&x, &d)?)?;
+        let back = MyoBackward {
+            vars,
+            c_out,
+            d,
+            x,
+            x2,
+            b_mat,
+            u,
+            bias,
+            b,
+            c,
+            xs,
+            r,
+            conj: self.conj.to_dtype(y.dtype())?,
+            levels: self
+                .cfg
+                .per_level
+                .then(|| (self.node_level.clone(), self.tree.levels())),
+            tree: self.tree.clone(),
+        };
+        Ok(Some((y, Box::new(back))))
+    }
+}
+
+impl Backward for MyoBackward {
+    fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        let (batch, n, h) = dy.dims3()?;
+        let heads = self.u.dim(2)?;
+        let dy2 = dy.reshape((batch * n, h))?;
+        let (dx_skip, dd) = channel_mul_backward(&self.x, &self.d, dy)?;
+        let xs2 = self.xs.reshape((batch * n, 2 * heads))?;
+        let dc_out = s5_readout_backward(&self.c_out, 1, false, &xs2.t()?.matmul(&dy2)?)?;
+        let dxs = dy2.matmul(&self.r.t()?)?.reshape(self.xs.dims())?;
+        let g = head_solve_backward(
+            &self.tree, &self.u, &self.bias, &self.b, &self.c, &self.xs, &dxs,
+        )?;
+        let dv = g.bias.transpose(0, 1)?.contiguous()?;
+        // ∂s from B = −s and C = conj(s), back in (heads, nodes, 2).
+        let ds = (g.c.broadcast_mul(&self.conj)? - g.b)?
+            .transpose(0, 1)?
+            .contiguous()?;
+        let ds = match &self.levels {
+            Some((level, levels)) => {
+                let zeros = Tensor::zeros((heads, *levels, 2), ds.dtype(), ds.device())?;
+                zeros.index_add(level, &ds, 1)?
+            }
+            None => ds,
+        };
+        let du2 = g.u.reshape((batch * n, 2 * heads))?;
+        let db_in = self
+            .x2
+            .t()?
+            .matmul(&du2)?
+            .reshape((h, heads, 2))?
+            .transpose(0, 1)?
+            .contiguous()?;
+        let dx = (dx_skip + du2.matmul(&self.b_mat.t()?)?.reshape((batch, n, h))?)?;
+        let [b_in, virtual_u, coupling_b, c_out, d] = self.vars.clone();
+        Ok((
+            dx,
+            vec![
+                (b_in, db_in),
+                (virtual_u, dv),
+                (coupling_b, ds),
+                (c_out, dc_out),
+                (d, dd),
+            ],
+        ))
+    }
+}
