@@ -1,8 +1,8 @@
 //! A block (norm → layer → activation → dropout → residual) as one node of candle's graph with
 //! its backward written out ([`crate::nn::by_hand`]), for blocks whose layer has a backward by
-//! hand (S5, and Myo's default form). With x the block's input, pre-norm z = N(x) (post-norm z = x), y = layer(z), and
-//! the activation's output o = x + k₁ ⊙ a(y) (then N(o) post-norm), N LayerNorm or BatchNorm
-//! (its backward: [`BatchNormBackward`]):
+//! hand (S5, and Myo's default form). With x the block's input, pre-norm z = N(x) (post-norm
+//! z = x), y = layer(z), and the activation's output o = x + k₁ ⊙ a(y) (then N(o) post-norm),
+//! N LayerNorm or BatchNorm (its backward: [`BatchNormBackward`]):
 //!
 //! * GELU: a = GELU(y) with its dropout k₀, one epilogue;
 //! * the GLUs: g = GELU(y) ⊙ k₀, s = σ(W₂g + b₂), a = f ⊙ s with f = W₁g + b₁ | g | y (full,

@@ -49,8 +49,8 @@ impl Myo {
         }
     }
 
-    /// Whether [`Myo::run_by_hand`] covers this layer on `x`.
-    pub(crate) fn has_backward_by_hand(&self, x: &Tensor) -> bool {
+    /// Whether the backward by hand ([`Myo::forward_by_hand`]) covers this layer on `x`.
+    pub fn has_backward_by_hand(&self, x: &Tensor) -> bool {
         matches!(x.dtype(), DType::F32 | DType::F64)
             && (x.device().is_cpu() || x.device().is_cuda())
             && self.cfg.block == 1
