@@ -411,12 +411,9 @@ fn backward_by_hand_equals_autograd() {
                     .unwrap();
                 sink.add_to(&mut got).unwrap();
                 let vars = varmap.data().lock().unwrap().clone();
-                for (name, var) in vars.iter().map(|(n, v)| (n.as_str(), v)).chain([("u", &u)]) {
-                    let (w, gt) = (want.get(var).unwrap(), got.get(var));
-                    let gt = gt.unwrap_or_else(|| panic!("no gradient for {name}, {what}"));
-                    let e = rel_err(&to_vec(gt), &to_vec(w));
-                    assert!(e < tol, "∂{name} by hand: error {e:e}, {what}");
-                }
+                let params: Vec<(&str, &Var)> = vars.iter().map(|(n, v)| (n.as_str(), v)).collect();
+                let with_input = [params.clone(), vec![("u", &u)]].concat();
+                common::assert_same_gradients(&with_input, &got, &want, tol, &what);
                 // An input that needs no gradient: the parameters still get theirs.
                 let sink = GradSink::new();
                 let y = layer
@@ -424,16 +421,8 @@ fn backward_by_hand_equals_autograd() {
                     .unwrap();
                 let mut only = (&y * &g).unwrap().sum_all().unwrap().backward().unwrap();
                 sink.add_to(&mut only).unwrap();
-                for (name, var) in &vars {
-                    let e = rel_err(
-                        &to_vec(only.get(var).unwrap()),
-                        &to_vec(want.get(var).unwrap()),
-                    );
-                    assert!(
-                        e < tol,
-                        "∂{name} by hand, input detached: error {e:e}, {what}"
-                    );
-                }
+                let what = format!("input detached, {what}");
+                common::assert_same_gradients(&params, &only, &want, tol, &what);
             }
         }
     }

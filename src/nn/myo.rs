@@ -32,6 +32,8 @@
 
 mod backward;
 
+use std::sync::Arc;
+
 use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 use rand::Rng;
@@ -196,7 +198,8 @@ fn dt_max() -> f64 {
 #[derive(Clone, Debug)]
 pub struct Myo {
     cfg: MyoConfig,
-    tree: Tree,
+    /// Shared with the backward by hand of each forward pass.
+    tree: Arc<Tree>,
     beta: f64,
     /// Level of each node, for per-level couplings.
     node_level: Tensor,
@@ -301,7 +304,7 @@ impl Myo {
             c_out,
             d,
             beta,
-            tree,
+            tree: Arc::new(tree),
             cfg,
         })
     }

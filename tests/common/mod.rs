@@ -588,3 +588,18 @@ pub fn assert_central_differences(
         }
     }
 }
+
+/// Each variable's gradient in `got` equals its gradient in `want` to the relative error `tol`.
+pub fn assert_same_gradients(
+    vars: &[(&str, &candle_core::Var)],
+    got: &candle_core::backprop::GradStore,
+    want: &candle_core::backprop::GradStore,
+    tol: f64,
+    what: &str,
+) {
+    for (name, var) in vars {
+        let g = got.get(var).unwrap_or_else(|| panic!("no ∂{name}, {what}"));
+        let e = rel_err(&to_vec(g), &to_vec(want.get(var).unwrap()));
+        assert!(e < tol, "∂{name}: error {e:e}, {what}");
+    }
+}

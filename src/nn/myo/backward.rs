@@ -7,6 +7,8 @@
 //!   (∂u, ∂bias, ∂B, ∂C) = the heads' solve backward, ∂s = conj(∂C) − ∂B (summed per level),
 //!   ∂B_in = Xᵀ ∂U,  ∂X = ∂U B_inᵀ + D ⊙ ∂y,  ∂D = Σ_rows X ⊙ ∂y.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Result, Tensor};
 
 use super::{Coupling, Myo};
@@ -35,7 +37,7 @@ pub(super) struct MyoBackward {
     conj: Tensor,
     /// Per-level couplings: each node's level, and the levels.
     levels: Option<(Tensor, usize)>,
-    tree: Tree,
+    tree: Arc<Tree>,
 }
 
 impl Myo {
@@ -83,7 +85,8 @@ impl Myo {
             true => raw.index_select(&self.node_level, 1)?,
             false => raw,
         };
-        let (b, c) = (s.neg()?, s.broadcast_mul(&self.conj.to_dtype(s.dtype())?)?);
+        let conj = self.conj.to_dtype(s.dtype())?;
+        let (b, c) = (s.neg()?, s.broadcast_mul(&conj)?);
         let (b, c) = (b.transpose(0, 1)?, c.transpose(0, 1)?);
         let bias = virtual_u.transpose(0, 1)?;
         let xs = head_solve(&self.tree, &u, &bias, &b, &c)?;
@@ -106,7 +109,7 @@ impl Myo {
             c,
             xs,
             r,
-            conj: self.conj.to_dtype(y.dtype())?,
+            conj,
             levels: self
                 .cfg
                 .per_level
