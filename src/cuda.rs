@@ -98,6 +98,12 @@ pub const MASKED_MEAN: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/masked_mean.ptx")),
 };
 
+/// `kernels/cross_entropy.cu`.
+pub const CROSS_ENTROPY: Module = Module {
+    name: "myosotis_cross_entropy",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx")),
+};
+
 /// Element types our kernels are instantiated for.
 pub trait CudaElem: CudaDType + DeviceRepr + WithDType {}
 impl CudaElem for f32 {}

@@ -405,8 +405,9 @@ fn training_by_hand_follows_autograd() {
     let x = randn(&mut rng, &[5, len, 2], DType::F64, &Device::Cpu);
     let target = Tensor::new(&[0u32, 1, 2, 3, 1], &Device::Cpu).unwrap();
     let kinds = layer_kinds(len);
-    // S5, and Myo over all nodes with skew couplings (the default layer).
-    for (layer, (activation, norm, prenorm)) in [&kinds[0], &kinds[2]].into_iter().flat_map(|l| {
+    // S5, and Myo over all nodes with skew couplings (the default layer), pooled by the mean
+    // over the steps, and Myo also by its root and its top two levels.
+    let mean = [&kinds[0], &kinds[2]].into_iter().flat_map(|l| {
         [
             (Activation::HalfGlu2, NormKind::Layer, false),
             (Activation::HalfGlu2, NormKind::Layer, true),
@@ -417,11 +418,22 @@ fn training_by_hand_follows_autograd() {
             (Activation::Gelu, NormKind::Batch, true),
             (Activation::HalfGlu2, NormKind::Batch, false),
         ]
-        .map(|c| (l, c))
-    }) {
+        .map(|(a, n, pre)| (l, (a, n, pre, Pooling::Mean)))
+    });
+    let nodes = [
+        (Activation::HalfGlu2, NormKind::Layer, false, Pooling::Root),
+        (
+            Activation::Gelu,
+            NormKind::Batch,
+            true,
+            Pooling::TopLevels { k: 2 },
+        ),
+    ]
+    .map(|c| (&kinds[2], c));
+    for (layer, (activation, norm, prenorm, pooling)) in mean.chain(nodes) {
         let cfg = ClassifierConfig {
             prenorm,
-            ..config(layer.clone(), activation, norm, Pooling::Mean)
+            ..config(layer.clone(), activation, norm, pooling)
         };
         let run = |by_hand: bool| {
             let varmap = VarMap::new();
@@ -451,7 +463,7 @@ fn training_by_hand_follows_autograd() {
                 let sink = GradSink::new();
                 let mode = Mode::Train(key, None, by_hand.then_some(&sink));
                 let logits = model.logits_timed(&x, None, None, mode).unwrap();
-                let [_, loss] = log_softmax_nll(&logits, &target, by_hand).unwrap();
+                let loss = log_softmax_nll(&logits, &target, by_hand).unwrap().loss;
                 let mut grads = loss.backward().unwrap();
                 sink.add_to(&mut grads).unwrap();
                 if step == 0 {
@@ -466,7 +478,9 @@ fn training_by_hand_follows_autograd() {
             (losses, params)
         };
         let ((want_loss, want), (got_loss, got)) = (run(false), run(true));
-        let what = format!("{layer:?}, {activation:?}, {norm:?}, prenorm {prenorm} (seed {seed})");
+        let what = format!(
+            "{layer:?}, {activation:?}, {norm:?}, prenorm {prenorm}, {pooling} (seed {seed})"
+        );
         assert!(
             want_loss[14] < want_loss[0],
             "the run does not learn: {want_loss:?}"
@@ -483,8 +497,9 @@ fn training_by_hand_follows_autograd() {
     }
 }
 
-/// The labels' negative log-likelihood by hand has the value of candle's ops to the bit and
-/// their gradient to 1e-12 (f64, awkward shapes, any incoming gradient).
+/// The labels' negative log-likelihood by hand (the fused op) has the values of candle's ops to
+/// 1e-14, the same count of correct rows (ties included), and their gradient to 1e-12 (f64,
+/// awkward shapes, any incoming gradient).
 #[test]
 fn nll_by_hand_equals_autograd() {
     use candle_core::Var;
@@ -497,17 +512,36 @@ fn nll_by_hand_equals_autograd() {
             .map(|i| (i * 7 + 1) % classes as u32)
             .collect();
         let labels = Tensor::new(labels, &Device::Cpu).unwrap();
+        if rows > 1 {
+            // A tie for the first row's largest logit.
+            let mut v = to_vec(logits.as_tensor());
+            v[1] = v[0].max(v[1]) + 1.0;
+            v[0] = v[1];
+            logits
+                .set(&Tensor::from_vec(v, (rows, classes), &Device::Cpu).unwrap())
+                .unwrap();
+        }
         let run = |by_hand: bool| {
-            let [logp, loss] = log_softmax_nll(logits.as_tensor(), &labels, by_hand).unwrap();
-            let grads = (&loss * 1.7).unwrap().backward().unwrap();
+            let nll = log_softmax_nll(logits.as_tensor(), &labels, by_hand).unwrap();
+            let grads = (&nll.loss * 1.7).unwrap().backward().unwrap();
             let g = to_vec(grads.get(&logits).unwrap());
-            (to_vec(&logp), to_vec(&loss), g)
+            let values = [to_vec(&nll.logp), to_vec(&nll.loss)].concat();
+            (values, nll.correct.to_scalar::<f64>().unwrap(), g)
         };
-        let ((lp, l, g), (lp_h, l_h, g_h)) = (run(false), run(true));
-        assert_eq!(
-            (lp_h, l_h),
-            (lp, l),
-            "values, ({rows}, {classes}), seed {seed}"
+        let ((v, c, g), (v_h, c_h, g_h)) = (run(false), run(true));
+        let e = common::rel_err(&v_h, &v);
+        assert!(e < 1e-14, "values: {e:e}, ({rows}, {classes}), seed {seed}");
+        assert_eq!(c_h, c, "correct rows, ({rows}, {classes}), seed {seed}");
+        let loss = || {
+            log_softmax_nll(logits.as_tensor(), &labels, true)
+                .unwrap()
+                .loss
+        };
+        common::assert_central_differences(
+            &[("logits", &logits)],
+            &loss().backward().unwrap(),
+            || loss().to_scalar::<f64>().unwrap(),
+            &format!("({rows}, {classes}), seed {seed}"),
         );
         let e = common::rel_err(&g_h, &g);
         assert!(

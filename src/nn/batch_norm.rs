@@ -37,6 +37,8 @@ pub type Shards = Arc<dyn ShardSum>;
 pub struct BatchNorm {
     weight: Tensor,
     bias: Tensor,
+    /// weight and bias detached once (aliases that the optimiser's in-place steps update too).
+    detached: [Tensor; 2],
     running_mean: Var,
     running_var: Var,
     /// The running averages' decay m.
@@ -49,9 +51,12 @@ impl BatchNorm {
     pub fn new(features: usize, decay: f64, vb: VarBuilder) -> Result<Self> {
         let running_mean = vb.get_with_hints(features, "running_mean", Init::Const(0.))?;
         let running_var = vb.get_with_hints(features, "running_var", Init::Const(1.))?;
+        let weight = vb.get_with_hints(features, "weight", Init::Const(1.))?;
+        let bias = vb.get_with_hints(features, "bias", Init::Const(0.))?;
         Ok(BatchNorm {
-            weight: vb.get_with_hints(features, "weight", Init::Const(1.))?,
-            bias: vb.get_with_hints(features, "bias", Init::Const(0.))?,
+            detached: [weight.detach(), bias.detach()],
+            weight,
+            bias,
             running_mean: Var::from_tensor(&running_mean)?,
             running_var: Var::from_tensor(&running_var)?,
             decay,
@@ -79,7 +84,7 @@ impl BatchNorm {
         x: &Tensor,
         shards: Option<&Shards>,
     ) -> Result<(Tensor, BatchNormBackward)> {
-        let (w, b) = (self.weight.detach(), self.bias.detach());
+        let [w, b] = self.detached.clone();
         let pass = self.train(x, shards, [&w, &b], false)?;
         let back = BatchNormBackward {
             vars: [self.weight.clone(), self.bias.clone()],

@@ -16,23 +16,24 @@
 //! from a counter-based hash keyed by [`DropoutKey`], so a run with dropout is reproducible
 //! (resumed or sharded alike). [`Mode`] switches dropout and BatchNorm's batch statistics.
 
-use candle_core::{DType, Module, Result, Tensor, D};
+use candle_core::{Module, Result, Tensor, D};
 use candle_nn::{Embedding, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
 mod block;
 mod mode;
+mod tail;
 
 use mode::dropout;
 pub use mode::{DropoutKey, Mode};
+use tail::Pool;
 
 use super::batch_norm::{BatchNorm, Shards};
 use super::by_hand::GradSink;
 use crate::ops::epilogue::{epilogue, Activation as EpilogueAct, Dropout};
-use crate::ops::masked_mean;
 
 use super::frames::{FrameEncoder, FrameEncoderConfig};
-use super::head::{top_levels, Decoder, Head, Pooling};
+use super::head::{Decoder, Head, Pooling};
 use super::init::DenseInit;
 use super::{
     dense, embedding, linear, MinGru, MinGruConfig, Myo, MyoConfig, S5Config, Ssm2d, Ssm2dConfig,
@@ -231,13 +232,18 @@ const LN_EPS: f64 = 1e-5;
 struct LayerNorm {
     weight: Tensor,
     bias: Tensor,
+    /// Both detached once (aliases that the optimiser's in-place steps update too).
+    detached: [Tensor; 2],
 }
 
 impl LayerNorm {
     fn new(h: usize, vb: VarBuilder) -> Result<Self> {
+        let weight = vb.get_with_hints(h, "weight", candle_nn::Init::Const(1.))?;
+        let bias = vb.get_with_hints(h, "bias", candle_nn::Init::Const(0.))?;
         Ok(LayerNorm {
-            weight: vb.get_with_hints(h, "weight", candle_nn::Init::Const(1.))?,
-            bias: vb.get_with_hints(h, "bias", candle_nn::Init::Const(0.))?,
+            detached: [weight.detach(), bias.detach()],
+            weight,
+            bias,
         })
     }
 
@@ -267,6 +273,8 @@ struct Block {
     layer: Layer,
     out1: Option<Linear>,
     out2: Option<Linear>,
+    /// out1 and out2 as the block by hand uses them.
+    dense: [Option<block::Dense>; 2],
 }
 
 /// The optimiser's groups (S5's reference): the SSM parameters and the norms' learn at `ssm_lr`
@@ -286,6 +294,8 @@ pub struct SequenceClassifier {
     encoder: Encoder,
     blocks: Vec<Block>,
     head: Head,
+    /// The head's linear layer as the tail by hand uses it.
+    head_dense: Option<block::Dense>,
 }
 
 enum Encoder {
@@ -399,22 +409,27 @@ impl SequenceClassifier {
                 }
                 Activation::Gelu => (None, None),
             };
+            let dense = [&out1, &out2].map(|l| l.as_ref().map(block::Dense::new));
+            let [d1, d2] = dense;
             blocks.push(Block {
                 norm,
                 layer,
+                dense: [d1.transpose()?, d2.transpose()?],
                 out1,
                 out2,
             });
         }
+        let head = Head::new(
+            h,
+            cfg.classes,
+            cfg.pairs,
+            cfg.decoder,
+            vb.clone(),
+            (cfg.seed, init),
+        )?;
         Ok(SequenceClassifier {
-            head: Head::new(
-                h,
-                cfg.classes,
-                cfg.pairs,
-                cfg.decoder,
-                vb.clone(),
-                (cfg.seed, init),
-            )?,
+            head_dense: Self::head_dense(&head)?,
+            head,
             encoder,
             blocks,
             cfg,
@@ -528,8 +543,7 @@ impl SequenceClassifier {
         dt: Option<&Tensor>,
         mode: Mode,
     ) -> Result<Tensor> {
-        self.head
-            .forward(&self.features_timed(x, lengths, dt, mode)?)
+        self.run(x, lengths, dt, mode, true)
     }
 
     /// What the head reads: the pooled features (rows of `x`, H), or without pooling the last
@@ -545,6 +559,18 @@ impl SequenceClassifier {
         lengths: Option<&Tensor>,
         dt: Option<&Tensor>,
         mode: Mode,
+    ) -> Result<Tensor> {
+        self.run(x, lengths, dt, mode, false)
+    }
+
+    /// The features, then the head's output if `head`.
+    fn run(
+        &self,
+        x: &Tensor,
+        lengths: Option<&Tensor>,
+        dt: Option<&Tensor>,
+        mode: Mode,
+        head: bool,
     ) -> Result<Tensor> {
         if dt.is_none() && self.cfg.timing != Timing::Drop {
             candle_core::bail!(
@@ -587,7 +613,8 @@ impl SequenceClassifier {
                 &tree,
             ) {
                 // The last block's output is its tree nodes, pooled.
-                return self.pool_nodes(i, m, &z, block, mode);
+                let pooled = self.pool_nodes(i, m, &z, block, mode)?;
+                return self.tail(&pooled, None, head, mode);
             }
             h = self.activate(
                 i,
@@ -600,47 +627,23 @@ impl SequenceClassifier {
                 h = block.norm.forward(&h, mode)?;
             }
         }
-        match &tree {
-            _ if self.cfg.pooling == Pooling::None => h.narrow(1, 0, steps),
-            Some(tree) if node_pooling => top_levels(&h, tree, self.cfg.pooling),
-            Some(_) => self.pool_steps(&h.narrow(1, 0, steps)?, lengths),
-            None => self.pool_steps(&h, lengths),
-        }
-    }
-
-    /// Mean over valid steps or the last valid step: (batch, H). The lengths stay on their
-    /// device; on the CPU, where reading them is free, they are checked to lie in 1..=L (the
-    /// trainer's batches are checked where they are made).
-    fn pool_steps(&self, h: &Tensor, lengths: Option<&Tensor>) -> Result<Tensor> {
-        let (b, l, _) = h.dims3()?;
-        let lengths = match lengths {
-            Some(t) => t.to_dtype(DType::U32)?,
-            None => Tensor::full(l as u32, b, h.device())?,
+        let (h, pool) = match &tree {
+            _ if self.cfg.pooling == Pooling::None => (h.narrow(1, 0, steps)?, None),
+            Some(tree) if node_pooling => {
+                let first = tail::first_pooled(tree, self.cfg.pooling);
+                (h, Some(Pool::Nodes { first }))
+            }
+            Some(_) => {
+                let h = h.narrow(1, 0, steps)?;
+                let pool = self.pool_steps(&h, lengths)?;
+                (h, Some(pool))
+            }
+            None => {
+                let pool = self.pool_steps(&h, lengths)?;
+                (h, Some(pool))
+            }
         };
-        if lengths.device().is_cpu() {
-            let lens: Vec<u32> = lengths.to_vec1()?;
-            if let Some((i, n)) = lens
-                .iter()
-                .enumerate()
-                .find(|(_, &n)| n == 0 || n as usize > l)
-            {
-                candle_core::bail!(
-                    "sequence length {n} of sample {i} is not in 1..={l} (the padded length)"
-                );
-            }
-        }
-        match self.cfg.pooling {
-            Pooling::Last => {
-                let one = Tensor::ones(1, DType::U32, h.device())?;
-                let idx = lengths
-                    .broadcast_sub(&one)?
-                    .reshape((b, 1, 1))?
-                    .broadcast_as((b, 1, h.dim(2)?))?
-                    .contiguous()?;
-                h.gather(&idx, 1)?.squeeze(1)
-            }
-            _ => masked_mean(h, &lengths),
-        }
+        self.tail(&h, pool, head, mode)
     }
 
     /// The Myo poolings (§3.2): the root, or the mean over the top k BFS levels, of the last
@@ -655,11 +658,7 @@ impl SequenceClassifier {
         mode: Mode,
     ) -> Result<Tensor> {
         let tree = m.tree();
-        let k = match self.cfg.pooling {
-            Pooling::TopLevels { k } => k.clamp(1, tree.levels()),
-            _ => 1,
-        };
-        let first = tree.level(tree.levels() - k).start;
+        let first = tail::first_pooled(tree, self.cfg.pooling);
         // Only the pooled nodes are computed past the solve, unless a post-norm BatchNorm
         // takes its statistics over all of them.
         if self.cfg.prenorm || self.cfg.norm == NormKind::Layer {

@@ -155,18 +155,3 @@ impl Head {
         }
     }
 }
-
-/// The mean of (batch, nodes, H) over the top k BFS levels of `tree` (k = 1 for the root):
-/// (batch, H).
-pub(crate) fn top_levels(
-    nodes: &Tensor,
-    tree: &crate::tree::Tree,
-    pooling: Pooling,
-) -> Result<Tensor> {
-    let k = match pooling {
-        Pooling::TopLevels { k } => k.clamp(1, tree.levels()),
-        _ => 1,
-    };
-    let first = tree.level(tree.levels() - k).start;
-    nodes.narrow(1, first, tree.len() - first)?.mean(1)
-}

@@ -1,43 +1,66 @@
 //! The labels' negative log-likelihood under a classifier's logits.
 
-use candle_core::{Result, Tensor, D};
+use candle_core::{DType, Result, Tensor, D};
 use candle_nn::{loss::nll, ops::log_softmax};
 
 use super::by_hand::{by_hand, Backward, GradSink};
+use crate::ops::{cross_entropy, cross_entropy_backward};
 
-/// The log-softmax of `logits` (rows, classes) and the mean negative log-likelihood of
-/// `labels` (rows, u32) under it. With `by_hand` the loss is one node of candle's graph whose
-/// backward is written out, ∂logits = (softmax − onehot(labels)) · ∂loss / rows, in place of
-/// the backward of the eight ops of the log-softmax and the five of the likelihood; the values
-/// are the same.
-pub fn log_softmax_nll(logits: &Tensor, labels: &Tensor, by_hand: bool) -> Result<[Tensor; 2]> {
-    if !by_hand {
+/// What [`log_softmax_nll`] gives.
+pub struct Nll {
+    /// The log-softmax of the logits (rows, classes).
+    pub logp: Tensor,
+    /// The mean negative log-likelihood of the labels.
+    pub loss: Tensor,
+    /// How many rows' most likely class (the first, in a tie) is their label, as an f64
+    /// scalar.
+    pub correct: Tensor,
+}
+
+/// The log-softmax of `logits` (rows, classes), the mean negative log-likelihood of `labels`
+/// (rows, u32) under it, and the rows classified correctly. With `by_hand` (f32 and f64 on the
+/// CPU and CUDA) all three are one fused op ([`cross_entropy`]) and the loss one node of
+/// candle's graph whose backward is the op's own, ∂logits = (softmax − onehot(labels)) ·
+/// ∂loss / rows; otherwise candle's ops, through its autograd. The values agree to rounding.
+pub fn log_softmax_nll(logits: &Tensor, labels: &Tensor, by_hand: bool) -> Result<Nll> {
+    let fused = matches!(logits.dtype(), DType::F32 | DType::F64)
+        && (logits.device().is_cpu() || logits.device().is_cuda());
+    if !(by_hand && fused) {
         let logp = log_softmax(logits, D::Minus1)?;
         let loss = nll(&logp, labels)?;
-        return Ok([logp, loss]);
+        let correct = logp
+            .argmax(1)?
+            .eq(labels)?
+            .to_dtype(DType::F64)?
+            .sum_all()?;
+        return Ok(Nll {
+            logp,
+            loss,
+            correct,
+        });
     }
-    let logp = log_softmax(&logits.detach(), D::Minus1)?;
-    let loss = nll(&logp, labels)?;
+    let ce = cross_entropy(&logits.detach(), labels)?;
     let back = NllBackward {
-        logp: logp.clone(),
-        labels: labels.unsqueeze(1)?,
+        logp: ce.logp.clone(),
+        labels: ce.labels,
     };
-    let loss = self::by_hand(logits, &loss, logits, Box::new(back), &GradSink::new())?;
-    Ok([logp, loss])
+    let loss = self::by_hand(logits, &ce.loss, logits, Box::new(back), &GradSink::new())?;
+    Ok(Nll {
+        logp: ce.logp,
+        loss,
+        correct: ce.correct.to_dtype(DType::F64)?,
+    })
 }
 
 struct NllBackward {
     logp: Tensor,
-    /// (rows, 1).
+    /// In the logits' dtype.
     labels: Tensor,
 }
 
 impl Backward for NllBackward {
     fn backward(&self, dloss: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
-        let rows = self.logp.dim(0)?;
-        let scale = dloss.affine(1.0 / rows as f64, 0.0)?;
-        let picked = scale.neg()?.broadcast_as((rows, 1))?.contiguous()?;
-        let softmax = self.logp.exp()?.broadcast_mul(&scale)?;
-        Ok((softmax.scatter_add(&self.labels, &picked, 1)?, vec![]))
+        let dx = cross_entropy_backward(&self.logp, &self.labels, dloss)?;
+        Ok((dx, vec![]))
     }
 }

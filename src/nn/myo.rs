@@ -212,6 +212,9 @@ pub struct Myo {
     coupling_c: Option<Tensor>,
     c_out: Tensor,
     d: Tensor,
+    /// b_in, virtual_u, coupling_b, c_out and d detached once: aliases of the same storage,
+    /// which the optimiser's in-place steps update too.
+    detached: [Tensor; 5],
 }
 
 /// φ⁻¹ on the open unit disk: z · atanh|z| / |z|.
@@ -293,8 +296,10 @@ impl Myo {
                 init_param(c, free_c)?;
             }
         }
+        let detached = stored.each_ref().map(Tensor::detach);
         let [b_in, virtual_u, coupling_b, c_out, d] = stored;
         Ok(Myo {
+            detached,
             node_level: Tensor::new(level_of, vb.device())?,
             conj: Tensor::new(&[1.0, -1.0], vb.device())?.to_dtype(vb.dtype())?,
             b_in,

@@ -30,7 +30,8 @@ use super::init::{init_param, layer_rng, normal, params, trunc_normal};
 use super::ParamGroup;
 use crate::complex::C;
 use crate::ops::{
-    channel_mul, linear_scan, s5_discretize, s5_readout, S5Discretization, ScanOptions,
+    channel_mul, linear_scan, s5_discretize, s5_discretize_packed, s5_readout, S5Discretization,
+    ScanOptions,
 };
 
 /// How the continuous system is discretised.
@@ -141,6 +142,9 @@ pub struct S5 {
     c: Tensor,
     d: Tensor,
     log_step: Tensor,
+    /// The parameters in [`S5::params`]' order, detached once: aliases of the same storage,
+    /// which the optimiser's in-place steps update too.
+    detached: [Tensor; 6],
 }
 
 impl S5 {
@@ -190,7 +194,9 @@ impl S5 {
             }
         }
         let [lambda_re, lambda_im, b, c, d, log_step] = params;
+        let detached = [&lambda_re, &lambda_im, &log_step, &b, &c, &d].map(Tensor::detach);
         Ok(S5 {
+            detached,
             lambda_re,
             lambda_im,
             b,
@@ -344,6 +350,10 @@ struct Pass {
     y: Tensor,
     /// The input as (batch · length, H).
     u2: Tensor,
+    /// [λ_re; λ_im; log Δ] (3, P), where the fused ops ran.
+    rows3: Option<Tensor>,
+    /// The directions' states side by side, (batch · length, directions · 2P).
+    xs: Tensor,
     gate: Tensor,
     b_mat: Tensor,
     /// Each direction's states (batch, length, P, 2).
@@ -391,7 +401,16 @@ impl S5 {
     fn run(&self, u: &Tensor, w: [&Tensor; 6]) -> Result<Pass> {
         let [lr, li, ls, b, c, d] = w;
         let (batch, len, h) = u.dims3()?;
-        let (gate, b_mat) = s5_discretize(lr, li, ls, b, self.how())?;
+        // The fused op reads [λ_re; λ_im; log Δ] as one (3, P) tensor: the backward by hand
+        // keeps it.
+        let (rows3, (gate, b_mat)) = match Self::has_backward_by_hand(u) {
+            true => {
+                let rows3 = Tensor::stack(&[lr, li, ls], 0)?;
+                let out = s5_discretize_packed(&rows3, b, self.how())?;
+                (Some(rows3), out)
+            }
+            false => (None, s5_discretize(lr, li, ls, b, self.how())?),
+        };
         let p = gate.dim(0)?;
         let u2 = u.reshape((batch * len, h))?;
         let bu = u2.matmul(&b_mat)?.reshape((batch, len, p, 2))?;
@@ -399,17 +418,23 @@ impl S5 {
         if self.cfg.bidirectional {
             states.push(linear_scan(&gate, &bu, None, Self::scan_options(true))?);
         }
-        // Re(C̃ x) (× 2 with conj_sym): one matmul per direction with its (2P, H) readout matrix.
+        // Re(C̃ x) (× 2 with conj_sym): one matmul of the directions' states side by side with
+        // their readout matrices stacked.
         let r = s5_readout(c, states.len(), self.cfg.conj_sym)?;
-        let mut y = channel_mul(u, d)?;
-        for (i, x) in states.iter().enumerate() {
-            let r_i = r.narrow(0, i * 2 * p, 2 * p)?;
-            let yi = x.reshape((batch * len, 2 * p))?.matmul(&r_i)?;
-            y = (y + yi.reshape((batch, len, h))?)?;
-        }
+        let flat: Vec<Tensor> = states
+            .iter()
+            .map(|x| x.reshape((batch * len, 2 * p)))
+            .collect::<Result<_>>()?;
+        let xs = match &flat[..] {
+            [x] => x.clone(),
+            flat => Tensor::cat(flat, 1)?,
+        };
+        let y = (channel_mul(u, d)? + xs.matmul(&r)?.reshape((batch, len, h))?)?;
         Ok(Pass {
             y,
             u2,
+            rows3,
+            xs,
             gate,
             b_mat,
             states,
@@ -439,14 +464,19 @@ impl S5 {
         if !Self::has_backward_by_hand(u) {
             return Ok(None);
         }
-        let w = self.params().map(Tensor::detach);
+        let w = self.detached.clone();
         let x = u.detach();
         let pass = self.run(&x, [&w[0], &w[1], &w[2], &w[3], &w[4], &w[5]])?;
+        let Some(rows3) = pass.rows3 else {
+            candle_core::bail!("S5: the fused discretisation did not run");
+        };
         let back = backward::S5Backward {
             vars: self.params().map(Tensor::clone),
             w,
             u: x,
             u2: pass.u2,
+            rows3,
+            xs: pass.xs,
             gate: pass.gate,
             b_mat: pass.b_mat,
             states: pass.states,

@@ -1,11 +1,12 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
-//! `head_solve/`, `dropout/`, `epilogue/`, `masked_mean/`, `adamw/`, `gelu/`, `layer_norm/`, `channel/`, `s5_discretize/`,
-//! `s5_readout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch
+//! `head_solve/`, `dropout/`, `epilogue/`, `masked_mean/`, `cross_entropy/`, `adamw/`, `gelu/`,
+//! `layer_norm/`, `channel/`, `s5_discretize/`, `s5_readout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch
 //! plans); `rows` is the row layout LayerNorm and the channel ops share; the CPU-only transpose
 //! is one file.
 
 pub mod adamw;
 pub mod channel;
+pub mod cross_entropy;
 pub mod dropout;
 pub mod epilogue;
 pub mod gelu;
@@ -23,14 +24,16 @@ mod value;
 
 pub use adamw::{adamw_step, in_place_updates, AdamwHyper};
 pub use channel::{channel_add, channel_mul, channel_mul_backward};
+pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
 pub use dropout::dropout_keep;
 pub use epilogue::{epilogue, epilogue_backward};
 pub use gelu::gelu;
 pub use head_solve::{head_solve, head_solve_backward, HeadSolveGrads};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_composed};
-pub use masked_mean::masked_mean;
+pub use masked_mean::{masked_mean, masked_mean_backward};
 pub use s5_discretize::{
-    s5_discretize, s5_discretize_backward, s5_discretize_reference, S5Discretization,
+    s5_discretize, s5_discretize_backward, s5_discretize_packed, s5_discretize_packed_backward,
+    s5_discretize_reference, S5Discretization,
 };
 pub use s5_readout::{s5_readout, s5_readout_backward};
 pub use scan::{

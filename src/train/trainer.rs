@@ -283,8 +283,8 @@ pub fn score(model: &SequenceClassifier, batch: &Batch, mode: Mode) -> Result<Sc
                     out.dims()
                 );
             }
-            let [out, loss] = log_softmax_nll(&out, y, mode.sink().is_some())?;
-            let correct = out.argmax(1)?.eq(y)?.to_dtype(DType::F64)?.sum_all()?;
+            let nll = log_softmax_nll(&out, y, mode.sink().is_some())?;
+            let (loss, correct) = (nll.loss, nll.correct);
             Ok(Score {
                 objective: loss.clone(),
                 loss,

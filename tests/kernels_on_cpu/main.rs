@@ -4,12 +4,13 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|masked_mean|layer_norm|channel|s5]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|masked_mean|cross_entropy|layer_norm|channel|s5]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 mod adamw;
 #[path = "../common/mod.rs"]
 mod common;
+mod cross_entropy;
 mod dropout;
 mod epilogue;
 mod exec;
@@ -73,6 +74,8 @@ fn every_kernel_entry_point_is_tested() {
         ("epilogue_bwd", real, &all),
         ("masked_mean_fwd", real, &wide),
         ("masked_mean_bwd", real, &wide),
+        ("cross_entropy_fwd", real, &wide),
+        ("cross_entropy_bwd", real, &wide),
         ("layer_norm_fwd", real, &wide),
         ("layer_norm_bwd", real, &wide),
         ("layer_norm_sums", real, &wide),

@@ -21,14 +21,16 @@ use crate::nn::{dense, S5};
 use crate::ops::epilogue::{epilogue, epilogue_backward, Activation as EpilogueAct, Dropout};
 use crate::ops::{layer_norm, layer_norm_backward};
 
-/// A dense layer's parameters (the gradients' keys) and their detached values.
-struct Dense {
+/// A dense layer's parameters (the gradients' keys) and their values detached once (aliases
+/// that the optimiser's in-place steps update too).
+#[derive(Clone)]
+pub(super) struct Dense {
     vars: [Tensor; 2],
     detached: Linear,
 }
 
 impl Dense {
-    fn new(l: &Linear) -> Result<Self> {
+    pub(super) fn new(l: &Linear) -> Result<Self> {
         let Some(b) = l.bias() else {
             candle_core::bail!("a block's dense layer has no bias");
         };
@@ -38,8 +40,18 @@ impl Dense {
         })
     }
 
+    /// y = x Wᵀ + b over the last dimension, on the detached values.
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        dense(&self.detached, x)
+    }
+
+    /// The weight (the variable).
+    pub(super) fn weight(&self) -> &Tensor {
+        &self.vars[0]
+    }
+
     /// ∂x of y = x Wᵀ + b over the last dimension, from ∂y; ∂W and ∂b go to `params`.
-    fn backward(
+    pub(super) fn backward(
         &self,
         x: &Tensor,
         dy: &Tensor,
@@ -92,7 +104,7 @@ impl NormPass {
     fn forward(norm: &Norm, x: &Tensor, mode: Mode) -> Result<(Tensor, Self)> {
         match norm {
             Norm::Layer(ln) => {
-                let detached = [ln.weight.detach(), ln.bias.detach()];
+                let detached = ln.detached.clone();
                 let y = layer_norm(x, &detached[0], &detached[1], LN_EPS)?;
                 let vars = [ln.weight.clone(), ln.bias.clone()];
                 let input = x.clone();
@@ -255,8 +267,10 @@ impl SequenceClassifier {
                 Act::Gelu(drop(0)),
             ),
             kind => {
-                let out2 = Dense::new(block.out2.as_ref().expect("gate"))?;
-                let out1 = block.out1.as_ref().map(Dense::new).transpose()?;
+                let [out1, out2] = block.dense.clone();
+                let Some(out2) = out2 else {
+                    candle_core::bail!("block {i}: a gated activation without its gate");
+                };
                 let g = epilogue(&y, None, EpilogueAct::Gelu, drop(0))?;
                 let s = candle_nn::ops::sigmoid(&dense(&out2.detached, &g)?)?;
                 let f = match (&out1, kind) {

@@ -77,7 +77,7 @@ impl Myo {
             self.c_out.clone(),
             self.d.clone(),
         ];
-        let [b_in, virtual_u, raw, c_out, d] = vars.clone().map(|t| t.detach());
+        let [b_in, virtual_u, raw, c_out, d] = self.detached.clone();
         let b_mat = b_in.transpose(0, 1)?.reshape((h, 2 * heads))?;
         let x2 = x.reshape((batch * len, h))?;
         let u = x2.matmul(&b_mat)?.reshape((batch, len, heads, 2))?;

@@ -46,6 +46,31 @@ pub fn masked_mean(h: &Tensor, lengths: &Tensor) -> Result<Tensor> {
     h.contiguous()?.apply_op2(&len.contiguous()?, op)
 }
 
+/// The backward of [`masked_mean`] on its own, for callers that compute gradients by hand:
+/// ∂h (shaped like `h`) from the gradient `g` (batch, H) of the means; f32 and f64 on the CPU
+/// and CUDA.
+pub fn masked_mean_backward(h: &Tensor, lengths: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let (batch, steps, features) = h.dims3()?;
+    if lengths.dims() != [batch] || g.dims() != [batch, features] {
+        bail!(
+            "masked_mean_backward: lengths {:?} and gradient {:?} do not fit h {:?}",
+            lengths.dims(),
+            g.dims(),
+            h.dims()
+        );
+    }
+    let op = MaskedMean {
+        batch,
+        steps,
+        features,
+    };
+    let len = lengths.to_dtype(h.dtype())?.contiguous()?;
+    match op.bwd(h, &len, g, g)? {
+        (Some(dh), _) => Ok(dh),
+        (None, _) => bail!("masked_mean_backward: no gradient"),
+    }
+}
+
 #[derive(Clone, Copy)]
 struct MaskedMean {
     batch: usize,

@@ -51,7 +51,7 @@ pub fn s5_discretize(
     b: &Tensor,
     how: S5Discretization,
 ) -> Result<(Tensor, Tensor)> {
-    let (p, h, two) = b.dims3()?;
+    let (p, _, two) = b.dims3()?;
     for (name, t) in [
         ("lambda_re", lambda_re),
         ("lambda_im", lambda_im),
@@ -71,6 +71,22 @@ pub fn s5_discretize(
         return s5_discretize_reference(lambda_re, lambda_im, log_step, b, how);
     }
     let params = Tensor::stack(&[lambda_re, lambda_im, log_step], 0)?;
+    s5_discretize_packed(&params, b, how)
+}
+
+/// [`s5_discretize`] of the rows [λ_re; λ_im; log Δ] (3, P) (f32 and f64 on the CPU and CUDA).
+pub fn s5_discretize_packed(
+    params: &Tensor,
+    b: &Tensor,
+    how: S5Discretization,
+) -> Result<(Tensor, Tensor)> {
+    let (p, h, _) = b.dims3()?;
+    if params.dims() != [3, p] {
+        bail!(
+            "s5_discretize: the parameter rows are {:?}, expected (3, {p})",
+            params.dims()
+        );
+    }
     let out = params.apply_op2(&b.contiguous()?, S5DiscretizeOp { p, h, how })?;
     Ok((
         out.narrow(0, 0, 2 * p)?.reshape((p, 2))?,
@@ -87,14 +103,25 @@ pub fn s5_discretize_backward(
     d_gate: &Tensor,
     d_bmat: &Tensor,
 ) -> Result<[Tensor; 4]> {
-    let (p, h, _) = b.dims3()?;
     let params = Tensor::stack(&[lambda_re, lambda_im, log_step], 0)?;
+    let ([dlr, dli, dls], db) = s5_discretize_packed_backward(&params, b, how, d_gate, d_bmat)?;
+    Ok([dlr, dli, dls, db])
+}
+
+/// The backward of [`s5_discretize_packed`]: ([∂λ_re, ∂λ_im, ∂log Δ], ∂B̃).
+pub fn s5_discretize_packed_backward(
+    params: &Tensor,
+    b: &Tensor,
+    how: S5Discretization,
+    d_gate: &Tensor,
+    d_bmat: &Tensor,
+) -> Result<([Tensor; 3], Tensor)> {
+    let (p, h, _) = b.dims3()?;
     let g = Tensor::cat(&[d_gate.flatten_all()?, d_bmat.flatten_all()?], 0)?;
-    let op = S5DiscretizeOp { p, h, how };
-    let (Some(dp), Some(db)) = op.bwd(&params, &b.contiguous()?, &g, &g)? else {
-        bail!("s5_discretize backward: a gradient is missing");
-    };
-    Ok([dp.get(0)?, dp.get(1)?, dp.get(2)?, db])
+    let packed = S5DiscretizeOp { p, h, how }.backward(params, &b.contiguous()?, &g)?;
+    let [dlr, dli, dls] = [0, 1, 2].map(|i| packed.narrow(0, i * p, p));
+    let db = packed.narrow(0, 3 * p, 2 * p * h)?.reshape(b.dims())?;
+    Ok(([dlr?, dli?, dls?], db))
 }
 
 /// The same in candle ops (any device and float dtype): the tests' reference.
@@ -340,8 +367,24 @@ impl CustomOp2 for S5DiscretizeOp {
         _out: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let packed = self.backward(params, b, g)?;
+        let np = 3 * self.p;
+        Ok((
+            Some(packed.narrow(0, 0, np)?.reshape((3, self.p))?),
+            Some(
+                packed
+                    .narrow(0, np, 2 * self.p * self.h)?
+                    .reshape(b.dims())?,
+            ),
+        ))
+    }
+}
+
+impl S5DiscretizeOp {
+    /// [∂λ_re | ∂λ_im | ∂log Δ | ∂B̃] in one row, from the gradient `g` of the packed output.
+    fn backward(&self, params: &Tensor, b: &Tensor, g: &Tensor) -> Result<Tensor> {
         let g = g.to_dtype(b.dtype())?.contiguous()?;
-        let packed = match b.device() {
+        Ok(match b.device() {
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => {
                 let plan = cuda::backward_plan(self.p, self.h, self.how, b.dtype())?;
@@ -385,15 +428,6 @@ impl CustomOp2 for S5DiscretizeOp {
                     dt => bail!("s5_discretize backward: dtype {dt:?} is not fused"),
                 }
             }
-        };
-        let np = 3 * self.p;
-        Ok((
-            Some(packed.narrow(0, 0, np)?.reshape((3, self.p))?),
-            Some(
-                packed
-                    .narrow(0, np, 2 * self.p * self.h)?
-                    .reshape(b.dims())?,
-            ),
-        ))
+        })
     }
 }

@@ -25,6 +25,7 @@ fn main() {
             "src/s5_readout.cpp",
             "src/epilogue.cpp",
             "src/masked_mean.cpp",
+            "src/cross_entropy.cpp",
         ])
         .opt_level(2)
         // The arithmetic of the CPU twins: no fused multiply-adds.

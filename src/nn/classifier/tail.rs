@@ -1,0 +1,164 @@
+//! The model's tail: the pooling of the last block's output and the head. In training with a
+//! sink (see [`Mode::Train`]), a mean pooling and a linear head run as one node of candle's graph
+//! whose backward is written out ([`crate::nn::by_hand`]): with p the pooled features and
+//! logits = p Wᵀ + b,
+//!
+//!   ∂W = ∂logitsᵀ p,  ∂b = Σ_rows ∂logits,  ∂p = ∂logits W,
+//!
+//! and ∂h spreads ∂p evenly over the positions each mean read.
+
+use candle_core::{DType, Result, Tensor};
+
+use super::block::Dense;
+use super::{Mode, Pooling, SequenceClassifier};
+use crate::nn::by_hand::{by_hand, Backward};
+use crate::nn::head::Head;
+use crate::ops::{masked_mean, masked_mean_backward};
+use crate::tree::Tree;
+
+/// How the positions of (batch, positions, H) are pooled into (batch, H).
+#[derive(Clone)]
+pub(super) enum Pool {
+    /// The mean over each sample's first `lengths[b]` positions (u32, checked).
+    Mean(Tensor),
+    /// Each sample's position `lengths[b]` − 1.
+    Last(Tensor),
+    /// The mean over the tree nodes `first..` (the top levels; the root alone when it is the
+    /// last node).
+    Nodes { first: usize },
+}
+
+/// The first node that a root or top-levels pooling reads.
+pub(super) fn first_pooled(tree: &Tree, pooling: Pooling) -> usize {
+    let k = match pooling {
+        Pooling::TopLevels { k } => k.clamp(1, tree.levels()),
+        _ => 1,
+    };
+    tree.level(tree.levels() - k).start
+}
+
+impl Pool {
+    fn apply(&self, h: &Tensor) -> Result<Tensor> {
+        match self {
+            Pool::Mean(lengths) => masked_mean(h, lengths),
+            Pool::Last(lengths) => {
+                let (b, _, features) = h.dims3()?;
+                let one = Tensor::ones(1, DType::U32, h.device())?;
+                let idx = lengths
+                    .broadcast_sub(&one)?
+                    .reshape((b, 1, 1))?
+                    .broadcast_as((b, 1, features))?
+                    .contiguous()?;
+                h.gather(&idx, 1)?.squeeze(1)
+            }
+            Pool::Nodes { first } => h.narrow(1, *first, h.dim(1)? - first)?.mean(1),
+        }
+    }
+}
+
+impl SequenceClassifier {
+    /// A step pooling (mean or last) of h (batch, L, H) over `lengths`. The lengths stay on
+    /// their device; on the CPU, where reading them is free, they are checked to lie in 1..=L
+    /// (the trainer's batches are checked where they are made).
+    pub(super) fn pool_steps(&self, h: &Tensor, lengths: Option<&Tensor>) -> Result<Pool> {
+        let (b, l, _) = h.dims3()?;
+        let lengths = match lengths {
+            Some(t) => t.to_dtype(DType::U32)?,
+            None => Tensor::full(l as u32, b, h.device())?,
+        };
+        if lengths.device().is_cpu() {
+            let lens: Vec<u32> = lengths.to_vec1()?;
+            if let Some((i, n)) = lens
+                .iter()
+                .enumerate()
+                .find(|(_, &n)| n == 0 || n as usize > l)
+            {
+                candle_core::bail!(
+                    "sequence length {n} of sample {i} is not in 1..={l} (the padded length)"
+                );
+            }
+        }
+        Ok(match self.cfg.pooling {
+            Pooling::Last => Pool::Last(lengths),
+            _ => Pool::Mean(lengths),
+        })
+    }
+
+    /// `h` pooled by `pool` (as it is without one), then the head's output if `head`: by hand
+    /// where the mode has a sink, the pooling is a mean and the head linear.
+    pub(super) fn tail(
+        &self,
+        h: &Tensor,
+        pool: Option<Pool>,
+        head: bool,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let fused = matches!(h.dtype(), DType::F32 | DType::F64)
+            && (h.device().is_cpu() || h.device().is_cuda());
+        if let (
+            true,
+            true,
+            Some(sink),
+            Some(dense),
+            Some(pool @ (Pool::Mean(_) | Pool::Nodes { .. })),
+        ) = (head, fused, mode.sink(), &self.head_dense, &pool)
+        {
+            let x = h.detach();
+            let pooled = pool.apply(&x)?;
+            let logits = dense.forward(&pooled)?;
+            let back = TailBackward {
+                x,
+                pool: pool.clone(),
+                pooled,
+                dense: dense.clone(),
+            };
+            return by_hand(h, &logits, dense.weight(), Box::new(back), sink);
+        }
+        let pooled = match pool {
+            Some(pool) => pool.apply(h)?,
+            None => h.clone(),
+        };
+        match head {
+            true => self.head.forward(&pooled),
+            false => Ok(pooled),
+        }
+    }
+
+    /// The head's linear layer as the tail by hand uses it.
+    pub(super) fn head_dense(head: &Head) -> Result<Option<Dense>> {
+        match head {
+            Head::Linear(l) => Dense::new(l).map(Some),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// What the tail's forward kept.
+struct TailBackward {
+    /// The last block's output, detached.
+    x: Tensor,
+    pool: Pool,
+    pooled: Tensor,
+    dense: Dense,
+}
+
+impl Backward for TailBackward {
+    fn backward(&self, dlogits: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        let mut params = vec![];
+        let dp = self.dense.backward(&self.pooled, dlogits, &mut params)?;
+        let dx = match &self.pool {
+            Pool::Mean(lengths) => masked_mean_backward(&self.x, lengths, &dp)?,
+            Pool::Nodes { first } => {
+                let (b, n, features) = self.x.dims3()?;
+                let k = n - first;
+                let spread = (&dp / k as f64)?
+                    .unsqueeze(1)?
+                    .broadcast_as((b, k, features))?;
+                let zeros = Tensor::zeros((b, *first, features), dp.dtype(), dp.device())?;
+                Tensor::cat(&[&zeros, &spread], 1)?
+            }
+            Pool::Last(_) => candle_core::bail!("the tail by hand has no last pooling"),
+        };
+        Ok((dx, params))
+    }
+}
