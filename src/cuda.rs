@@ -219,47 +219,40 @@ pub fn launch(
         )
     }
     match dtype {
-        DType::F32 => run::<f32>(dev, module, plan, None, inputs),
-        DType::F64 => run::<f64>(dev, module, plan, None, inputs),
-        DType::F16 => run::<half::f16>(dev, module, plan, None, inputs),
-        DType::BF16 => run::<half::bf16>(dev, module, plan, None, inputs),
+        DType::F32 => run::<f32>(dev, module, plan, vec![], inputs),
+        DType::F64 => run::<f64>(dev, module, plan, vec![], inputs),
+        DType::F16 => run::<half::f16>(dev, module, plan, vec![], inputs),
+        DType::BF16 => run::<half::bf16>(dev, module, plan, vec![], inputs),
         dt => bail!("{}: dtype {dt:?} is not supported on CUDA", plan.kernel),
     }
 }
 
-/// Executes `plan` as [`launch`] does, for an in-place op: `target` is the tensor it updates
-/// ([`KernelArg::Target`]; contiguous, of the inputs' dtype). Launches on the target's device.
+/// Executes `plan` as [`launch`] does, for an in-place op: `targets` are the tensors it
+/// updates ([`KernelArg::Target`]; contiguous, distinct, of the inputs' dtype). Launches on the
+/// first target's device.
 pub fn launch_in_place(
     module: Module,
     plan: &LaunchPlan,
-    target: (&mut CudaStorage, &Layout),
+    targets: &mut [(&mut CudaStorage, &Layout)],
     inputs: &[(&CudaStorage, &Layout)],
 ) -> Result<()> {
-    let (storage, layout) = target;
-    let dtype = storage.dtype();
-    if let Some((s, _)) = inputs.iter().find(|(s, _)| s.dtype() != dtype) {
+    let Some((first, _)) = targets.first() else {
+        bail!("internal error: {} updates nothing", plan.kernel)
+    };
+    let (dtype, dev) = (first.dtype(), first.device().clone());
+    let dtypes = targets.iter().map(|(s, _)| s.dtype());
+    if let Some(dt) = dtypes
+        .chain(inputs.iter().map(|(s, _)| s.dtype()))
+        .find(|&d| d != dtype)
+    {
         bail!(
-            "internal error: {} launched in {dtype:?} with a {:?} input",
-            plan.kernel,
-            s.dtype()
-        )
-    }
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        bail!(
-            "internal error: {} updates a non-contiguous tensor",
+            "internal error: {} launched in {dtype:?} with a {dt:?} operand",
             plan.kernel
         )
-    };
-    let dev = storage.device().clone();
+    }
     let outs = match dtype {
-        DType::F32 => {
-            let mut t = storage.as_cuda_slice_mut::<f32>()?.slice_mut(start..end);
-            run::<f32>(&dev, module, plan, Some(&mut t), inputs)?
-        }
-        DType::F64 => {
-            let mut t = storage.as_cuda_slice_mut::<f64>()?.slice_mut(start..end);
-            run::<f64>(&dev, module, plan, Some(&mut t), inputs)?
-        }
+        DType::F32 => run::<f32>(&dev, module, plan, views_mut(targets, plan)?, inputs)?,
+        DType::F64 => run::<f64>(&dev, module, plan, views_mut(targets, plan)?, inputs)?,
         dt => bail!("{}: dtype {dt:?} is not supported in place", plan.kernel),
     };
     if !outs.is_empty() {
@@ -271,11 +264,30 @@ pub fn launch_in_place(
     Ok(())
 }
 
+/// The targets of an in-place launch as views of their elements.
+fn views_mut<'a, T: CudaElem>(
+    targets: &'a mut [(&mut CudaStorage, &Layout)],
+    plan: &LaunchPlan,
+) -> Result<Vec<CudaViewMut<'a, T>>> {
+    targets
+        .iter_mut()
+        .map(|(s, l)| {
+            let Some((start, end)) = l.contiguous_offsets() else {
+                bail!(
+                    "internal error: {} updates a non-contiguous tensor",
+                    plan.kernel
+                )
+            };
+            Ok(s.as_cuda_slice_mut::<T>()?.slice_mut(start..end))
+        })
+        .collect()
+}
+
 fn run<T: CudaElem>(
     dev: &CudaDevice,
     module: Module,
     plan: &LaunchPlan,
-    mut target: Option<&mut CudaViewMut<T>>,
+    mut targets: Vec<CudaViewMut<T>>,
     inputs: &[(&CudaStorage, &Layout)],
 ) -> Result<Vec<CudaStorage>> {
     let views: Vec<CudaView<T>> = inputs.iter().map(|&i| slice_at(i)).collect::<Result<_>>()?;
@@ -317,14 +329,15 @@ fn run<T: CudaElem>(
             ..
         } = state;
         let null = 0usize;
+        // Each target is borrowed by the launch once.
+        let mut slots: Vec<Option<&mut CudaViewMut<T>>> = targets.iter_mut().map(Some).collect();
         let mut b = func.builder();
         for arg in &plan.args {
             match arg {
                 KernelArg::Input(i) => b.arg(&views[*i]),
-                // One target argument at most: it is borrowed by the launch.
-                KernelArg::Target => match target.take() {
+                KernelArg::Target(i) => match slots.get_mut(*i).and_then(Option::take) {
                     Some(t) => b.arg(t),
-                    None => bail!("internal error: {} has no (single) target", plan.kernel),
+                    None => bail!("internal error: {} has no target {i}", plan.kernel),
                 },
                 KernelArg::Output(i) => b.arg(&outputs[*i]),
                 KernelArg::Table(i) => b.arg(&tables[&plan.tables[*i]]),

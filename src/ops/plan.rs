@@ -12,9 +12,9 @@ use candle_core::{bail, DType, Result};
 pub enum KernelArg {
     /// A pointer to the op's `i`-th input (read only; the order is the plan function's).
     Input(usize),
-    /// A pointer to the tensor an in-place op updates (read and written; passed to the launch
-    /// apart from the inputs, which stay read only).
-    Target,
+    /// A pointer to the `i`-th tensor an in-place op updates (read and written; passed to the
+    /// launch apart from the inputs, which stay read only).
+    Target(usize),
     /// A pointer to the `i`-th output: [`LaunchPlan::outputs`]`[i]` elements of the op's dtype,
     /// uninitialised before the launch (the kernel writes every element).
     Output(usize),

@@ -219,7 +219,7 @@ impl Optimizer {
     }
 
     /// One AdamW step with the gradients in `grads` (missing gradients count as zero), clipped
-    /// to the global norm `clip` when set: two fused in-place launches per parameter
+    /// to the global norm `clip` when set: one fused in-place launch per parameter
     /// ([`crate::ops::adamw_step`]). Nothing is read back from the device: the clipping factor
     /// c / max(‖g‖, c) is a tensor, the step's hyper-parameters a row uploaded once per group.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {

@@ -1,9 +1,8 @@
-//! `adamw_moments_*` and `adamw_apply_*` of kernels/adamw.cu through the harness, one after the
-//! other as `adamw_step` launches them, against an f64 reference written from the AdamW formula
-//! and, bit for bit, the CPU twin.
+//! `adamw_step_*` of kernels/adamw.cu through the harness, against an f64 reference written
+//! from the AdamW formula and, bit for bit, the CPU twin.
 
 use candle_core::{DType, Device, Tensor};
-use myosotis::ops::adamw::cuda::{apply_plan, moments_plan};
+use myosotis::ops::adamw::cuda::step_plan;
 use myosotis::ops::{adamw_step, AdamwHyper};
 use rand::Rng;
 
@@ -107,19 +106,19 @@ fn check(n: usize, scaled: bool, dtype: DType, tol: f64, rng: &mut impl Rng) {
     let what = format!("n = {n}, scaled {scaled}, {dtype:?}");
     let x = Inputs::random(n, scaled, rng).rounded(dtype);
     let [theta, mv, g, h] = &x;
-    let first =
-        run_in_place_in_every_order(&moments_plan(n, dtype).unwrap(), dtype, mv, &[g, h], 5);
-    assert_eq!((first.status, first.outputs.len()), (0, 1), "{what}");
-    let new_mv = &first.outputs[0];
-    let second = run_in_place_in_every_order(
-        &apply_plan(n, dtype).unwrap(),
+    let run = run_in_place_in_every_order(
+        &step_plan(n, dtype).unwrap(),
         dtype,
-        theta,
-        &[new_mv, h],
-        6,
+        &[theta, mv],
+        &[g, h],
+        5,
     );
-    assert_eq!((second.status, second.outputs.len()), (0, 1), "{what}");
-    let got: Vec<f64> = new_mv.iter().chain(&second.outputs[0]).copied().collect();
+    assert_eq!((run.status, run.outputs.len()), (0, 2), "{what}");
+    let got: Vec<f64> = run.outputs[1]
+        .iter()
+        .chain(&run.outputs[0])
+        .copied()
+        .collect();
     let want = reference(&x);
     // Each third on its own scale (v is about 1e-3 of θ).
     for (k, part) in ["m'", "v'", "θ'"].iter().enumerate() {
@@ -142,7 +141,7 @@ fn adamw_kernels_match_the_formula_and_the_cpu_twin() {
             }
         }
         let n = 1_100_000;
-        assert!(moments_plan(n, dtype).unwrap().grid[0] * 256 < n as u32);
+        assert!(step_plan(n, dtype).unwrap().grid[0] * 256 < n as u32);
         check(n, true, dtype, tol, &mut rng);
     }
 }

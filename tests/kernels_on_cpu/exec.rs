@@ -106,7 +106,7 @@ pub fn round_to(v: &[f64], dtype: DType) -> Vec<f64> {
     from_bytes(&to_bytes(v, dtype), dtype)
 }
 
-/// What a launch produced: the outputs as f64 (then, for an in-place plan, the target's final
+/// What a launch produced: the outputs as f64 (then, for an in-place plan, the targets' final
 /// values), and the status word.
 #[derive(Debug, PartialEq)]
 pub struct HostRun {
@@ -123,20 +123,23 @@ pub fn run(
     inputs: &[&[f64]],
     order: Order,
 ) -> Result<HostRun, String> {
-    execute(plan, dtype, None, inputs, order)
+    execute(plan, dtype, &[], inputs, order)
 }
 
-/// [`run`] for an in-place plan: `target` is what [`KernelArg::Target`] points to (the only
-/// buffer besides the outputs the kernel may change); its final values follow the outputs.
+/// [`run`] for an in-place plan: `targets` are what [`KernelArg::Target`]s point to (the only
+/// buffers besides the outputs the kernel may change); their final values follow the outputs.
 fn execute(
     plan: &LaunchPlan,
     dtype: DType,
-    target: Option<&[f64]>,
+    targets: &[&[f64]],
     inputs: &[&[f64]],
     order: Order,
 ) -> Result<HostRun, String> {
     let esize = dtype.size_in_bytes();
-    let mut target = target.map(|t| Guarded::with(&to_bytes(t, dtype)));
+    let mut targets: Vec<Guarded> = targets
+        .iter()
+        .map(|t| Guarded::with(&to_bytes(t, dtype)))
+        .collect();
     let input_bytes: Vec<Vec<u8>> = inputs.iter().map(|v| to_bytes(v, dtype)).collect();
     let mut ins: Vec<Guarded> = input_bytes.iter().map(|b| Guarded::with(b)).collect();
     let mut outs: Vec<Guarded> = plan
@@ -159,10 +162,10 @@ fn execute(
             KernelArg::Input(i) => {
                 Arg::Ptr(ins.get_mut(*i).ok_or_else(|| missing("input", *i))?.ptr())
             }
-            KernelArg::Target => Arg::Ptr(
-                target
-                    .as_mut()
-                    .ok_or_else(|| format!("{}: no target", plan.kernel))?
+            KernelArg::Target(i) => Arg::Ptr(
+                targets
+                    .get_mut(*i)
+                    .ok_or_else(|| missing("target", *i))?
                     .ptr(),
             ),
             KernelArg::Output(i) => {
@@ -201,7 +204,7 @@ fn execute(
     named("table", &tables)?;
     named("the workspace", std::slice::from_ref(&workspace))?;
     named("the status word", std::slice::from_ref(&status))?;
-    named("the target", target.as_slice())?;
+    named("target", &targets)?;
     for (i, (g, b)) in ins.iter().zip(&input_bytes).enumerate() {
         if g.data() != b.as_slice() {
             return Err(format!("{}: changed input {i}", plan.kernel));
@@ -215,7 +218,7 @@ fn execute(
     Ok(HostRun {
         outputs: outs
             .iter()
-            .chain(&target)
+            .chain(&targets)
             .map(|g| from_bytes(g.data(), dtype))
             .collect(),
         status: i32::from_le_bytes(status.data()[..4].try_into().unwrap()),
@@ -233,29 +236,29 @@ pub fn run_in_every_order(
     inputs: &[&[f64]],
     seed: u64,
 ) -> HostRun {
-    in_every_order(plan, dtype, None, inputs, seed)
+    in_every_order(plan, dtype, &[], inputs, seed)
 }
 
-/// [`run_in_every_order`] for an in-place plan: `target` as in [`execute`], its final values
-/// the last output.
+/// [`run_in_every_order`] for an in-place plan: `targets` as in [`execute`], their final values
+/// the last outputs.
 pub fn run_in_place_in_every_order(
     plan: &LaunchPlan,
     dtype: DType,
-    target: &[f64],
+    targets: &[&[f64]],
     inputs: &[&[f64]],
     seed: u64,
 ) -> HostRun {
-    in_every_order(plan, dtype, Some(target), inputs, seed)
+    in_every_order(plan, dtype, targets, inputs, seed)
 }
 
 fn in_every_order(
     plan: &LaunchPlan,
     dtype: DType,
-    target: Option<&[f64]>,
+    targets: &[&[f64]],
     inputs: &[&[f64]],
     seed: u64,
 ) -> HostRun {
-    let go = |order| execute(plan, dtype, target, inputs, order).unwrap_or_else(|e| panic!("{e}"));
+    let go = |order| execute(plan, dtype, targets, inputs, order).unwrap_or_else(|e| panic!("{e}"));
     let first = go(Order::Ascending);
     for order in [Order::Descending, Order::Shuffled(seed)] {
         let other = go(order);

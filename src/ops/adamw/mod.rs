@@ -1,15 +1,22 @@
 //! One AdamW step of one parameter, in place (`kernels/adamw.cu` on CUDA, its CPU twin here):
-//! two in-place ops, on the moments [m; v] and then on θ, so that the optimiser's state never
-//! moves and a step allocates nothing (a captured step replays on the same buffers).
+//! one launch that updates θ and its moments [m; v] where they are, so that the optimiser's
+//! state never moves and a step allocates nothing (a captured step replays on the same
+//! buffers):
 //!
 //!   ĝ = s g,  m' = β₁ m + (1 − β₁) ĝ,  v' = β₂ v + (1 − β₂) ĝ²,
 //!   θ' = θ − η (m' / c₁) / (√(v' / c₂) + ε) − η λ θ,  c₁ = 1 − β₁ᵗ, c₂ = 1 − β₂ᵗ,
 //!
 //! with s the gradient-clipping factor (a device scalar) or 1. No gradient flows through it.
+//! candle's in-place ops update one tensor each: the moments' op, holding them, runs θ's op
+//! inside it, which then holds both.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use candle_core::{bail, CpuStorage, DType, Device, InplaceOp3, Layout, Result, Tensor};
+use std::cell::RefCell;
+
+use candle_core::{
+    bail, CpuStorage, DType, Device, InplaceOp1, InplaceOp3, Layout, Result, Tensor,
+};
 use rayon::prelude::*;
 
 pub mod cuda;
@@ -66,7 +73,7 @@ impl AdamwHyper {
 }
 
 /// In-place updates the optimiser has applied in this process (an in-place op makes no new
-/// tensor, so tensor counts miss it): two per [`adamw_step`].
+/// tensor, so tensor counts miss it): one per [`adamw_step`].
 static UPDATES: AtomicU64 = AtomicU64::new(0);
 
 /// How many in-place updates [`adamw_step`] has applied so far.
@@ -102,21 +109,34 @@ pub fn adamw_step(theta: &Tensor, moments: &Tensor, g: &Tensor, hyper: &Tensor) 
             bail!("adamw_step: {what} must be contiguous to be updated in place");
         }
     }
-    let n = theta.elem_count();
-    moments.inplace_op3(&g.contiguous()?, hyper, &Moments { n })?;
-    theta.inplace_op3(moments, hyper, &Apply { n })?;
-    UPDATES.fetch_add(2, Ordering::Relaxed);
+    // θ's update runs inside the moments' (which holds their storage): one storage for both
+    // would wait on itself.
+    let storage = |t: &Tensor| std::ptr::from_ref(&*t.storage_and_layout().0) as usize;
+    if storage(theta) == storage(moments) {
+        bail!("adamw_step: the parameter and its moments share memory");
+    }
+    let step = Step {
+        theta: theta.clone(),
+        n: theta.elem_count(),
+    };
+    moments.inplace_op3(&g.contiguous()?, hyper, &step)?;
+    UPDATES.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
-/// [m; v] ← the new moments (inputs: g, the hyper row).
-struct Moments {
+/// The step, as an in-place op on [m; v] (inputs: g, the hyper row) that runs [`Apply`] on θ.
+struct Step {
+    theta: Tensor,
     n: usize,
 }
 
-/// θ ← θ − the step (inputs: the new [m; v], the hyper row).
-struct Apply {
+/// The step's update of θ, with the moments' op's operands: [m; v] (held mutably by it), g and
+/// the hyper row.
+struct Apply<'a, S> {
     n: usize,
+    mv: RefCell<(&'a mut S, &'a Layout)>,
+    g: (&'a S, &'a Layout),
+    h: (&'a S, &'a Layout),
 }
 
 /// The contiguous values `l` addresses in `s`.
@@ -137,52 +157,38 @@ fn part_mut<'a, F>(v: &'a mut [F], l: &Layout) -> Result<&'a mut [F]> {
 /// Elements per rayon task of the CPU twins.
 const CHUNK: usize = 1 << 14;
 
-/// The CPU twin of `adamw_moments`: the same operations in the same order, in F.
-fn moments_cpu<F: candle_core::WithDType + num_traits::Float + Send + Sync>(
+/// The CPU twin of `adamw_step`: the same operations in the same order, in F.
+fn step_cpu<F: candle_core::WithDType + num_traits::Float + Send + Sync>(
     n: usize,
+    theta: &mut [F],
     mv: &mut [F],
     g: &[F],
     h: &[F],
 ) {
-    let (b1, b2, s) = (h[0], h[1], h[7]);
+    let (b1, b2, c1, c2, eps, eta, wd, s) = (h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
     let (m, v) = mv.split_at_mut(n);
-    m.par_chunks_mut(CHUNK)
-        .zip(v.par_chunks_mut(CHUNK))
-        .zip(g.par_chunks(CHUNK))
-        .for_each(|((m, v), g)| {
-            for k in 0..g.len() {
-                let gs = g[k] * s;
-                m[k] = b1 * m[k] + (F::one() - b1) * gs;
-                v[k] = b2 * v[k] + (F::one() - b2) * (gs * gs);
-            }
-        });
-}
-
-/// The CPU twin of `adamw_apply`.
-fn apply_cpu<F: candle_core::WithDType + num_traits::Float + Send + Sync>(
-    n: usize,
-    theta: &mut [F],
-    mv: &[F],
-    h: &[F],
-) {
-    let (c1, c2, eps, eta, wd) = (h[2], h[3], h[4], h[5], h[6]);
-    let (m, v) = mv.split_at(n);
     theta
         .par_chunks_mut(CHUNK)
-        .zip(m.par_chunks(CHUNK))
-        .zip(v.par_chunks(CHUNK))
-        .for_each(|((theta, m), v)| {
+        .zip(m.par_chunks_mut(CHUNK))
+        .zip(v.par_chunks_mut(CHUNK))
+        .zip(g.par_chunks(CHUNK))
+        .for_each(|(((theta, m), v), g)| {
             for k in 0..theta.len() {
-                let update = (m[k] / c1) / ((v[k] / c2).sqrt() + eps);
+                let gs = g[k] * s;
+                let mk = b1 * m[k] + (F::one() - b1) * gs;
+                let vk = b2 * v[k] + (F::one() - b2) * (gs * gs);
+                m[k] = mk;
+                v[k] = vk;
+                let update = (mk / c1) / ((vk / c2).sqrt() + eps);
                 let th = theta[k];
                 theta[k] = (th - eta * update) - eta * wd * th;
             }
         });
 }
 
-impl InplaceOp3 for Moments {
+impl InplaceOp3 for Step {
     fn name(&self) -> &'static str {
-        "adamw-moments"
+        "adamw-step"
     }
 
     fn cpu_fwd(
@@ -194,16 +200,12 @@ impl InplaceOp3 for Moments {
         h: &CpuStorage,
         hl: &Layout,
     ) -> Result<()> {
-        match mv {
-            CpuStorage::F32(mv) => {
-                moments_cpu(self.n, part_mut(mv, mvl)?, part(g, gl)?, part(h, hl)?)
-            }
-            CpuStorage::F64(mv) => {
-                moments_cpu(self.n, part_mut(mv, mvl)?, part(g, gl)?, part(h, hl)?)
-            }
-            _ => bail!("adamw_step: only f32 and f64 are supported"),
-        }
-        Ok(())
+        self.theta.inplace_op1(&Apply {
+            n: self.n,
+            mv: RefCell::new((mv, mvl)),
+            g: (g, gl),
+            h: (h, hl),
+        })
     }
 
     #[cfg(feature = "cuda")]
@@ -216,51 +218,65 @@ impl InplaceOp3 for Moments {
         h: &candle_core::CudaStorage,
         hl: &Layout,
     ) -> Result<()> {
-        use candle_core::backend::BackendStorage;
-        let plan = cuda::moments_plan(self.n, mv.dtype())?;
-        crate::cuda::launch_in_place(crate::cuda::ADAMW, &plan, (mv, mvl), &[(g, gl), (h, hl)])
+        self.theta.inplace_op1(&Apply {
+            n: self.n,
+            mv: RefCell::new((mv, mvl)),
+            g: (g, gl),
+            h: (h, hl),
+        })
     }
 }
 
-impl InplaceOp3 for Apply {
+impl InplaceOp1 for Apply<'_, CpuStorage> {
     fn name(&self) -> &'static str {
-        "adamw-apply"
+        "adamw-step"
     }
 
-    fn cpu_fwd(
-        &self,
-        theta: &mut CpuStorage,
-        tl: &Layout,
-        mv: &CpuStorage,
-        mvl: &Layout,
-        h: &CpuStorage,
-        hl: &Layout,
-    ) -> Result<()> {
-        match theta {
-            CpuStorage::F32(t) => apply_cpu(self.n, part_mut(t, tl)?, part(mv, mvl)?, part(h, hl)?),
-            CpuStorage::F64(t) => apply_cpu(self.n, part_mut(t, tl)?, part(mv, mvl)?, part(h, hl)?),
+    fn cpu_fwd(&self, theta: &mut CpuStorage, tl: &Layout) -> Result<()> {
+        let mut mv = self.mv.borrow_mut();
+        let (mv, mvl) = &mut *mv;
+        let ((g, gl), (h, hl)) = (self.g, self.h);
+        match (theta, &mut **mv) {
+            (CpuStorage::F32(t), CpuStorage::F32(mv)) => step_cpu(
+                self.n,
+                part_mut(t, tl)?,
+                part_mut(mv, mvl)?,
+                part(g, gl)?,
+                part(h, hl)?,
+            ),
+            (CpuStorage::F64(t), CpuStorage::F64(mv)) => step_cpu(
+                self.n,
+                part_mut(t, tl)?,
+                part_mut(mv, mvl)?,
+                part(g, gl)?,
+                part(h, hl)?,
+            ),
             _ => bail!("adamw_step: only f32 and f64 are supported"),
         }
         Ok(())
     }
+}
 
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        theta: &mut candle_core::CudaStorage,
-        tl: &Layout,
-        mv: &candle_core::CudaStorage,
-        mvl: &Layout,
-        h: &candle_core::CudaStorage,
-        hl: &Layout,
-    ) -> Result<()> {
+#[cfg(feature = "cuda")]
+impl InplaceOp1 for Apply<'_, candle_core::CudaStorage> {
+    fn name(&self) -> &'static str {
+        "adamw-step"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> Result<()> {
+        bail!("adamw_step: the parameter is on the CPU and its moments on CUDA")
+    }
+
+    fn cuda_fwd(&self, theta: &mut candle_core::CudaStorage, tl: &Layout) -> Result<()> {
         use candle_core::backend::BackendStorage;
-        let plan = cuda::apply_plan(self.n, theta.dtype())?;
+        let plan = cuda::step_plan(self.n, theta.dtype())?;
+        let mut mv = self.mv.borrow_mut();
+        let (mv, mvl) = &mut *mv;
         crate::cuda::launch_in_place(
             crate::cuda::ADAMW,
             &plan,
-            (theta, tl),
-            &[(mv, mvl), (h, hl)],
+            &mut [(theta, tl), (&mut **mv, mvl)],
+            &[self.g, self.h],
         )
     }
 }

@@ -2,7 +2,7 @@
 #include "../../../../kernels/adamw.cu"
 #include "launcher.h"
 
-#define ADAMW_ENTRIES(SUFFIX, T) KERNEL_ENTRY(adamw_moments_##SUFFIX), KERNEL_ENTRY(adamw_apply_##SUFFIX),
+#define ADAMW_ENTRIES(SUFFIX, T) KERNEL_ENTRY(adamw_step_##SUFFIX),
 static const KernelEntry entries[] = {ADAMW_DTYPES(ADAMW_ENTRIES)};
 
 const KernelEntry *adamw_kernels(size_t *n) {
