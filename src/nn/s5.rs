@@ -354,6 +354,8 @@ struct Pass {
     rows3: Option<Tensor>,
     /// The directions' states side by side, (batch · length, directions · 2P).
     xs: Tensor,
+    /// The scans' initial state (zeros).
+    h0: Tensor,
     gate: Tensor,
     b_mat: Tensor,
     /// Each direction's states (batch, length, P, 2).
@@ -414,9 +416,21 @@ impl S5 {
         let p = gate.dim(0)?;
         let u2 = u.reshape((batch * len, h))?;
         let bu = u2.matmul(&b_mat)?.reshape((batch, len, p, 2))?;
-        let mut states = vec![linear_scan(&gate, &bu, None, Self::scan_options(false))?];
+        // One zero initial state for both directions, forward and backward.
+        let h0 = Tensor::zeros((batch, p, 2), bu.dtype(), bu.device())?;
+        let mut states = vec![linear_scan(
+            &gate,
+            &bu,
+            Some(&h0),
+            Self::scan_options(false),
+        )?];
         if self.cfg.bidirectional {
-            states.push(linear_scan(&gate, &bu, None, Self::scan_options(true))?);
+            states.push(linear_scan(
+                &gate,
+                &bu,
+                Some(&h0),
+                Self::scan_options(true),
+            )?);
         }
         // Re(C̃ x) (× 2 with conj_sym): one matmul of the directions' states side by side with
         // their readout matrices stacked.
@@ -435,6 +449,7 @@ impl S5 {
             u2,
             rows3,
             xs,
+            h0,
             gate,
             b_mat,
             states,
@@ -477,6 +492,7 @@ impl S5 {
             u2: pass.u2,
             rows3,
             xs: pass.xs,
+            h0: pass.h0,
             gate: pass.gate,
             b_mat: pass.b_mat,
             states: pass.states,

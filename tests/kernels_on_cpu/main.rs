@@ -4,7 +4,7 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|masked_mean|cross_entropy|layer_norm|channel|s5]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|gate|masked_mean|cross_entropy|layer_norm|channel|s5]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 mod adamw;
@@ -15,6 +15,7 @@ mod dropout;
 mod epilogue;
 mod exec;
 mod fused;
+mod gate;
 mod head_solve;
 mod masked_mean;
 mod s5_discretize;
@@ -71,6 +72,8 @@ fn every_kernel_entry_point_is_tested() {
         ("gelu_bwd", real, &all),
         ("epilogue_fwd", real, &all),
         ("epilogue_bwd", real, &all),
+        ("gate_fwd", real, &wide),
+        ("gate_bwd", real, &wide),
         ("masked_mean_fwd", real, &wide),
         ("masked_mean_bwd", real, &wide),
         ("cross_entropy_fwd", real, &wide),

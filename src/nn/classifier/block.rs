@@ -18,7 +18,9 @@ use super::{dropout, Activation, Block, Layer, Mode, Norm, SequenceClassifier, L
 use crate::nn::batch_norm::BatchNormBackward;
 use crate::nn::by_hand::{by_hand, Backward, GradSink};
 use crate::nn::{dense, S5};
-use crate::ops::epilogue::{epilogue, epilogue_backward, Activation as EpilogueAct, Dropout};
+use crate::ops::epilogue::{
+    epilogue, epilogue_backward, gate, gate_backward, Activation as EpilogueAct, Dropout,
+};
 use crate::ops::{layer_norm, layer_norm_backward};
 
 /// A dense layer's parameters (the gradients' keys) and their values detached once (aliases
@@ -43,6 +45,25 @@ impl Dense {
     /// y = x Wᵀ + b over the last dimension, on the detached values.
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         dense(&self.detached, x)
+    }
+
+    /// x Wᵀ over the last dimension, without the bias (detached values).
+    fn product(&self, x: &Tensor) -> Result<Tensor> {
+        let w = self.detached.weight();
+        let mut dims = x.dims().to_vec();
+        let k = dims.pop().unwrap_or(1);
+        dims.push(w.dim(0)?);
+        x.reshape((x.elem_count() / k.max(1), k))?
+            .matmul(&w.t()?)?
+            .reshape(dims)
+    }
+
+    /// The bias, detached.
+    fn bias(&self) -> Result<&Tensor> {
+        match self.detached.bias() {
+            Some(b) => Ok(b),
+            None => candle_core::bail!("a block's dense layer has no bias"),
+        }
     }
 
     /// The weight (the variable).
@@ -76,12 +97,11 @@ enum Act {
         /// GELU(y) ⊙ k₀ and the dropout k₀.
         g: Tensor,
         drop0: Option<Dropout>,
-        /// σ(W₂g + b₂).
-        s: Tensor,
-        /// The factor of s: W₁g + b₁, g or y.
+        /// W₂g, the gate before its bias and sigmoid.
+        z: Tensor,
+        /// The factor of the gate: W₁g + b₁, g or y.
         f: Tensor,
-        /// f ⊙ s and the dropout k₁.
-        gated: Tensor,
+        /// The dropout k₁ of the gated product.
         drop1: Option<Dropout>,
         out1: Option<Dense>,
         out2: Dense,
@@ -170,9 +190,8 @@ impl Act {
             kind,
             g,
             drop0,
-            s,
+            z,
             f,
-            gated,
             drop1,
             out1,
             out2,
@@ -183,10 +202,8 @@ impl Act {
             };
             return epilogue_backward(y, EpilogueAct::Gelu, *drop0, d_o);
         };
-        let d_gated = epilogue_backward(gated, EpilogueAct::Identity, *drop1, d_o)?;
-        let df = (&d_gated * s)?;
-        let dl2 = ((&d_gated * f)? * (s * s.affine(-1.0, 1.0)?)?)?;
-        let mut dg = out2.backward(g, &dl2, params)?;
+        let [df, dz] = gate_backward(f, z, out2.bias()?, *drop1, d_o)?;
+        let mut dg = out2.backward(g, &dz, params)?;
         let mut direct = None;
         match (kind, out1) {
             (Activation::FullGlu, Some(out1)) => dg = (dg + out1.backward(g, &df, params)?)?,
@@ -272,21 +289,19 @@ impl SequenceClassifier {
                     candle_core::bail!("block {i}: a gated activation without its gate");
                 };
                 let g = epilogue(&y, None, EpilogueAct::Gelu, drop(0))?;
-                let s = candle_nn::ops::sigmoid(&dense(&out2.detached, &g)?)?;
+                let z = out2.product(&g)?;
                 let f = match (&out1, kind) {
-                    (Some(out1), Activation::FullGlu) => dense(&out1.detached, &g)?,
+                    (Some(out1), Activation::FullGlu) => out1.forward(&g)?,
                     (_, Activation::HalfGlu1) => g.clone(),
                     _ => y.clone(),
                 };
-                let gated = (&f * &s)?;
-                let o = epilogue(&gated, Some(&x), EpilogueAct::Identity, drop(1))?;
+                let o = gate(&f, &z, out2.bias()?, Some(&x), drop(1))?;
                 let act = Act::Glu {
                     kind,
                     g,
                     drop0: drop(0),
-                    s,
+                    z,
                     f,
-                    gated,
                     drop1: drop(1),
                     out1,
                     out2,

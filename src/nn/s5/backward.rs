@@ -27,6 +27,8 @@ pub(super) struct S5Backward {
     pub rows3: Tensor,
     /// The directions' states side by side, (batch · length, directions · 2P).
     pub xs: Tensor,
+    /// The scans' initial state (zeros).
+    pub h0: Tensor,
     pub gate: Tensor,
     pub b_mat: Tensor,
     pub states: Vec<Tensor>,
@@ -47,8 +49,13 @@ impl Backward for S5Backward {
         let (mut dbu, mut dgate) = (None::<Tensor>, None::<Tensor>);
         for (k, x) in self.states.iter().enumerate() {
             let dx = dxs.narrow(1, k * 2 * p, 2 * p)?.reshape(x.dims())?;
-            let g =
-                linear_scan_backward(&self.gate, x, None, &dx, super::S5::scan_options(k == 1))?;
+            let g = linear_scan_backward(
+                &self.gate,
+                x,
+                Some(&self.h0),
+                &dx,
+                super::S5::scan_options(k == 1),
+            )?;
             dbu = Some(match dbu {
                 Some(s) => (s + g.b)?,
                 None => g.b,

@@ -22,29 +22,69 @@ pub fn backward_plan(e: &Epilogue, dtype: DType) -> Result<LaunchPlan> {
 }
 
 fn plan(stem: &str, e: &Epilogue, second: KernelArg, dtype: DType) -> Result<LaunchPlan> {
-    let n = e.samples * e.per_sample;
+    let mut args = vec![KernelArg::Input(0), second, KernelArg::Output(0)];
+    args.extend(shape_args(e)?);
+    args.insert(6, KernelArg::I32((e.activation == Activation::Gelu) as i32));
+    elementwise(stem, e, args, 1, dtype)
+}
+
+/// `gate_fwd`: inputs f, z, b and, with `residual`, r; output r + k ⊙ (f ⊙ σ(z + b)).
+pub fn gate_forward_plan(e: &Epilogue, residual: bool, dtype: DType) -> Result<LaunchPlan> {
+    let r = match residual {
+        true => KernelArg::Input(3),
+        false => KernelArg::Null,
+    };
+    let mut args = vec![
+        KernelArg::Input(0),
+        KernelArg::Input(1),
+        KernelArg::Input(2),
+        r,
+        KernelArg::Output(0),
+    ];
+    args.extend(shape_args(e)?);
+    elementwise("gate_fwd", e, args, 1, dtype)
+}
+
+/// `gate_bwd`: inputs f, z, b and ∂out; outputs ∂f and ∂z.
+pub fn gate_backward_plan(e: &Epilogue, dtype: DType) -> Result<LaunchPlan> {
+    let mut args = (0..4).map(KernelArg::Input).collect::<Vec<_>>();
+    args.extend([KernelArg::Output(0), KernelArg::Output(1)]);
+    args.extend(shape_args(e)?);
+    elementwise("gate_bwd", e, args, 2, dtype)
+}
+
+/// The size, sample size and feature count, then the dropout's switch and key.
+fn shape_args(e: &Epilogue) -> Result<Vec<KernelArg>> {
     let int = |what, v| int_arg("epilogue", what, v).map(KernelArg::I32);
     let drop = e.dropout.unwrap_or_default();
+    Ok(vec![
+        int("size", e.samples * e.per_sample)?,
+        int("sample size", e.per_sample)?,
+        int("features", e.features)?,
+        KernelArg::I32(e.dropout.is_some() as i32),
+        KernelArg::U64(drop.site_hash),
+        KernelArg::U64(drop.first_row),
+        KernelArg::U64(drop.threshold()),
+        KernelArg::U64(drop.scale().to_bits()),
+    ])
+}
+
+/// One thread per element, `outputs` outputs of the elements' count.
+fn elementwise(
+    stem: &str,
+    e: &Epilogue,
+    args: Vec<KernelArg>,
+    outputs: usize,
+    dtype: DType,
+) -> Result<LaunchPlan> {
+    let n = e.samples * e.per_sample;
     Ok(LaunchPlan {
         kernel: kernel_name(stem, dtype, false)?,
         grid: [element_blocks(n), 1, 1],
         block: [ELEMENT_THREADS, 1, 1],
         shared_bytes: 0,
-        args: vec![
-            KernelArg::Input(0),
-            second,
-            KernelArg::Output(0),
-            int("size", n)?,
-            int("sample size", e.per_sample)?,
-            int("features", e.features)?,
-            KernelArg::I32((e.activation == Activation::Gelu) as i32),
-            KernelArg::I32(e.dropout.is_some() as i32),
-            KernelArg::U64(drop.site_hash),
-            KernelArg::U64(drop.first_row),
-            KernelArg::U64(drop.threshold()),
-            KernelArg::U64(drop.scale().to_bits()),
-        ],
-        outputs: vec![n],
+        args,
+        outputs: vec![n; outputs],
         tables: vec![],
         workspace_bytes: 0,
     })

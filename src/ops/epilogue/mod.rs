@@ -23,6 +23,9 @@ use super::gelu::{slope, value};
 use super::value::{contiguous, fused_elementwise};
 
 pub mod cuda;
+pub mod gate;
+
+pub use gate::{gate, gate_backward};
 
 /// The activation of an epilogue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,8 @@
 
 #define EPILOGUE_ENTRIES(SUFFIX, T)                                                             \
     KERNEL_ENTRY(epilogue_fwd_##SUFFIX), KERNEL_ENTRY(epilogue_bwd_##SUFFIX),
-static const KernelEntry entries[] = {EPILOGUE_DTYPES(EPILOGUE_ENTRIES)};
+#define GATE_ENTRIES(SUFFIX, T) KERNEL_ENTRY(gate_fwd_##SUFFIX), KERNEL_ENTRY(gate_bwd_##SUFFIX),
+static const KernelEntry entries[] = {EPILOGUE_DTYPES(EPILOGUE_ENTRIES) GATE_DTYPES(GATE_ENTRIES)};
 
 const KernelEntry *epilogue_kernels(size_t *n) {
     *n = sizeof(entries) / sizeof(entries[0]);
