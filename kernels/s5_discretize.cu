@@ -4,10 +4,10 @@
 //   ZOH:       Λ̄ = e^{λΔ},                   k = (Λ̄ − 1) / λ;
 //   bilinear:  Λ̄ = (1 + λΔ/2) / (1 − λΔ/2),  k = Δ / (1 − λΔ/2);
 //   B̄[p, j] = B[p, j] · k_p.
-// Input `params` is (3, P): rows λ_re, λ_im, log Δ; `b` is (P, H, 2). The forward writes
-// [Λ̄ as (P, 2) | B̄ as the (H, 2P) matrix whose row j is (re, im) of B̄[·, j]], the layout the
-// scan and the input projection's matmul take. The backward takes the gradient of that output
-// and writes [∂params (3, P) | ∂b (P, H, 2)], with g_k = Σ_j conj(B[p, j]) ∂B̄[p, j] added per
+// Inputs λ_re, λ_im, log Δ (P each) and `b` (P, H, 2). The forward writes [Λ̄ as (P, 2) | B̄ as
+// the (H, 2P) matrix whose row j is (re, im) of B̄[·, j]], the layout the scan and the input
+// projection's matmul take. The backward takes the gradients of Λ̄ and B̄ in that layout and
+// writes [∂λ_re | ∂λ_im | ∂log Δ | ∂b (P, H, 2)], with g_k = Σ_j conj(B[p, j]) ∂B̄[p, j] added per
 // thread (j ≡ thread mod S5D_THREADS) and then over the threads in order. The CPU twin is
 // src/ops/s5_discretize/mod.rs; its forward is also the arithmetic of the same formulas in
 // candle ops, operation for operation.
@@ -49,13 +49,13 @@ __device__ __forceinline__ S5Step<F> s5d_step(F re, F im, F log_dt, int bilinear
 }
 
 template <typename T>
-__device__ void s5_discretize_fwd(const T *params, const T *b, T *out, int p_count, int h,
-                                  int bilinear, int clip) {
+__device__ void s5_discretize_fwd(const T *re, const T *im, const T *log_dt, const T *b, T *out,
+                                  int p_count, int h, int bilinear, int clip) {
     typedef typename AccOf<T>::F F;
     typedef ComplexOps<F> CO;
     const int p = blockIdx.x;
-    const S5Step<F> s = s5d_step(to_acc(params[p]), to_acc(params[p_count + p]),
-                                 to_acc(params[2 * p_count + p]), bilinear, clip);
+    const S5Step<F> s =
+        s5d_step(to_acc(re[p]), to_acc(im[p]), to_acc(log_dt[p]), bilinear, clip);
     if (threadIdx.x == 0) {
         store_s(out + 2 * p, s.lbar.re);
         store_s(out + 2 * p + 1, s.lbar.im);
@@ -71,15 +71,15 @@ __device__ void s5_discretize_fwd(const T *params, const T *b, T *out, int p_cou
 }
 
 template <typename T>
-__device__ void s5_discretize_bwd(const T *params, const T *b, const T *g, T *out, int p_count,
-                                  int h, int bilinear, int clip) {
+__device__ void s5_discretize_bwd(const T *re, const T *im, const T *log_dt, const T *b,
+                                  const T *g_lbar, const T *gbar, T *out, int p_count, int h,
+                                  int bilinear, int clip) {
     typedef typename AccOf<T>::F F;
     typedef ComplexOps<F> CO;
     __shared__ F part_re[S5D_THREADS], part_im[S5D_THREADS];
     const int p = blockIdx.x;
-    const S5Step<F> s = s5d_step(to_acc(params[p]), to_acc(params[p_count + p]),
-                                 to_acc(params[2 * p_count + p]), bilinear, clip);
-    const T *gbar = g + 2 * (i64)p_count;
+    const S5Step<F> s =
+        s5d_step(to_acc(re[p]), to_acc(im[p]), to_acc(log_dt[p]), bilinear, clip);
     T *db = out + 3 * (i64)p_count;
     const Cx<F> kc = CO::conj(s.k);
     Cx<F> gk = CO::zero();
@@ -97,7 +97,7 @@ __device__ void s5_discretize_bwd(const T *params, const T *b, const T *g, T *ou
     if (threadIdx.x != 0) return;
     gk = CO::zero();
     for (int t = 0; t < S5D_THREADS; ++t) gk = CO::add(gk, Cx<F>{part_re[t], part_im[t]});
-    const Cx<F> gl = {to_acc(g[2 * p]), to_acc(g[2 * p + 1])};
+    const Cx<F> gl = {to_acc(g_lbar[2 * p]), to_acc(g_lbar[2 * p + 1])};
     // ∂Λ̄/∂λ, ∂k/∂λ (holomorphic) and ∂Λ̄/∂Δ, ∂k/∂Δ.
     Cx<F> dl_dlam, dk_dlam, dl_ddt, dk_ddt;
     if (bilinear) {
@@ -124,14 +124,14 @@ __device__ void s5_discretize_bwd(const T *params, const T *b, const T *g, T *ou
 
 #define S5D_KERNELS(SUFFIX, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(S5D_THREADS)                                   \
-        s5_discretize_fwd_##SUFFIX(const T *params, const T *b, T *out, int p_count, int h,     \
-                                   int bilinear, int clip) {                                    \
-        s5_discretize_fwd<T>(params, b, out, p_count, h, bilinear, clip);                       \
+        s5_discretize_fwd_##SUFFIX(const T *re, const T *im, const T *log_dt, const T *b,       \
+                                   T *out, int p_count, int h, int bilinear, int clip) {        \
+        s5_discretize_fwd<T>(re, im, log_dt, b, out, p_count, h, bilinear, clip);               \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(S5D_THREADS)                                   \
-        s5_discretize_bwd_##SUFFIX(const T *params, const T *b, const T *g, T *out,             \
-                                   int p_count, int h, int bilinear, int clip) {                \
-        s5_discretize_bwd<T>(params, b, g, out, p_count, h, bilinear, clip);                    \
+    extern "C" __global__ void __launch_bounds__(S5D_THREADS) s5_discretize_bwd_##SUFFIX(       \
+        const T *re, const T *im, const T *log_dt, const T *b, const T *g_lbar, const T *gbar,  \
+        T *out, int p_count, int h, int bilinear, int clip) {                                   \
+        s5_discretize_bwd<T>(re, im, log_dt, b, g_lbar, gbar, out, p_count, h, bilinear, clip); \
     }
 
 // The instantiations (parameters train in f32; f64 for the tests): kernel-name suffix and

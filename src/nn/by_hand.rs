@@ -11,9 +11,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::backend::BackendStorage;
+use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::backprop::GradStore;
-use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
 /// Parameter gradients computed by hand during a backward pass, in the order computed.
 #[derive(Clone, Default)]
@@ -63,11 +63,7 @@ pub fn by_hand(
     back: Box<dyn Backward>,
     sink: &GradSink,
 ) -> Result<Tensor> {
-    let y = if y.is_contiguous() && y.layout().start_offset() == 0 {
-        y.detach()
-    } else {
-        y.detach().force_contiguous()?
-    };
+    let y = y.detach();
     let op = ByHand {
         back,
         sink: sink.clone(),
@@ -80,12 +76,15 @@ struct ByHand {
     sink: GradSink,
 }
 
-/// `y`'s values as the node's output.
-fn copy_of<S: BackendStorage>(s: &S, l: &Layout) -> Result<(S, Shape)> {
-    if !l.is_contiguous() || l.start_offset() != 0 {
-        bail!("by_hand: the layer's output must be contiguous from its storage's start");
-    }
-    Ok((s.try_clone(l)?, l.shape().clone()))
+/// `y`'s values (any layout) as the node's output, contiguous.
+fn copy_of<S: BackendStorage>(s: &S, l: &Layout) -> Result<(S, Shape)>
+where
+    S::Device: BackendDevice<Storage = S>,
+{
+    // SAFETY: the copy writes every element.
+    let mut out = unsafe { s.device().alloc_uninit(l.shape(), s.dtype())? };
+    s.copy_strided_src(&mut out, 0, l)?;
+    Ok((out, l.shape().clone()))
 }
 
 impl CustomOp3 for ByHand {

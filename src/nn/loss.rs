@@ -39,7 +39,8 @@ pub fn log_softmax_nll(logits: &Tensor, labels: &Tensor, by_hand: bool) -> Resul
             correct,
         });
     }
-    let ce = cross_entropy(&logits.detach(), labels)?;
+    // The op reads the logits' values: no graph is recorded.
+    let ce = cross_entropy(logits, labels)?;
     let back = NllBackward {
         logp: ce.logp.clone(),
         labels: ce.labels,

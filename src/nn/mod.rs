@@ -39,14 +39,22 @@ pub(crate) use init::{
 /// sums.
 pub(crate) fn dense(l: &candle_nn::Linear, x: &Tensor) -> Result<Tensor> {
     let w = l.weight();
+    let y = rows(x, |x| x.matmul(&w.t()?))?;
+    match l.bias() {
+        Some(b) => crate::ops::channel_add(&y, b),
+        None => Ok(y),
+    }
+}
+
+/// `f` of x as (rows, last dimension), its result back in x's leading dimensions (2-D tensors
+/// pass as they are).
+pub(crate) fn rows(x: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    if x.rank() == 2 {
+        return f(x);
+    }
     let mut dims = x.dims().to_vec();
     let k = dims.pop().unwrap_or(1);
-    let rows = x.elem_count() / k.max(1);
-    let y = x.reshape((rows, k))?.matmul(&w.t()?)?;
-    let y = match l.bias() {
-        Some(b) => crate::ops::channel_add(&y, b)?,
-        None => y,
-    };
-    dims.push(w.dim(0)?);
+    let y = f(&x.reshape((x.elem_count() / k.max(1), k))?)?;
+    dims.push(y.dim(1)?);
     y.reshape(dims)
 }

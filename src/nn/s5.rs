@@ -30,7 +30,7 @@ use super::init::{init_param, layer_rng, normal, params, trunc_normal};
 use super::ParamGroup;
 use crate::complex::C;
 use crate::ops::{
-    channel_mul, linear_scan, s5_discretize, s5_discretize_packed, s5_readout, S5Discretization,
+    channel_mul, linear_scan, s5_discretize, s5_discretize_untracked, s5_readout, S5Discretization,
     ScanOptions,
 };
 
@@ -350,8 +350,6 @@ struct Pass {
     y: Tensor,
     /// The input as (batch · length, H).
     u2: Tensor,
-    /// [λ_re; λ_im; log Δ] (3, P), where the fused ops ran.
-    rows3: Option<Tensor>,
     /// The directions' states side by side, (batch · length, directions · 2P).
     xs: Tensor,
     /// The scans' initial state (zeros).
@@ -403,15 +401,12 @@ impl S5 {
     fn run(&self, u: &Tensor, w: [&Tensor; 6]) -> Result<Pass> {
         let [lr, li, ls, b, c, d] = w;
         let (batch, len, h) = u.dims3()?;
-        // The fused op reads [λ_re; λ_im; log Δ] as one (3, P) tensor: the backward by hand
-        // keeps it.
-        let (rows3, (gate, b_mat)) = match Self::has_backward_by_hand(u) {
-            true => {
-                let rows3 = Tensor::stack(&[lr, li, ls], 0)?;
-                let out = s5_discretize_packed(&rows3, b, self.how())?;
-                (Some(rows3), out)
-            }
-            false => (None, s5_discretize(lr, li, ls, b, self.how())?),
+        // Outside candle's graph (the backward by hand), the fused op on the parameters as
+        // they are.
+        let tracked = [lr, li, ls, b].iter().any(|t| t.track_op());
+        let (gate, b_mat) = match !tracked && Self::has_backward_by_hand(u) {
+            true => s5_discretize_untracked(lr, li, ls, b, self.how())?,
+            false => s5_discretize(lr, li, ls, b, self.how())?,
         };
         let p = gate.dim(0)?;
         let u2 = u.reshape((batch * len, h))?;
@@ -447,7 +442,6 @@ impl S5 {
         Ok(Pass {
             y,
             u2,
-            rows3,
             xs,
             h0,
             gate,
@@ -482,15 +476,11 @@ impl S5 {
         let w = self.detached.clone();
         let x = u.detach();
         let pass = self.run(&x, [&w[0], &w[1], &w[2], &w[3], &w[4], &w[5]])?;
-        let Some(rows3) = pass.rows3 else {
-            candle_core::bail!("S5: the fused discretisation did not run");
-        };
         let back = backward::S5Backward {
             vars: self.params().map(Tensor::clone),
             w,
             u: x,
             u2: pass.u2,
-            rows3,
             xs: pass.xs,
             h0: pass.h0,
             gate: pass.gate,

@@ -32,8 +32,8 @@ pub use head_solve::{head_solve, head_solve_backward, HeadSolveGrads};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_composed};
 pub use masked_mean::{masked_mean, masked_mean_backward};
 pub use s5_discretize::{
-    s5_discretize, s5_discretize_backward, s5_discretize_packed, s5_discretize_packed_backward,
-    s5_discretize_reference, S5Discretization,
+    s5_discretize, s5_discretize_backward, s5_discretize_reference, s5_discretize_untracked,
+    S5Discretization,
 };
 pub use s5_readout::{s5_readout, s5_readout_backward};
 pub use scan::{

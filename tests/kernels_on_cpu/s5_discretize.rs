@@ -4,7 +4,9 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use myosotis::ops::s5_discretize::cuda::{backward_plan, forward_plan};
-use myosotis::ops::{s5_discretize, S5Discretization};
+use myosotis::ops::{
+    s5_discretize, s5_discretize_backward, s5_discretize_untracked, S5Discretization,
+};
 
 use crate::assert_same;
 use crate::common::{seeded_rng, tensor, to_vec, uniform};
@@ -37,13 +39,30 @@ fn s5_kernels_match_the_cpu_twin() {
                 let b = round_to(&uniform(&mut rng, p * h * 2, -1.0, 1.0), dtype);
                 let g = round_to(&uniform(&mut rng, 2 * p + 2 * p * h, -1.0, 1.0), dtype);
                 let fwd = forward_plan(p, h, how, dtype).unwrap();
-                let out = run_in_every_order(&fwd, dtype, &[&params, &b], seed)
-                    .outputs
-                    .remove(0);
+                let out = run_in_every_order(
+                    &fwd,
+                    dtype,
+                    &[&params[..p], &params[p..2 * p], &params[2 * p..], &b],
+                    seed,
+                )
+                .outputs
+                .remove(0);
                 let bwd = backward_plan(p, h, how, dtype).unwrap();
-                let grads = run_in_every_order(&bwd, dtype, &[&params, &b, &g], seed)
-                    .outputs
-                    .remove(0);
+                let grads = run_in_every_order(
+                    &bwd,
+                    dtype,
+                    &[
+                        &params[..p],
+                        &params[p..2 * p],
+                        &params[2 * p..],
+                        &b,
+                        &g[..2 * p],
+                        &g[2 * p..],
+                    ],
+                    seed,
+                )
+                .outputs
+                .remove(0);
                 // The twin.
                 let var = |v: &[f64], s: &[usize]| {
                     Var::from_tensor(&tensor(v, s, dtype, &Device::Cpu)).unwrap()
@@ -69,6 +88,15 @@ fn s5_kernels_match_the_cpu_twin() {
                     .flat_map(|v| to_vec(store.get(v.as_tensor()).expect("gradient")))
                     .collect();
                 assert_same(&grads, &twin, &format!("{what}: backward"));
+                // The entry points of the layers by hand, outside candle's graph.
+                let (gate, bmat) = s5_discretize_untracked(t(0), t(1), t(2), t(3), how).unwrap();
+                let untracked = [to_vec(&gate), to_vec(&bmat)].concat();
+                assert_same(&out, &untracked, &format!("{what}: forward untracked"));
+                let dg = tensor(&g[..2 * p], &[p, 2], dtype, &Device::Cpu);
+                let db = tensor(&g[2 * p..], &[h, 2 * p], dtype, &Device::Cpu);
+                let d = s5_discretize_backward([t(0), t(1), t(2), t(3)], how, &dg, &db).unwrap();
+                let by_hand: Vec<f64> = d.iter().flat_map(to_vec).collect();
+                assert_same(&grads, &by_hand, &format!("{what}: backward by hand"));
             }
         }
     }

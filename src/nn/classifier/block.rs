@@ -17,7 +17,7 @@ use candle_nn::Linear;
 use super::{dropout, Activation, Block, Layer, Mode, Norm, SequenceClassifier, LN_EPS};
 use crate::nn::batch_norm::BatchNormBackward;
 use crate::nn::by_hand::{by_hand, Backward, GradSink};
-use crate::nn::{dense, S5};
+use crate::nn::{dense, rows, S5};
 use crate::ops::epilogue::{
     epilogue, epilogue_backward, gate, gate_backward, Activation as EpilogueAct, Dropout,
 };
@@ -49,13 +49,7 @@ impl Dense {
 
     /// x Wᵀ over the last dimension, without the bias (detached values).
     fn product(&self, x: &Tensor) -> Result<Tensor> {
-        let w = self.detached.weight();
-        let mut dims = x.dims().to_vec();
-        let k = dims.pop().unwrap_or(1);
-        dims.push(w.dim(0)?);
-        x.reshape((x.elem_count() / k.max(1), k))?
-            .matmul(&w.t()?)?
-            .reshape(dims)
+        rows(x, |x| x.matmul(&self.detached.weight().t()?))
     }
 
     /// The bias, detached.
@@ -78,13 +72,19 @@ impl Dense {
         dy: &Tensor,
         params: &mut Vec<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
-        let (k, out) = (x.dim(D::Minus1)?, dy.dim(D::Minus1)?);
-        let rows = x.elem_count() / k.max(1);
-        let (x2, dy2) = (x.reshape((rows, k))?, dy.reshape((rows, out))?);
+        let as_rows = |t: &Tensor| match t.rank() {
+            2 => Ok(t.clone()),
+            _ => t.flatten_to(D::Minus2),
+        };
+        let (x2, dy2) = (as_rows(x)?, as_rows(dy)?);
         let [w, b] = &self.vars;
         params.push((w.clone(), dy2.t()?.matmul(&x2)?));
         params.push((b.clone(), dy2.sum(0)?));
-        dy2.matmul(self.detached.weight())?.reshape(x.dims())
+        let dx = dy2.matmul(self.detached.weight())?;
+        match x.rank() {
+            2 => Ok(dx),
+            _ => dx.reshape(x.dims()),
+        }
     }
 }
 

@@ -19,7 +19,8 @@ use crate::tree::Tree;
 /// How the positions of (batch, positions, H) are pooled into (batch, H).
 #[derive(Clone)]
 pub(super) enum Pool {
-    /// The mean over each sample's first `lengths[b]` positions (u32, checked).
+    /// The mean over each sample's first `lengths[b]` positions (checked; u32, or the
+    /// features' dtype).
     Mean(Tensor),
     /// Each sample's position `lengths[b]` − 1.
     Last(Tensor),
@@ -104,11 +105,16 @@ impl SequenceClassifier {
         ) = (head, fused, mode.sink(), &self.head_dense, &pool)
         {
             let x = h.detach();
+            // The lengths in h's dtype once, for the forward and the backward.
+            let pool = match pool {
+                Pool::Mean(lengths) => Pool::Mean(lengths.to_dtype(x.dtype())?),
+                pool => pool.clone(),
+            };
             let pooled = pool.apply(&x)?;
             let logits = dense.forward(&pooled)?;
             let back = TailBackward {
                 x,
-                pool: pool.clone(),
+                pool,
                 pooled,
                 dense: dense.clone(),
             };

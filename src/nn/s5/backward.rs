@@ -11,7 +11,7 @@ use candle_core::{Result, Tensor};
 
 use crate::nn::by_hand::Backward;
 use crate::ops::{
-    channel_mul_backward, linear_scan_backward, s5_discretize_packed_backward, s5_readout_backward,
+    channel_mul_backward, linear_scan_backward, s5_discretize_backward, s5_readout_backward,
     S5Discretization,
 };
 
@@ -23,8 +23,6 @@ pub(super) struct S5Backward {
     pub w: [Tensor; 6],
     pub u: Tensor,
     pub u2: Tensor,
-    /// [λ_re; λ_im; log Δ] (3, P).
-    pub rows3: Tensor,
     /// The directions' states side by side, (batch · length, directions · 2P).
     pub xs: Tensor,
     /// The scans' initial state (zeros).
@@ -39,7 +37,7 @@ pub(super) struct S5Backward {
 
 impl Backward for S5Backward {
     fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
-        let [_, _, _, b, c, d] = &self.w;
+        let [lr, li, ls, b, c, d] = &self.w;
         let (batch, len, h) = dy.dims3()?;
         let (rows, p, dirs) = (batch * len, self.gate.dim(0)?, self.states.len());
         let dy2 = dy.reshape((rows, h))?;
@@ -71,8 +69,8 @@ impl Backward for S5Backward {
         let dbu2 = dbu.reshape((rows, 2 * p))?;
         let du = (du_skip + dbu2.matmul(&self.b_mat.t()?)?.reshape((batch, len, h))?)?;
         let db_mat = self.u2.t()?.matmul(&dbu2)?;
-        let ([dlr, dli, dls], db) =
-            s5_discretize_packed_backward(&self.rows3, b, self.how, &dgate, &db_mat)?;
+        let [dlr, dli, dls, db] =
+            s5_discretize_backward([lr, li, ls, b], self.how, &dgate, &db_mat)?;
         let [vlr, vli, vls, vb, vc, vd] = self.vars.clone();
         Ok((
             du,

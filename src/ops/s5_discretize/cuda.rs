@@ -36,18 +36,19 @@ fn plan(
     })
 }
 
-/// `s5_discretize_fwd`: inputs params (3, P) and B̃ (P, H, 2); output [Λ̄ (P, 2) | B̄ (H, 2P)].
+/// `s5_discretize_fwd`: inputs λ_re, λ_im, log Δ (P each) and B̃ (P, H, 2); output
+/// [Λ̄ (P, 2) | B̄ (H, 2P)].
 pub fn forward_plan(p: usize, h: usize, how: S5Discretization, dtype: DType) -> Result<LaunchPlan> {
-    plan("s5_discretize_fwd", 2, p, h, how, dtype, 2 * p + 2 * p * h)
+    plan("s5_discretize_fwd", 4, p, h, how, dtype, 2 * p + 2 * p * h)
 }
 
-/// `s5_discretize_bwd`: inputs params, B̃ and the gradient of the forward's output; output
-/// [∂params (3, P) | ∂B̃ (P, H, 2)].
+/// `s5_discretize_bwd`: inputs λ_re, λ_im, log Δ, B̃ and the gradients of Λ̄ (P, 2) and B̄
+/// (H, 2P); output [∂λ_re | ∂λ_im | ∂log Δ | ∂B̃ (P, H, 2)].
 pub fn backward_plan(
     p: usize,
     h: usize,
     how: S5Discretization,
     dtype: DType,
 ) -> Result<LaunchPlan> {
-    plan("s5_discretize_bwd", 3, p, h, how, dtype, 3 * p + 2 * p * h)
+    plan("s5_discretize_bwd", 6, p, h, how, dtype, 3 * p + 2 * p * h)
 }

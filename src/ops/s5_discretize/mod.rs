@@ -51,6 +51,23 @@ pub fn s5_discretize(
     b: &Tensor,
     how: S5Discretization,
 ) -> Result<(Tensor, Tensor)> {
+    let (p, h, _) = b.dims3()?;
+    check(lambda_re, lambda_im, log_step, b)?;
+    let fused = matches!(b.dtype(), DType::F32 | DType::F64)
+        && (b.device().is_cpu() || b.device().is_cuda());
+    if !fused {
+        return s5_discretize_reference(lambda_re, lambda_im, log_step, b, how);
+    }
+    let params = Tensor::stack(&[lambda_re, lambda_im, log_step], 0)?;
+    let out = params.apply_op2(&b.contiguous()?, S5DiscretizeOp { p, h, how })?;
+    Ok((
+        out.narrow(0, 0, 2 * p)?.reshape((p, 2))?,
+        out.narrow(0, 2 * p, 2 * p * h)?.reshape((h, 2 * p))?,
+    ))
+}
+
+/// λ_re, λ_im and log Δ of shape (P) for B̃ (P, H, 2), of one dtype and device.
+fn check(lambda_re: &Tensor, lambda_im: &Tensor, log_step: &Tensor, b: &Tensor) -> Result<()> {
     let (p, _, two) = b.dims3()?;
     for (name, t) in [
         ("lambda_re", lambda_re),
@@ -64,30 +81,26 @@ pub fn s5_discretize(
                 b.dims()
             );
         }
+        if t.dtype() != b.dtype() || !t.device().same_device(b.device()) {
+            bail!("s5_discretize: {name} and B differ in dtype or device");
+        }
     }
-    let fused = matches!(b.dtype(), DType::F32 | DType::F64)
-        && (b.device().is_cpu() || b.device().is_cuda());
-    if !fused {
-        return s5_discretize_reference(lambda_re, lambda_im, log_step, b, how);
-    }
-    let params = Tensor::stack(&[lambda_re, lambda_im, log_step], 0)?;
-    s5_discretize_packed(&params, b, how)
+    Ok(())
 }
 
-/// [`s5_discretize`] of the rows [λ_re; λ_im; log Δ] (3, P) (f32 and f64 on the CPU and CUDA).
-pub fn s5_discretize_packed(
-    params: &Tensor,
+/// [`s5_discretize`] outside candle's graph (no gradient is tracked), for layers that compute
+/// gradients by hand: one launch on the four parameters as they are (f32 and f64 on the CPU
+/// and CUDA).
+pub fn s5_discretize_untracked(
+    lambda_re: &Tensor,
+    lambda_im: &Tensor,
+    log_step: &Tensor,
     b: &Tensor,
     how: S5Discretization,
 ) -> Result<(Tensor, Tensor)> {
     let (p, h, _) = b.dims3()?;
-    if params.dims() != [3, p] {
-        bail!(
-            "s5_discretize: the parameter rows are {:?}, expected (3, {p})",
-            params.dims()
-        );
-    }
-    let out = params.apply_op2(&b.contiguous()?, S5DiscretizeOp { p, h, how })?;
+    check(lambda_re, lambda_im, log_step, b)?;
+    let out = S5DiscretizeOp { p, h, how }.forward([lambda_re, lambda_im, log_step, b])?;
     Ok((
         out.narrow(0, 0, 2 * p)?.reshape((p, 2))?,
         out.narrow(0, 2 * p, 2 * p * h)?.reshape((h, 2 * p))?,
@@ -103,25 +116,20 @@ pub fn s5_discretize_backward(
     d_gate: &Tensor,
     d_bmat: &Tensor,
 ) -> Result<[Tensor; 4]> {
-    let params = Tensor::stack(&[lambda_re, lambda_im, log_step], 0)?;
-    let ([dlr, dli, dls], db) = s5_discretize_packed_backward(&params, b, how, d_gate, d_bmat)?;
-    Ok([dlr, dli, dls, db])
-}
-
-/// The backward of [`s5_discretize_packed`]: ([∂λ_re, ∂λ_im, ∂log Δ], ∂B̃).
-pub fn s5_discretize_packed_backward(
-    params: &Tensor,
-    b: &Tensor,
-    how: S5Discretization,
-    d_gate: &Tensor,
-    d_bmat: &Tensor,
-) -> Result<([Tensor; 3], Tensor)> {
     let (p, h, _) = b.dims3()?;
-    let g = Tensor::cat(&[d_gate.flatten_all()?, d_bmat.flatten_all()?], 0)?;
-    let packed = S5DiscretizeOp { p, h, how }.backward(params, &b.contiguous()?, &g)?;
+    check(lambda_re, lambda_im, log_step, b)?;
+    if d_gate.elem_count() != 2 * p || d_bmat.elem_count() != 2 * p * h {
+        bail!(
+            "s5_discretize backward: gradients {:?} and {:?}, expected (P, 2) and (H, 2P)",
+            d_gate.dims(),
+            d_bmat.dims()
+        );
+    }
+    let op = S5DiscretizeOp { p, h, how };
+    let packed = op.backward([lambda_re, lambda_im, log_step, b, d_gate, d_bmat])?;
     let [dlr, dli, dls] = [0, 1, 2].map(|i| packed.narrow(0, i * p, p));
     let db = packed.narrow(0, 3 * p, 2 * p * h)?.reshape(b.dims())?;
-    Ok(([dlr?, dli?, dls?], db))
+    Ok([dlr?, dli?, dls?, db])
 }
 
 /// The same in candle ops (any device and float dtype): the tests' reference.
@@ -228,17 +236,12 @@ struct S5DiscretizeOp {
 }
 
 impl S5DiscretizeOp {
-    fn step_of<F: WithDType + Float>(&self, params: &[F], p: usize) -> Step<F> {
-        step(
-            params[p],
-            params[self.p + p],
-            params[2 * self.p + p],
-            self.how,
-        )
+    fn step_of<F: WithDType + Float>(&self, [re, im, log_dt]: [&[F]; 3], p: usize) -> Step<F> {
+        step(re[p], im[p], log_dt[p], self.how)
     }
 
-    /// [Λ̄ (P, 2) | B̄ (H, 2P)].
-    fn fwd_t<F: WithDType + Float>(&self, params: &[F], b: &[F]) -> Vec<F> {
+    /// [Λ̄ (P, 2) | B̄ (H, 2P)] from λ_re, λ_im, log Δ and B̃.
+    fn fwd_t<F: WithDType + Float>(&self, params: [&[F]; 3], b: &[F]) -> Vec<F> {
         let (np, h) = (self.p, self.h);
         let mut out = vec![F::zero(); 2 * np + 2 * np * h];
         let steps: Vec<Step<F>> = (0..np).map(|p| self.step_of(params, p)).collect();
@@ -256,10 +259,15 @@ impl S5DiscretizeOp {
         out
     }
 
-    /// [∂params (3, P) | ∂B̃ (P, H, 2)] from the gradient of the forward's output.
-    fn bwd_t<F: WithDType + Float>(&self, params: &[F], b: &[F], g: &[F]) -> Vec<F> {
+    /// [∂λ_re | ∂λ_im | ∂log Δ | ∂B̃ (P, H, 2)] from the gradients of Λ̄ (`g`) and B̄ (`gbar`).
+    fn bwd_t<F: WithDType + Float>(
+        &self,
+        params: [&[F]; 3],
+        b: &[F],
+        g: &[F],
+        gbar: &[F],
+    ) -> Vec<F> {
         let (np, h) = (self.p, self.h);
-        let gbar = &g[2 * np..];
         let per_p: Vec<([F; 3], Vec<F>)> = (0..np)
             .into_par_iter()
             .map(|p| {
@@ -328,13 +336,16 @@ impl CustomOp2 for S5DiscretizeOp {
         sb: &CpuStorage,
         lb: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        fn run<F: WithDType + Float>(op: &S5DiscretizeOp, params: &[F], b: &[F]) -> Result<Vec<F>> {
+            let rows: Vec<&[F]> = params.chunks(op.p.max(1)).collect();
+            match rows[..] {
+                [re, im, log_dt] => Ok(op.fwd_t([re, im, log_dt], b)),
+                _ => bail!("s5_discretize: the parameters are not three rows"),
+            }
+        }
         let out = match sb.dtype() {
-            DType::F32 => {
-                CpuStorage::F32(self.fwd_t::<f32>(contiguous(sp, lp)?, contiguous(sb, lb)?))
-            }
-            DType::F64 => {
-                CpuStorage::F64(self.fwd_t::<f64>(contiguous(sp, lp)?, contiguous(sb, lb)?))
-            }
+            DType::F32 => CpuStorage::F32(run(self, contiguous(sp, lp)?, contiguous(sb, lb)?)?),
+            DType::F64 => CpuStorage::F64(run(self, contiguous(sp, lp)?, contiguous(sb, lb)?)?),
             dt => bail!("s5_discretize: dtype {dt:?} is not fused"),
         };
         Ok((out, Shape::from(2 * self.p + 2 * self.p * self.h)))
@@ -350,12 +361,17 @@ impl CustomOp2 for S5DiscretizeOp {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let plan = cuda::forward_plan(self.p, self.h, self.how, sb.dtype())?;
         let module = crate::cuda::S5_DISCRETIZE;
+        let Some((start, _)) = lp.contiguous_offsets() else {
+            bail!("s5_discretize: the parameters are not contiguous");
+        };
+        let row = |k: usize| Layout::contiguous_with_offset(self.p, start + k * self.p);
+        let [l0, l1, l2] = [row(0), row(1), row(2)];
         let mut out = crate::cuda::launch(
             sb.device(),
             module,
             &plan,
             sb.dtype(),
-            &[(sp, lp), (sb, lb)],
+            &[(sp, &l0), (sp, &l1), (sp, &l2), (sb, lb)],
         )?;
         Ok((out.remove(0), Shape::from(plan.outputs[0])))
     }
@@ -367,7 +383,10 @@ impl CustomOp2 for S5DiscretizeOp {
         _out: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let packed = self.backward(params, b, g)?;
+        let (p, h) = (self.p, self.h);
+        let [re, im, log_dt] = [0, 1, 2].map(|k| params.narrow(0, k, 1));
+        let (g_lbar, gbar) = (g.narrow(0, 0, 2 * p)?, g.narrow(0, 2 * p, 2 * p * h)?);
+        let packed = self.backward([&re?, &im?, &log_dt?, b, &g_lbar, &gbar])?;
         let np = 3 * self.p;
         Ok((
             Some(packed.narrow(0, 0, np)?.reshape((3, self.p))?),
@@ -381,53 +400,63 @@ impl CustomOp2 for S5DiscretizeOp {
 }
 
 impl S5DiscretizeOp {
-    /// [∂λ_re | ∂λ_im | ∂log Δ | ∂B̃] in one row, from the gradient `g` of the packed output.
-    fn backward(&self, params: &Tensor, b: &Tensor, g: &Tensor) -> Result<Tensor> {
-        let g = g.to_dtype(b.dtype())?.contiguous()?;
-        Ok(match b.device() {
-            #[cfg(feature = "cuda")]
-            Device::Cuda(_) => {
-                let plan = cuda::backward_plan(self.p, self.h, self.how, b.dtype())?;
-                let shape = [plan.outputs[0]];
-                crate::cuda::launch_tensors(
-                    crate::cuda::S5_DISCRETIZE,
-                    &plan,
-                    b.dtype(),
-                    &[params, b, &g],
-                    &[&shape],
-                )?
-                .remove(0)
-            }
-            _ => {
-                let (sp, lp) = params.storage_and_layout();
-                let (sb, lb) = b.storage_and_layout();
-                let (sg, lg) = g.storage_and_layout();
-                let (Storage::Cpu(sp), Storage::Cpu(sb), Storage::Cpu(sg)) = (&*sp, &*sb, &*sg)
-                else {
-                    bail!("s5_discretize backward: tensors are not all on the CPU")
-                };
-                match b.dtype() {
-                    DType::F32 => Tensor::from_vec(
-                        self.bwd_t::<f32>(
-                            contiguous(sp, lp)?,
-                            contiguous(sb, lb)?,
-                            contiguous(sg, lg)?,
-                        ),
-                        3 * self.p + 2 * self.p * self.h,
-                        &Device::Cpu,
-                    )?,
-                    DType::F64 => Tensor::from_vec(
-                        self.bwd_t::<f64>(
-                            contiguous(sp, lp)?,
-                            contiguous(sb, lb)?,
-                            contiguous(sg, lg)?,
-                        ),
-                        3 * self.p + 2 * self.p * self.h,
-                        &Device::Cpu,
-                    )?,
-                    dt => bail!("s5_discretize backward: dtype {dt:?} is not fused"),
+    /// The forward's packed output from λ_re, λ_im, log Δ and B̃.
+    fn forward(&self, x: [&Tensor; 4]) -> Result<Tensor> {
+        self.launch(&x, true)
+    }
+
+    /// [∂λ_re | ∂λ_im | ∂log Δ | ∂B̃] in one row, from λ_re, λ_im, log Δ, B̃ and the gradients
+    /// of Λ̄ and B̄.
+    fn backward(&self, x: [&Tensor; 6]) -> Result<Tensor> {
+        self.launch(&x, false)
+    }
+
+    /// The kernel (or its CPU twin) on `x` in B̃'s dtype.
+    fn launch(&self, x: &[&Tensor], forward: bool) -> Result<Tensor> {
+        let (p, h, dtype) = (self.p, self.h, x[3].dtype());
+        let x: Vec<Tensor> = x
+            .iter()
+            .map(|t| t.to_dtype(dtype)?.contiguous())
+            .collect::<Result<_>>()?;
+        let n = match forward {
+            true => 2 * p + 2 * p * h,
+            false => 3 * p + 2 * p * h,
+        };
+        #[cfg(feature = "cuda")]
+        if x[3].device().is_cuda() {
+            let plan = match forward {
+                true => cuda::forward_plan(p, h, self.how, dtype)?,
+                false => cuda::backward_plan(p, h, self.how, dtype)?,
+            };
+            let refs: Vec<&Tensor> = x.iter().collect();
+            let module = crate::cuda::S5_DISCRETIZE;
+            return Ok(
+                crate::cuda::launch_tensors(module, &plan, dtype, &refs, &[&[n]])?.remove(0),
+            );
+        }
+        fn run<F: WithDType + Float>(
+            op: &S5DiscretizeOp,
+            x: &[Tensor],
+            forward: bool,
+        ) -> Result<Vec<F>> {
+            let guards: Vec<_> = x.iter().map(|t| t.storage_and_layout()).collect();
+            let mut v: Vec<&[F]> = Vec::with_capacity(guards.len());
+            for (s, l) in &guards {
+                match &**s {
+                    Storage::Cpu(s) => v.push(contiguous(s, l)?),
+                    _ => bail!("s5_discretize: tensors are not all on the CPU"),
                 }
             }
-        })
+            let params = [v[0], v[1], v[2]];
+            Ok(match forward {
+                true => op.fwd_t(params, v[3]),
+                false => op.bwd_t(params, v[3], v[4], v[5]),
+            })
+        }
+        match dtype {
+            DType::F32 => Tensor::from_vec(run::<f32>(self, &x, forward)?, n, &Device::Cpu),
+            DType::F64 => Tensor::from_vec(run::<f64>(self, &x, forward)?, n, &Device::Cpu),
+            dt => bail!("s5_discretize: dtype {dt:?} is not fused"),
+        }
     }
 }
