@@ -1,4 +1,5 @@
-//! The fused GELU, LayerNorm, channel, block epilogue and S5 discretisation ops on CUDA against
+//! The fused GELU, LayerNorm, channel, block epilogue, GLU gate, loss and S5 discretisation ops
+//! on CUDA against
 //! their CPU twins (f32 and f64, up to the GPU's fused multiply-adds) and in f16/bf16 (GELU)
 //! against the f32 CPU op, forward and gradients, on awkward shapes. Compiled with `--features
 //! cuda` (CI compiles them); each test prints why it is skipped when no CUDA device can be
@@ -253,4 +254,68 @@ fn cuda_masked_mean() {
         },
         &|r, h| vec![vec![r, h]],
     );
+}
+
+/// The loss op and its backward on CUDA against the CPU twin (f32, f64), with more rows than
+/// the forward's threads.
+#[test]
+fn cuda_cross_entropy() {
+    use myosotis::ops::{cross_entropy, cross_entropy_backward};
+    let Some(gpu) = gpu("cuda_cross_entropy") else {
+        return;
+    };
+    let (mut rng, _) = seeded_rng("cuda_cross_entropy", 35);
+    for (rows, classes) in [(1, 1), (7, 10), (600, 3), (4, 1000)] {
+        let x = uniform(&mut rng, rows * classes, -4.0, 4.0);
+        let y: Vec<f64> = (0..rows).map(|r| ((r * 7 + 3) % classes) as f64).collect();
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let run = |dev: &Device| {
+                let xt = tensor(&x, &[rows, classes], dtype, dev);
+                let ce = cross_entropy(&xt, &tensor(&y, &[rows], DType::U32, dev)).unwrap();
+                let g = tensor(&[1.5], &[], dtype, dev);
+                let dx = cross_entropy_backward(&ce.logp, &ce.labels, &g).unwrap();
+                [ce.logp, ce.loss, ce.correct, dx].map(|t| to_vec(&t))
+            };
+            for (k, (a, b)) in run(&gpu).iter().zip(&run(&Device::Cpu)).enumerate() {
+                let e = rel_err(a, b);
+                assert!(
+                    e < tol,
+                    "cross_entropy {dtype:?} {rows} x {classes}: output {k}: {e:e}"
+                );
+            }
+        }
+    }
+}
+
+/// The GLU's gate and its backward on CUDA against the CPU twin (f32, f64), with dropout and
+/// the residual.
+#[test]
+fn cuda_gate() {
+    use myosotis::ops::epilogue::{gate, gate_backward, Dropout};
+    let Some(gpu) = gpu("cuda_gate") else { return };
+    let (mut rng, _) = seeded_rng("cuda_gate", 37);
+    for (rows, h) in SHAPES {
+        let (b, l) = (rows.div_ceil(5), 5);
+        let n = b * l * h;
+        let [f, z, r, g] = [0; 4].map(|_| uniform(&mut rng, n, -2.0, 2.0));
+        let bias = uniform(&mut rng, h, -1.0, 1.0);
+        let drop = Some(Dropout {
+            site_hash: 11,
+            first_row: 4,
+            p: 0.2,
+        });
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let run = |dev: &Device| {
+                let t = |v: &[f64], dims: &[usize]| tensor(v, dims, dtype, dev);
+                let (ft, zt, bt) = (t(&f, &[b, l, h]), t(&z, &[b, l, h]), t(&bias, &[h]));
+                let o = gate(&ft, &zt, &bt, Some(&t(&r, &[b, l, h])), drop).unwrap();
+                let [df, dz] = gate_backward(&ft, &zt, &bt, drop, &t(&g, &[b, l, h])).unwrap();
+                [o, df, dz].map(|t| to_vec(&t))
+            };
+            for (k, (a, c)) in run(&gpu).iter().zip(&run(&Device::Cpu)).enumerate() {
+                let e = rel_err(a, c);
+                assert!(e < tol, "gate {dtype:?} {b} x {l} x {h}: output {k}: {e:e}");
+            }
+        }
+    }
 }

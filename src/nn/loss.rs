@@ -19,7 +19,7 @@ pub struct Nll {
 
 /// The log-softmax of `logits` (rows, classes), the mean negative log-likelihood of `labels`
 /// (rows, u32) under it, and the rows classified correctly. With `by_hand` (f32 and f64 on the
-/// CPU and CUDA) all three are one fused op ([`cross_entropy`]) and the loss one node of
+/// CPU and CUDA) all three are one fused op ([`cross_entropy()`]) and the loss one node of
 /// candle's graph whose backward is the op's own, ∂logits = (softmax − onehot(labels)) ·
 /// ∂loss / rows; otherwise candle's ops, through its autograd. The values agree to rounding.
 pub fn log_softmax_nll(logits: &Tensor, labels: &Tensor, by_hand: bool) -> Result<Nll> {
