@@ -73,16 +73,17 @@ __device__ void epilogue_bwd(const T *y, const T *g, T *dy, int n, int per_sampl
 
 EPILOGUE_DTYPES(EPILOGUE_KERNELS)
 
-// The gated epilogue of the GLU activations: out = r + k ⊙ (f ⊙ σ(z + b)) over (samples,
-// length, features), b a bias per feature, k and r as above; backward, with gk = ∂out ⊙ k and
-// s = σ(z + b): ∂f = gk ⊙ s, ∂z = (gk ⊙ f) ⊙ (s ⊙ (1 − s)) (∂b sums ∂z; ∂r = ∂out). The CPU twin
-// is src/ops/epilogue/gate.rs. One thread per element, grid-strided.
+// The gated epilogue of the GLU activations: out = r + k ⊙ (f ⊙ s), s = σ(z + b), over
+// (samples, length, features), b a bias per feature, k and r as above; the forward also writes
+// s for the backward, which with gk = ∂out ⊙ k gives ∂f = gk ⊙ s, ∂z = (gk ⊙ f) ⊙ (s ⊙ (1 − s))
+// (∂b sums ∂z; ∂r = ∂out). The CPU twin is src/ops/epilogue/gate.rs. One thread per element,
+// grid-strided.
 template <typename A> __device__ __forceinline__ A gate_sigmoid(A x) {
     return A(1) / (exp(-x) + A(1));
 }
 
 template <typename T>
-__device__ void gate_fwd(const T *f, const T *z, const T *b, const T *r, T *out, int n,
+__device__ void gate_fwd(const T *f, const T *z, const T *b, const T *r, T *out, T *gate, int n,
                          int per_sample, int features, EpilogueDrop d) {
     using A = decltype(to_acc(f[0]));
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n;
@@ -90,16 +91,18 @@ __device__ void gate_fwd(const T *f, const T *z, const T *b, const T *r, T *out,
         const A s = gate_sigmoid(to_acc(z[e]) + to_acc(b[e % features]));
         const A v = (to_acc(f[e]) * s) * epilogue_factor<A>(d, e, per_sample, features);
         store_s(out + e, r ? to_acc(r[e]) + v : v);
+        store_s(gate + e, s);
     }
 }
 
+// gate: s as the forward wrote it.
 template <typename T>
-__device__ void gate_bwd(const T *f, const T *z, const T *b, const T *g, T *df, T *dz, int n,
+__device__ void gate_bwd(const T *f, const T *gate, const T *g, T *df, T *dz, int n,
                          int per_sample, int features, EpilogueDrop d) {
     using A = decltype(to_acc(f[0]));
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n;
          e += (i64)gridDim.x * blockDim.x) {
-        const A s = gate_sigmoid(to_acc(z[e]) + to_acc(b[e % features]));
+        const A s = to_acc(gate[e]);
         const A gk = to_acc(g[e]) * epilogue_factor<A>(d, e, per_sample, features);
         store_s(df + e, gk * s);
         store_s(dz + e, (gk * to_acc(f[e])) * (s * (A(1) - s)));
@@ -108,20 +111,20 @@ __device__ void gate_bwd(const T *f, const T *z, const T *b, const T *g, T *df, 
 
 #define GATE_KERNELS(SUFFIX, T)                                                                 \
     extern "C" __global__ void __launch_bounds__(EPILOGUE_THREADS)                              \
-        gate_fwd_##SUFFIX(const T *f, const T *z, const T *b, const T *r, T *out, int n,        \
-                          int per_sample, int features, int drop, u64 site_hash,                \
+        gate_fwd_##SUFFIX(const T *f, const T *z, const T *b, const T *r, T *out, T *gate,      \
+                          int n, int per_sample, int features, int drop, u64 site_hash,         \
                           u64 first_row, u64 threshold, u64 scale_bits) {                       \
         const EpilogueDrop d = {drop, site_hash, first_row, threshold,                          \
                                 f64_from_bits(scale_bits)};                                     \
-        gate_fwd<T>(f, z, b, r, out, n, per_sample, features, d);                               \
+        gate_fwd<T>(f, z, b, r, out, gate, n, per_sample, features, d);                         \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(EPILOGUE_THREADS)                              \
-        gate_bwd_##SUFFIX(const T *f, const T *z, const T *b, const T *g, T *df, T *dz, int n,  \
+        gate_bwd_##SUFFIX(const T *f, const T *gate, const T *g, T *df, T *dz, int n,           \
                           int per_sample, int features, int drop, u64 site_hash,                \
                           u64 first_row, u64 threshold, u64 scale_bits) {                       \
         const EpilogueDrop d = {drop, site_hash, first_row, threshold,                          \
                                 f64_from_bits(scale_bits)};                                     \
-        gate_bwd<T>(f, z, b, g, df, dz, n, per_sample, features, d);                            \
+        gate_bwd<T>(f, gate, g, df, dz, n, per_sample, features, d);                            \
     }
 
 // f32 and f64, the dtypes of the blocks whose backward is written by hand (the host harness

@@ -308,9 +308,9 @@ fn cuda_gate() {
             let run = |dev: &Device| {
                 let t = |v: &[f64], dims: &[usize]| tensor(v, dims, dtype, dev);
                 let (ft, zt, bt) = (t(&f, &[b, l, h]), t(&z, &[b, l, h]), t(&bias, &[h]));
-                let o = gate(&ft, &zt, &bt, Some(&t(&r, &[b, l, h])), drop).unwrap();
-                let [df, dz] = gate_backward(&ft, &zt, &bt, drop, &t(&g, &[b, l, h])).unwrap();
-                [o, df, dz].map(|t| to_vec(&t))
+                let [o, s] = gate(&ft, &zt, &bt, Some(&t(&r, &[b, l, h])), drop).unwrap();
+                let [df, dz] = gate_backward(&ft, &s, drop, &t(&g, &[b, l, h])).unwrap();
+                [o, s, df, dz].map(|t| to_vec(&t))
             };
             for (k, (a, c)) in run(&gpu).iter().zip(&run(&Device::Cpu)).enumerate() {
                 let e = rel_err(a, c);

@@ -565,15 +565,14 @@ fn gate_matches_the_candle_ops_and_finite_differences() {
     );
     let bias = randn(&mut rng, h);
     let run = |f: &[f64], z: &[f64], bias: &[f64]| {
-        let o = gate(
+        gate(
             &t(f, &[b, l, h]),
             &t(z, &[b, l, h]),
             &t(bias, &[h]),
             Some(&t(&r, &[b, l, h])),
             drop,
         )
-        .unwrap();
-        to_vec(&o)
+        .unwrap()
     };
     let keep = dropout_keep(77, 2, b, h, 0.25, DType::F64, &cpu).unwrap();
     let k = (keep * dropout.scale())
@@ -583,23 +582,23 @@ fn gate_matches_the_candle_ops_and_finite_differences() {
     let s = candle_nn::ops::sigmoid(&t(&z, &[b, l, h]).broadcast_add(&t(&bias, &[h])).unwrap())
         .unwrap();
     let plain =
-        ((t(&f, &[b, l, h]) * s).unwrap().broadcast_mul(&k).unwrap() + t(&r, &[b, l, h])).unwrap();
-    let e = rel_err(&run(&f, &z, &bias), &to_vec(&plain));
+        ((t(&f, &[b, l, h]) * &s).unwrap().broadcast_mul(&k).unwrap() + t(&r, &[b, l, h])).unwrap();
+    let [out, s_out] = run(&f, &z, &bias);
+    let e = rel_err(&to_vec(&out), &to_vec(&plain));
     assert!(e < 1e-14, "forward vs candle ops: {e:e}, seed {seed}");
-    let [df, dz] = gate_backward(
-        &t(&f, &[b, l, h]),
-        &t(&z, &[b, l, h]),
-        &t(&bias, &[h]),
-        drop,
-        &t(&g, &[b, l, h]),
-    )
-    .unwrap();
+    let e = rel_err(&to_vec(&s_out), &to_vec(&s));
+    assert!(
+        e < 1e-14,
+        "the gate s vs candle's sigmoid: {e:e}, seed {seed}"
+    );
+    let [df, dz] = gate_backward(&t(&f, &[b, l, h]), &s_out, drop, &t(&g, &[b, l, h])).unwrap();
     let (df, dz) = (to_vec(&df), to_vec(&dz));
     let db: Vec<f64> = (0..h)
         .map(|j| (0..n / h).map(|i| dz[i * h + j]).sum())
         .collect();
     let loss = |f: &[f64], z: &[f64], bias: &[f64]| -> f64 {
-        run(f, z, bias).iter().zip(&g).map(|(o, g)| o * g).sum()
+        let [out, _] = run(f, z, bias);
+        to_vec(&out).iter().zip(&g).map(|(o, g)| o * g).sum()
     };
     let eps = 1e-6;
     for (which, analytic) in [(0, &df), (1, &dz), (2, &db)] {

@@ -409,12 +409,11 @@ impl SequenceClassifier {
                 }
                 Activation::Gelu => (None, None),
             };
-            let dense = [&out1, &out2].map(|l| l.as_ref().map(block::Dense::new));
-            let [d1, d2] = dense;
+            let [d1, d2] = [&out1, &out2].map(|l| l.as_ref().map(block::Dense::new).transpose());
             blocks.push(Block {
                 norm,
                 layer,
-                dense: [d1.transpose()?, d2.transpose()?],
+                dense: [d1?, d2?],
                 out1,
                 out2,
             });

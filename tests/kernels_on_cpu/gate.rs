@@ -42,11 +42,10 @@ fn gate_kernels_match_the_reference_and_the_cpu_twin() {
                     ins.push(&r);
                 }
                 let fwd = cuda::gate_forward_plan(&e, residual, dtype).unwrap();
-                let out = run_in_every_order(&fwd, dtype, &ins, seed)
-                    .outputs
-                    .remove(0);
+                let mut o = run_in_every_order(&fwd, dtype, &ins, seed).outputs;
+                let (s, out) = (o.remove(1), o.remove(0));
                 let bwd = cuda::gate_backward_plan(&e, dtype).unwrap();
-                let mut d = run_in_every_order(&bwd, dtype, &[&f, &z, &bias, &g], seed).outputs;
+                let mut d = run_in_every_order(&bwd, dtype, &[&f, &s, &g], seed).outputs;
                 let (dz, df) = (d.remove(1), d.remove(0));
                 // The reference: k from the mask op, f64 arithmetic.
                 let keep = match dropout {
@@ -57,16 +56,17 @@ fn gate_kernels_match_the_reference_and_the_cpu_twin() {
                 };
                 let kf =
                     |i: usize| keep[i / (l * h) * h + i % h] * dropout.map_or(1.0, |d| d.scale());
-                let (mut out_ref, mut df_ref, mut dz_ref) =
-                    (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+                let [mut out_ref, mut s_ref, mut df_ref, mut dz_ref] = [0; 4].map(|_| vec![0.0; n]);
                 for i in 0..n {
                     let s = 1.0 / (1.0 + (-(z[i] + bias[i % h])).exp());
+                    s_ref[i] = s;
                     out_ref[i] = if residual { r[i] } else { 0.0 } + kf(i) * f[i] * s;
                     df_ref[i] = g[i] * kf(i) * s;
                     dz_ref[i] = g[i] * kf(i) * f[i] * s * (1.0 - s);
                 }
                 for (got, want, part) in [
                     (&out, &out_ref, "out"),
+                    (&s, &s_ref, "s"),
                     (&df, &df_ref, "∂f"),
                     (&dz, &dz_ref, "∂z"),
                 ] {
@@ -77,9 +77,10 @@ fn gate_kernels_match_the_reference_and_the_cpu_twin() {
                 let t = |v: &[f64], dims: &[usize]| tensor(v, dims, dtype, &Device::Cpu);
                 let (ft, zt, bt) = (t(&f, &[b, l, h]), t(&z, &[b, l, h]), t(&bias, &[h]));
                 let rt = t(&r, &[b, l, h]);
-                let o = gate(&ft, &zt, &bt, residual.then_some(&rt), dropout).unwrap();
+                let [o, st] = gate(&ft, &zt, &bt, residual.then_some(&rt), dropout).unwrap();
                 assert_same(&out, &to_vec(&o), &format!("{what}: forward"));
-                let [dft, dzt] = gate_backward(&ft, &zt, &bt, dropout, &t(&g, &[b, l, h])).unwrap();
+                assert_same(&s, &to_vec(&st), &format!("{what}: s"));
+                let [dft, dzt] = gate_backward(&ft, &st, dropout, &t(&g, &[b, l, h])).unwrap();
                 assert_same(&df, &to_vec(&dft), &format!("{what}: ∂f"));
                 assert_same(&dz, &to_vec(&dzt), &format!("{what}: ∂z"));
             }

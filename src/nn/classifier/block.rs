@@ -97,8 +97,8 @@ enum Act {
         /// GELU(y) ⊙ k₀ and the dropout k₀.
         g: Tensor,
         drop0: Option<Dropout>,
-        /// W₂g, the gate before its bias and sigmoid.
-        z: Tensor,
+        /// The gate σ(W₂g + b₂).
+        s: Tensor,
         /// The factor of the gate: W₁g + b₁, g or y.
         f: Tensor,
         /// The dropout k₁ of the gated product.
@@ -190,7 +190,7 @@ impl Act {
             kind,
             g,
             drop0,
-            z,
+            s,
             f,
             drop1,
             out1,
@@ -202,7 +202,7 @@ impl Act {
             };
             return epilogue_backward(y, EpilogueAct::Gelu, *drop0, d_o);
         };
-        let [df, dz] = gate_backward(f, z, out2.bias()?, *drop1, d_o)?;
+        let [df, dz] = gate_backward(f, s, *drop1, d_o)?;
         let mut dg = out2.backward(g, &dz, params)?;
         let mut direct = None;
         match (kind, out1) {
@@ -295,12 +295,12 @@ impl SequenceClassifier {
                     (_, Activation::HalfGlu1) => g.clone(),
                     _ => y.clone(),
                 };
-                let o = gate(&f, &z, out2.bias()?, Some(&x), drop(1))?;
+                let [o, s] = gate(&f, &z, out2.bias()?, Some(&x), drop(1))?;
                 let act = Act::Glu {
                     kind,
                     g,
                     drop0: drop(0),
-                    z,
+                    s,
                     f,
                     drop1: drop(1),
                     out1,

@@ -28,7 +28,7 @@ fn plan(stem: &str, e: &Epilogue, second: KernelArg, dtype: DType) -> Result<Lau
     elementwise(stem, e, args, 1, dtype)
 }
 
-/// `gate_fwd`: inputs f, z, b and, with `residual`, r; output r + k ⊙ (f ⊙ σ(z + b)).
+/// `gate_fwd`: inputs f, z, b and, with `residual`, r; outputs r + k ⊙ (f ⊙ s) and s = σ(z + b).
 pub fn gate_forward_plan(e: &Epilogue, residual: bool, dtype: DType) -> Result<LaunchPlan> {
     let r = match residual {
         true => KernelArg::Input(3),
@@ -40,14 +40,15 @@ pub fn gate_forward_plan(e: &Epilogue, residual: bool, dtype: DType) -> Result<L
         KernelArg::Input(2),
         r,
         KernelArg::Output(0),
+        KernelArg::Output(1),
     ];
     args.extend(shape_args(e)?);
-    elementwise("gate_fwd", e, args, 1, dtype)
+    elementwise("gate_fwd", e, args, 2, dtype)
 }
 
-/// `gate_bwd`: inputs f, z, b and ∂out; outputs ∂f and ∂z.
+/// `gate_bwd`: inputs f, s (the forward's second output) and ∂out; outputs ∂f and ∂z.
 pub fn gate_backward_plan(e: &Epilogue, dtype: DType) -> Result<LaunchPlan> {
-    let mut args = (0..4).map(KernelArg::Input).collect::<Vec<_>>();
+    let mut args = (0..3).map(KernelArg::Input).collect::<Vec<_>>();
     args.extend([KernelArg::Output(0), KernelArg::Output(1)]);
     args.extend(shape_args(e)?);
     elementwise("gate_bwd", e, args, 2, dtype)

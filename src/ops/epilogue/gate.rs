@@ -12,7 +12,9 @@
 use candle_core::{bail, DType, Device, Result, Storage, Tensor, WithDType};
 use num_traits::Float;
 
-use super::{Activation, Dropout, Epilogue};
+use rayon::prelude::*;
+
+use super::{Activation, Dropout, Epilogue, PER_TASK};
 use crate::ops::value::contiguous;
 
 /// σ(x) as the kernel computes it.
@@ -20,114 +22,142 @@ fn sigmoid<F: Float>(x: F) -> F {
     F::one() / ((-x).exp() + F::one())
 }
 
-/// r + k ⊙ (f ⊙ σ(z + b)) (see the module docs): f, z and `residual` of one shape
-/// (samples, …, features), b (features), all f32 or f64 on the CPU or CUDA.
+/// [r + k ⊙ (f ⊙ s), s] with s = σ(z + b) (see the module docs; [`gate_backward`] reads s): f, z
+/// and `residual` of one shape (samples, …, features), b (features), all f32 or f64 on the CPU
+/// or CUDA.
 pub fn gate(
     f: &Tensor,
     z: &Tensor,
     b: &Tensor,
     residual: Option<&Tensor>,
     dropout: Option<Dropout>,
-) -> Result<Tensor> {
-    let e = check(f, z, b, residual, dropout)?;
+) -> Result<[Tensor; 2]> {
+    let e = check(f, z, Some(b), residual, dropout)?;
     let mut inputs = vec![f.contiguous()?, z.contiguous()?, b.contiguous()?];
     inputs.extend(residual.map(Tensor::contiguous).transpose()?);
+    let dims = f.dims();
     #[cfg(feature = "cuda")]
     if f.device().is_cuda() {
         let plan = super::cuda::gate_forward_plan(&e, residual.is_some(), f.dtype())?;
         let refs: Vec<&Tensor> = inputs.iter().collect();
-        let module = crate::cuda::EPILOGUE;
-        let mut out = crate::cuda::launch_tensors(module, &plan, f.dtype(), &refs, &[f.dims()])?;
-        return Ok(out.remove(0));
+        let out = crate::cuda::launch_tensors(EPILOGUE, &plan, f.dtype(), &refs, &[dims, dims])?;
+        return two(out);
     }
-    fn run<F: WithDType + Float>(e: &Epilogue, x: &[Tensor], dims: &[usize]) -> Result<Tensor> {
+    fn run<F: WithDType + Float>(e: &Epilogue, x: &[Tensor]) -> Result<[Vec<F>; 2]> {
         let guards: Vec<_> = x.iter().map(|t| t.storage_and_layout()).collect();
-        let mut v = Vec::with_capacity(guards.len());
-        for (s, l) in &guards {
-            match &**s {
-                Storage::Cpu(s) => v.push(contiguous::<F>(s, l)?),
-                _ => bail!("gate: tensors are not all on the CPU"),
-            }
-        }
+        let v = cpu_slices::<F, _>(&guards)?;
         let (f, z, b, r) = (v[0], v[1], v[2], v.get(3).copied());
-        let feat = e.features;
-        let out = e.map(|i, k| {
-            let g = (f[i] * sigmoid(z[i] + b[i % feat])) * k;
-            r.map_or(g, |r| r[i] + g)
-        });
-        Tensor::from_vec(out, dims, &Device::Cpu)
+        let (k, per, feat) = (e.factors::<F>(), e.per_sample, e.features);
+        let (mut out, mut gate) = (vec![F::zero(); f.len()], vec![F::zero(); f.len()]);
+        out.par_chunks_mut(PER_TASK)
+            .zip(gate.par_chunks_mut(PER_TASK))
+            .enumerate()
+            .for_each(|(c, (out, gate))| {
+                for (j, (o, g)) in out.iter_mut().zip(gate.iter_mut()).enumerate() {
+                    let i = c * PER_TASK + j;
+                    let ki = k
+                        .as_ref()
+                        .map_or(F::one(), |k| k[i / per * feat + i % feat]);
+                    let s = sigmoid(z[i] + b[i % feat]);
+                    let v = (f[i] * s) * ki;
+                    *o = r.map_or(v, |r| r[i] + v);
+                    *g = s;
+                }
+            });
+        Ok([out, gate])
     }
     match f.dtype() {
-        DType::F32 => run::<f32>(&e, &inputs, f.dims()),
-        DType::F64 => run::<f64>(&e, &inputs, f.dims()),
+        DType::F32 => vecs(run::<f32>(&e, &inputs)?, dims),
+        DType::F64 => vecs(run::<f64>(&e, &inputs)?, dims),
         dt => bail!("gate: dtype {dt:?} is not supported (f32 or f64)"),
     }
 }
 
-/// [∂f, ∂z] of [`gate`] from the gradient `g` of its output (∂b is the sum of ∂z over all but
-/// the last dimension; the residual's gradient is `g`).
+/// [∂f, ∂z] of [`gate`] from f, its s and the gradient `g` of its output (∂b is the sum of ∂z
+/// over all but the last dimension; the residual's gradient is `g`).
 pub fn gate_backward(
     f: &Tensor,
-    z: &Tensor,
-    b: &Tensor,
+    s: &Tensor,
     dropout: Option<Dropout>,
     g: &Tensor,
 ) -> Result<[Tensor; 2]> {
-    let e = check(f, z, b, Some(g), dropout)?;
-    let inputs = [f, z, b, g].map(Tensor::contiguous);
-    let [f, z, b, g] = inputs;
-    let (f, z, b, g) = (f?, z?, b?, g?);
+    let e = check(f, s, None, Some(g), dropout)?;
+    let inputs = [f, s, g].map(Tensor::contiguous);
+    let [f, s, g] = inputs;
+    let x = [f?, s?, g?];
+    let dims = x[0].dims();
     #[cfg(feature = "cuda")]
-    if f.device().is_cuda() {
-        let plan = super::cuda::gate_backward_plan(&e, f.dtype())?;
-        let module = crate::cuda::EPILOGUE;
-        let dims = f.dims();
-        let out = crate::cuda::launch_tensors(
-            module,
-            &plan,
-            f.dtype(),
-            &[&f, &z, &b, &g],
-            &[dims, dims],
-        )?;
-        let [df, dz] = <[Tensor; 2]>::try_from(out)
-            .map_err(|_| candle_core::Error::Msg("gate backward: two outputs".into()))?;
-        return Ok([df, dz]);
+    if x[0].device().is_cuda() {
+        let plan = super::cuda::gate_backward_plan(&e, x[0].dtype())?;
+        let refs = [&x[0], &x[1], &x[2]];
+        let out = crate::cuda::launch_tensors(EPILOGUE, &plan, x[0].dtype(), &refs, &[dims, dims])?;
+        return two(out);
     }
-    fn run<F: WithDType + Float>(e: &Epilogue, x: [&Tensor; 4]) -> Result<[Tensor; 2]> {
-        let guards = x.map(|t| t.storage_and_layout());
-        let mut v = Vec::with_capacity(4);
-        for (s, l) in &guards {
-            match &**s {
-                Storage::Cpu(s) => v.push(contiguous::<F>(s, l)?),
-                _ => bail!("gate backward: tensors are not all on the CPU"),
-            }
-        }
-        let (f, z, b, g, feat) = (v[0], v[1], v[2], v[3], e.features);
-        let s = |i: usize| sigmoid(z[i] + b[i % feat]);
-        let df = e.map(|i, k| (g[i] * k) * s(i));
-        let dz = e.map(|i, k| {
-            let si = s(i);
-            ((g[i] * k) * f[i]) * (si * (F::one() - si))
-        });
-        let dims = x[0].dims();
-        Ok([
-            Tensor::from_vec(df, dims, &Device::Cpu)?,
-            Tensor::from_vec(dz, dims, &Device::Cpu)?,
-        ])
+    fn run<F: WithDType + Float>(e: &Epilogue, x: &[Tensor]) -> Result<[Vec<F>; 2]> {
+        let guards: Vec<_> = x.iter().map(|t| t.storage_and_layout()).collect();
+        let v = cpu_slices::<F, _>(&guards)?;
+        let (f, s, g) = (v[0], v[1], v[2]);
+        let (k, per, feat) = (e.factors::<F>(), e.per_sample, e.features);
+        let (mut df, mut dz) = (vec![F::zero(); f.len()], vec![F::zero(); f.len()]);
+        df.par_chunks_mut(PER_TASK)
+            .zip(dz.par_chunks_mut(PER_TASK))
+            .enumerate()
+            .for_each(|(c, (df, dz))| {
+                for (j, (df, dz)) in df.iter_mut().zip(dz.iter_mut()).enumerate() {
+                    let i = c * PER_TASK + j;
+                    let ki = k
+                        .as_ref()
+                        .map_or(F::one(), |k| k[i / per * feat + i % feat]);
+                    let gk = g[i] * ki;
+                    *df = gk * s[i];
+                    *dz = (gk * f[i]) * (s[i] * (F::one() - s[i]));
+                }
+            });
+        Ok([df, dz])
     }
-    match f.dtype() {
-        DType::F32 => run::<f32>(&e, [&f, &z, &b, &g]),
-        DType::F64 => run::<f64>(&e, [&f, &z, &b, &g]),
+    match x[0].dtype() {
+        DType::F32 => vecs(run::<f32>(&e, &x)?, dims),
+        DType::F64 => vecs(run::<f64>(&e, &x)?, dims),
         dt => bail!("gate backward: dtype {dt:?} is not supported (f32 or f64)"),
     }
 }
 
-/// The call's [`Epilogue`] after checking the operands: `other` (the residual, or ∂out) of f's
-/// shape, z of f's shape, b (features), one dtype and device.
+/// The CPU values of the operands behind `guards`.
+fn cpu_slices<'a, F: WithDType, G: std::ops::Deref<Target = Storage>>(
+    guards: &'a [(G, &'a candle_core::Layout)],
+) -> Result<Vec<&'a [F]>> {
+    let mut v = Vec::with_capacity(guards.len());
+    for (s, l) in guards {
+        match &**s {
+            Storage::Cpu(s) => v.push(contiguous::<F>(s, l)?),
+            _ => bail!("gate: tensors are not all on the CPU"),
+        }
+    }
+    Ok(v)
+}
+
+/// Two CPU results of shape `dims` as tensors.
+fn vecs<F: WithDType>([a, b]: [Vec<F>; 2], dims: &[usize]) -> Result<[Tensor; 2]> {
+    Ok([
+        Tensor::from_vec(a, dims, &Device::Cpu)?,
+        Tensor::from_vec(b, dims, &Device::Cpu)?,
+    ])
+}
+
+#[cfg(feature = "cuda")]
+fn two(out: Vec<Tensor>) -> Result<[Tensor; 2]> {
+    <[Tensor; 2]>::try_from(out).map_err(|_| candle_core::Error::Msg("gate: two outputs".into()))
+}
+
+#[cfg(feature = "cuda")]
+use crate::cuda::EPILOGUE;
+
+/// The call's [`Epilogue`] after checking the operands: z (or s) of f's shape, b (features) where
+/// given, `other` (the residual, or ∂out) of f's shape, one dtype and device.
 fn check(
     f: &Tensor,
     z: &Tensor,
-    b: &Tensor,
+    b: Option<&Tensor>,
     other: Option<&Tensor>,
     dropout: Option<Dropout>,
 ) -> Result<Epilogue> {
@@ -138,16 +168,15 @@ fn check(
     let features = dims[dims.len() - 1];
     let same = |t: &Tensor| t.dtype() == f.dtype() && t.device().same_device(f.device());
     let fits = z.dims() == dims
-        && b.dims() == [features]
+        && b.is_none_or(|b| b.dims() == [features] && same(b))
         && other.is_none_or(|t| t.dims() == dims && same(t))
-        && same(z)
-        && same(b);
+        && same(z);
     if !fits {
         bail!(
             "gate: f {dims:?}, z {:?}, b {:?} and {:?}: expected f and z of one shape, b \
              (features) and the residual or gradient of f's shape, one dtype and device",
             z.dims(),
-            b.dims(),
+            b.map(Tensor::dims),
             other.map(Tensor::dims)
         );
     }
