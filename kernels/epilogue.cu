@@ -100,6 +100,8 @@ template <typename T>
 __device__ void gate_bwd(const T *f, const T *gate, const T *g, T *df, T *dz, int n,
                          int per_sample, int features, EpilogueDrop d) {
     using A = decltype(to_acc(f[0]));
+    // Not unrolled: unrolled, the f64 loop spills on sm_70.
+#pragma unroll 1
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n;
          e += (i64)gridDim.x * blockDim.x) {
         const A s = to_acc(gate[e]);
