@@ -60,6 +60,11 @@ pub fn s5_discretize(
     }
     let params = Tensor::stack(&[lambda_re, lambda_im, log_step], 0)?;
     let out = params.apply_op2(&b.contiguous()?, S5DiscretizeOp { p, h, how })?;
+    split(&out, p, h)
+}
+
+/// The forward's packed output as (Λ̄ (P, 2), B̄ (H, 2P)).
+fn split(out: &Tensor, p: usize, h: usize) -> Result<(Tensor, Tensor)> {
     Ok((
         out.narrow(0, 0, 2 * p)?.reshape((p, 2))?,
         out.narrow(0, 2 * p, 2 * p * h)?.reshape((h, 2 * p))?,
@@ -101,10 +106,7 @@ pub fn s5_discretize_untracked(
     let (p, h, _) = b.dims3()?;
     check(lambda_re, lambda_im, log_step, b)?;
     let out = S5DiscretizeOp { p, h, how }.forward([lambda_re, lambda_im, log_step, b])?;
-    Ok((
-        out.narrow(0, 0, 2 * p)?.reshape((p, 2))?,
-        out.narrow(0, 2 * p, 2 * p * h)?.reshape((h, 2 * p))?,
-    ))
+    split(&out, p, h)
 }
 
 /// The backward of [`s5_discretize`] on its own, for layers that compute gradients by hand:
