@@ -29,11 +29,12 @@ struct HeadTree {
 };
 
 // piv = [1/Â; B̂; C'] of T_G (ADJ = 0) or T_G^H (ADJ = 1), from coef = [B; C], each
-// (nodes, heads): B_v at (v, parent), C_v at (parent, v). The solved matrix has B' = B, C' = C,
-// or B' = conj(C), C' = conj(B) for the adjoint. Â_v = 1 + Σ_children C'_c B̂_c,
+// (nodes, heads): B_v at (v, parent), C_v at (parent, v); or, with `skew`, from the skew form's
+// s (heads, nodes) in the parameters' own layout: B = -s, C = conj(s). The solved matrix has
+// B' = B, C' = C, or B' = conj(C), C' = conj(B) for the adjoint. Â_v = 1 + Σ_children C'_c B̂_c,
 // B̂_v = -B'_v / Â_v (zero at the root, whose B and C are unused).
 template <typename T, typename O>
-__device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoint,
+__device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoint, int skew,
                             int *status) {
     typedef typename O::V V;
     const int h = blockIdx.x * HEAD_LANES + threadIdx.x;
@@ -53,8 +54,17 @@ __device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoin
                 const i64 e = (i64)v * g.heads + h;
                 V bp = O::zero(), cp = O::zero();
                 if (v != root) {
-                    bp = adjoint ? O::conj(O::load(coef, set + e)) : O::load(coef, e);
-                    cp = adjoint ? O::conj(O::load(coef, e)) : O::load(coef, set + e);
+                    V b, c;
+                    if (skew) {
+                        const V s = O::load(coef, (i64)h * g.nodes + v);
+                        b = O::sub(O::zero(), s);
+                        c = O::conj(s);
+                    } else {
+                        b = O::load(coef, e);
+                        c = O::load(coef, set + e);
+                    }
+                    bp = adjoint ? O::conj(c) : b;
+                    cp = adjoint ? O::conj(b) : c;
                 }
                 O::store(piv, e, inv);
                 O::store(piv, set + e, O::sub(O::zero(), O::mul(bp, inv)));
@@ -65,25 +75,31 @@ __device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoin
     }
 }
 
+// Where internal node v's bias or its gradient lies: (nodes - leaves, heads), or with
+// `by_head` (heads, nodes - leaves), the layout of the Myo layer's parameter.
+__device__ __forceinline__ i64 bias_at(int v, int h, int nodes, int leaves, int heads,
+                                       int by_head) {
+    return by_head ? (i64)h * (nodes - leaves) + (v - leaves) : (i64)(v - leaves) * heads + h;
+}
+
 // x = M^-1 rhs for one sample (blockIdx.y) and HEAD_LANES heads, M = T_G or T_G^H as `piv`
 // says. The right-hand side of node v: rhs[v] for v < m (rhs is (batch, m, heads)), plus
-// bias[v - leaves] on the internal nodes when bias is given ((nodes - leaves, heads)); zero
+// bias[v - leaves] on the internal nodes when bias is given (laid out as `bias_at` says); zero
 // for the nodes beyond m without a bias.
 template <typename T, typename O>
 __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, const HeadTree &g,
-                           int m, int leaves) {
+                           int m, int leaves, int bias_by_head) {
     typedef typename O::V V;
     const int h = blockIdx.x * HEAD_LANES + threadIdx.x;
     const bool live = h < g.heads;
     const i64 set = (i64)g.nodes * g.heads;
     const i64 x0 = (i64)blockIdx.y * set, r0 = (i64)blockIdx.y * m * g.heads;
     for (int v = threadIdx.y; live && v < g.nodes; v += HEAD_ROWS) {
-        V s;
-        if (v < m) {
-            s = O::load(rhs, r0 + (i64)v * g.heads + h);
-            if (bias && v >= leaves) s = O::add(s, O::load(bias, (i64)(v - leaves) * g.heads + h));
-        } else {
-            s = bias ? O::load(bias, (i64)(v - leaves) * g.heads + h) : O::zero();
+        V s = O::zero();
+        if (v < m) s = O::load(rhs, r0 + (i64)v * g.heads + h);
+        if (bias && v >= leaves) {
+            const V b = O::load(bias, bias_at(v, h, g.nodes, leaves, g.heads, bias_by_head));
+            s = v < m ? O::add(s, b) : b;
         }
         O::store(x, x0 + (i64)v * g.heads + h, s);
     }
@@ -122,11 +138,13 @@ __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, cons
 }
 
 // Per (node v, head): dcoef = [∂B; ∂C] with ∂B_v = -Σ_b λ_v conj(x_parent),
-// ∂C_v = -Σ_b λ_parent conj(x_v) (zero at the root), and, when dbias is given, for internal
-// nodes ∂bias = Σ_b λ_v. lam and x are (batch, nodes, heads).
+// ∂C_v = -Σ_b λ_parent conj(x_v) (zero at the root), or with `skew` the skew form's
+// ∂s = conj(∂C) - ∂B (heads, nodes); and, when dbias is given, for internal nodes
+// ∂bias = Σ_b λ_v (laid out as `bias_at` says, by head with `skew`). lam and x are
+// (batch, nodes, heads).
 template <typename T, typename O>
 __device__ void head_reduce(const T *lam, const T *x, T *dcoef, T *dbias, const int *parent,
-                            int batch, int nodes, int leaves, int heads) {
+                            int batch, int nodes, int leaves, int heads, int skew) {
     typedef typename O::V V;
     const int h = blockIdx.x * HEAD_LANES + threadIdx.x;
     const int v = blockIdx.y * HEAD_ROWS + threadIdx.y;
@@ -144,30 +162,35 @@ __device__ void head_reduce(const T *lam, const T *x, T *dcoef, T *dbias, const 
         }
         dl = O::add(dl, lv);
     }
-    O::store(dcoef, e, O::sub(O::zero(), db));
-    O::store(dcoef, set + e, O::sub(O::zero(), dc));
-    if (dbias && v >= leaves) O::store(dbias, (i64)(v - leaves) * heads + h, dl);
+    const V gb = O::sub(O::zero(), db), gc = O::sub(O::zero(), dc);
+    if (skew) {
+        O::store(dcoef, (i64)h * nodes + v, O::sub(O::conj(gc), gb));
+    } else {
+        O::store(dcoef, e, gb);
+        O::store(dcoef, set + e, gc);
+    }
+    if (dbias && v >= leaves) O::store(dbias, bias_at(v, h, nodes, leaves, heads, skew), dl);
 }
 
 #define HEAD_KERNELS(SUFFIX, T, OPS)                                                             \
     extern "C" __global__ void __launch_bounds__(HEAD_LANES * HEAD_ROWS)                         \
         head_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,                     \
                              const int *child_start, int levels, int nodes, int heads,          \
-                             int adjoint, int *status) {                                        \
+                             int adjoint, int skew, int *status) {                              \
         const HeadTree g{level_start, child_start, levels, nodes, heads};                       \
-        head_pivots<T, OPS>(coef, piv, g, adjoint, status);                                     \
+        head_pivots<T, OPS>(coef, piv, g, adjoint, skew, status);                               \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(HEAD_LANES * HEAD_ROWS)                         \
         head_sweep_##SUFFIX(const T *rhs, const T *bias, const T *piv, T *x,                    \
                             const int *level_start, const int *child_start, int levels,         \
-                            int nodes, int heads, int m, int leaves) {                          \
+                            int nodes, int heads, int m, int leaves, int bias_by_head) {        \
         const HeadTree g{level_start, child_start, levels, nodes, heads};                       \
-        head_sweep<T, OPS>(rhs, bias, piv, x, g, m, leaves);                                    \
+        head_sweep<T, OPS>(rhs, bias, piv, x, g, m, leaves, bias_by_head);                      \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(HEAD_LANES * HEAD_ROWS)                         \
         head_reduce_##SUFFIX(const T *lam, const T *x, T *dcoef, T *dbias, const int *parent,   \
-                             int batch, int nodes, int leaves, int heads) {                     \
-        head_reduce<T, OPS>(lam, x, dcoef, dbias, parent, batch, nodes, leaves, heads);         \
+                             int batch, int nodes, int leaves, int heads, int skew) {           \
+        head_reduce<T, OPS>(lam, x, dcoef, dbias, parent, batch, nodes, leaves, heads, skew);   \
     }
 
 // Complex f32 and f64 (half precision runs the solve in f32: the wrapper converts); the host

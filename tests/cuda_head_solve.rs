@@ -8,7 +8,7 @@ mod common;
 use candle_core::{DType, Device, Var};
 use common::heads::*;
 use common::*;
-use myosotis::ops::{check_pivots, head_solve};
+use myosotis::ops::{check_pivots, head_solve, head_solve_skew};
 use myosotis::tree::Tree;
 
 /// x and the gradients of Σ w ⊙ x with respect to (u, bias, b, c), on `dev` in `dtype`.
@@ -73,6 +73,63 @@ fn cuda_head_solve_matches_cpu_twin_and_dense_solve() {
                         let e = rel_err(&cuda[k], &cpu[k]);
                         assert!(e < 20.0 * tol, "{g} CUDA vs CPU {e:e}, {what}");
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The skew form (s and the bias by head, the Myo layer's layout): x and the gradients of
+/// Σ w ⊙ x with respect to (u, bias, s) on CUDA against the CPU twin.
+#[test]
+fn cuda_head_solve_skew_matches_cpu_twin() {
+    let Some(gpu) = gpu("cuda_head_solve_skew_matches_cpu_twin") else {
+        return;
+    };
+    let (mut rng, seed) = seeded_rng("cuda head solve, skew form", 44);
+    for (name, tree) in [
+        ("ragged 3-ary 100", Tree::ragged(100, 3).unwrap()),
+        ("quad 28x28", Tree::quad(28, 28).unwrap()),
+        ("single node", Tree::ragged(1, 2).unwrap()),
+    ] {
+        for shape in [(2, 3, false), (3, 37, true)] {
+            let x = random_head_inputs(&tree, shape, Coupling::Skew, &mut rng);
+            let (n, internal) = (tree.len(), tree.len() - tree.leaves());
+            let (s, bias) = x.skew_form(&tree);
+            let w = uniform(&mut rng, shape.0 * n * shape.1 * 2, -1.0, 1.0);
+            let parts = [
+                (&x.u, vec![shape.0, x.m, shape.1, 2]),
+                (&bias, vec![shape.1, internal, 2]),
+                (&s, vec![shape.1, n, 2]),
+            ];
+            for (dtype, tol) in [(DType::F32, 2e-5), (DType::F64, 1e-12)] {
+                let what = format!("{dtype:?}, {name}, {shape:?} (seed {seed})");
+                let run = |dev: &Device| -> Vec<Vec<f64>> {
+                    let vars: Vec<Var> = parts
+                        .iter()
+                        .map(|(v, sh)| Var::from_tensor(&tensor(v, sh, dtype, dev)).unwrap())
+                        .collect();
+                    let t: Vec<_> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+                    let out = head_solve_skew(&tree, &t[0], &t[1], &t[2]).unwrap();
+                    let w = tensor(&w, out.dims(), dtype, dev);
+                    let grads = (&out * w).unwrap().sum_all().unwrap().backward().unwrap();
+                    let mut all = vec![to_vec(&out)];
+                    all.extend(vars.iter().map(|v| {
+                        grads
+                            .get(v)
+                            .map_or_else(|| vec![0.0; v.elem_count()], to_vec)
+                    }));
+                    all
+                };
+                let cuda = run(&gpu);
+                check_pivots(&gpu).unwrap();
+                let cpu = run(&Device::Cpu);
+                for (k, g) in ["x", "du", "dbias", "ds"].iter().enumerate() {
+                    if cpu[k].is_empty() {
+                        continue;
+                    }
+                    let e = rel_err(&cuda[k], &cpu[k]);
+                    assert!(e < 20.0 * tol, "{g} CUDA vs CPU {e:e}, {what}");
                 }
             }
         }

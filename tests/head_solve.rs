@@ -7,7 +7,7 @@ mod common;
 use candle_core::{DType, Device, Tensor, Var};
 use common::heads::*;
 use common::*;
-use myosotis::ops::{head_solve, head_solve_backward};
+use myosotis::ops::{head_solve, head_solve_backward, head_solve_skew, head_solve_skew_backward};
 use myosotis::tree::Tree;
 use rand::Rng;
 
@@ -118,6 +118,83 @@ fn head_solve_gradients_match_finite_differences() {
                         (fd - g[i]).abs() < 1e-6 * (1.0 + fd.abs()),
                         "∂{} [{i}]: autograd {} vs finite difference {fd}, {name}, all nodes \
                          {all_nodes} (seed {seed})",
+                        names[k],
+                        g[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The skew form in the layer's layout (s and the bias by head): x equal to the general form's
+/// on the same system, autograd through it against central differences of L = Σ w ⊙ x in f64
+/// (u, bias, s), and its backward on its own equal to autograd's.
+#[test]
+fn head_solve_skew_matches_the_general_form_and_finite_differences() {
+    let (mut rng, seed) = seeded_rng("head_solve skew form", 33);
+    let dev = &Device::Cpu;
+    for (name, tree) in [
+        ("ragged 3-ary 20", Tree::ragged(20, 3).unwrap()),
+        ("quad 4x4", Tree::quad(4, 4).unwrap()),
+    ] {
+        for all_nodes in [false, true] {
+            let what = format!("{name}, all nodes {all_nodes} (seed {seed})");
+            let x = random_head_inputs(&tree, (2, 3, all_nodes), Coupling::Skew, &mut rng);
+            let (n, internal) = (tree.len(), tree.len() - tree.leaves());
+            let (s, bias) = x.skew_form(&tree);
+            let parts = [x.u.clone(), bias, s];
+            let shapes = [vec![2, x.m, 3, 2], vec![3, internal, 2], vec![3, n, 2]];
+            let w = uniform(&mut rng, 2 * n * 3 * 2, -1.0, 1.0);
+            let w_t = tensor(&w, &[2, n, 3, 2], DType::F64, dev);
+            let tensors = |p: &[Vec<f64>; 3]| -> [Tensor; 3] {
+                std::array::from_fn(|k| tensor(&p[k], &shapes[k], DType::F64, dev))
+            };
+            let solve = |t: &[Tensor; 3]| head_solve_skew(&tree, &t[0], &t[1], &t[2]).unwrap();
+            let loss = |p: &[Vec<f64>; 3]| -> f64 {
+                let sol = solve(&tensors(p));
+                (sol * &w_t)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar()
+                    .unwrap()
+            };
+            let [u, bias, b, c] = x.tensors(&tree, DType::F64, dev);
+            let general = head_solve(&tree, &u, &bias, &b, &c).unwrap();
+            assert_eq!(
+                to_vec(&solve(&tensors(&parts))),
+                to_vec(&general),
+                "x, {what}"
+            );
+
+            let vars = tensors(&parts).map(|t| Var::from_tensor(&t).unwrap());
+            let ts = vars.each_ref().map(|v| v.as_tensor().clone());
+            let out = solve(&ts);
+            let grads = (&out * &w_t)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let by_hand =
+                head_solve_skew_backward(&tree, &ts[0], &ts[1], &ts[2], &out, &w_t.clone())
+                    .unwrap();
+            let names = ["u", "bias", "s"];
+            for (k, var) in vars.iter().enumerate() {
+                let g = to_vec(grads.get(var).unwrap());
+                let mine = [&by_hand.u, &by_hand.bias, &by_hand.s][k];
+                assert_eq!(to_vec(mine), g, "∂{} by hand vs autograd, {what}", names[k]);
+                for _ in 0..6 {
+                    let i = rng.random_range(0..g.len());
+                    let h = 1e-6;
+                    let (mut plus, mut minus) = (parts.clone(), parts.clone());
+                    plus[k][i] += h;
+                    minus[k][i] -= h;
+                    let fd = (loss(&plus) - loss(&minus)) / (2.0 * h);
+                    assert!(
+                        (fd - g[i]).abs() < 1e-6 * (1.0 + fd.abs()),
+                        "∂{} [{i}]: autograd {} vs finite difference {fd}, {what}",
                         names[k],
                         g[i]
                     );

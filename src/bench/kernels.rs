@@ -326,8 +326,8 @@ impl TreeBench {
     }
 }
 
-/// Shape of a benchmark of the Myo layer's solve ([`head_solve()`]): skew couplings (the layer's
-/// default) over a ragged tree, inputs on the leaves.
+/// Shape of a benchmark of the Myo layer's solve ([`head_solve_skew()`]): skew couplings (the
+/// layer's default) over a ragged tree, inputs on the leaves.
 #[derive(Debug, Clone, Serialize, clap::Args)]
 pub struct HeadBench {
     /// Samples per call.
@@ -348,13 +348,13 @@ pub struct HeadBench {
 }
 
 impl HeadBench {
-    /// Bytes the timed unit must move at the least. Forward: read u, the bias, B and C; write
-    /// x. Backward: read ∂x, x, B and C; write ∂u, ∂bias, ∂B and ∂C.
+    /// Bytes the timed unit must move at the least. Forward: read u, the bias and the couplings
+    /// s; write x. Backward: read ∂x, x and s; write ∂u, ∂bias and ∂s.
     pub fn bytes(&self, tree: &Tree) -> u64 {
         let cx = 2 * self.timing.dtype.size_in_bytes() * self.heads;
         let (n, internal) = (tree.len(), tree.len() - tree.leaves());
         let (u, x) = (self.batch * tree.leaves() * cx, self.batch * n * cx);
-        let (bias, coef) = (internal * cx, 2 * n * cx);
+        let (bias, coef) = (internal * cx, n * cx);
         let fwd = u + bias + coef + x;
         let bwd = 2 * x + coef + u + bias + coef;
         (if self.timing.backward { fwd + bwd } else { fwd }) as u64
@@ -375,22 +375,26 @@ impl HeadBench {
         let rand = |shape: &[usize]| {
             Tensor::rand(-1f32, 1f32, shape, device).and_then(|t| t.to_dtype(self.timing.dtype))
         };
-        let (u, bias, z) = (
+        let (u, bias, s) = (
             rand(&[b, l, h, 2])?,
-            rand(&[n - l, h, 2])?,
-            rand(&[n, h, 2])?,
+            rand(&[h, n - l, 2])?,
+            rand(&[h, n, 2])?,
         );
-        let signs = Tensor::new(&[1f32, -1.], device)?.to_dtype(self.timing.dtype)?;
-        let (cb, cc) = (z.neg()?, z.broadcast_mul(&signs)?);
         let g = rand(&[b, n, h, 2])?;
         let ours = time_median(device, self.timing.warmup, self.timing.repeats, || {
-            let x = head_solve(&tree, &u, &bias, &cb, &cc)?;
+            let x = head_solve_skew(&tree, &u, &bias, &s)?;
             if self.timing.backward {
-                head_solve_backward(&tree, &u, &bias, &cb, &cc, &x, &g)?;
+                head_solve_skew_backward(&tree, &u, &bias, &s, &x, &g)?;
             }
             Ok(())
         })?;
         let reference_ms = if self.timing.reference {
+            // The same system with B = −s and C = conj(s), each (nodes, heads, 2).
+            let signs = Tensor::new(&[1f32, -1.], device)?.to_dtype(self.timing.dtype)?;
+            let (cb, cc) = (
+                s.neg()?.transpose(0, 1)?,
+                s.broadcast_mul(&signs)?.transpose(0, 1)?,
+            );
             let (vu, vbias, vb, vc) = (
                 Var::from_tensor(&u)?,
                 Var::from_tensor(&bias)?,
@@ -401,7 +405,7 @@ impl HeadBench {
             let ones = Tensor::ones((h, n, 1), self.timing.dtype, device)?;
             let a = Tensor::cat(&[&ones, &ones.zeros_like()?], 2)?.reshape((h, n, 1, 1, 2))?;
             Some(time_reference(device, || {
-                let virt = vbias.as_tensor().transpose(0, 1)?.unsqueeze(0)?;
+                let virt = vbias.as_tensor().unsqueeze(0)?;
                 let full = Tensor::cat(
                     &[
                         vu.as_tensor().transpose(1, 2)?,

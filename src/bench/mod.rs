@@ -15,8 +15,9 @@ use serde::Serialize;
 use crate::nn::{ClassifierConfig, DropoutKey, EncoderConfig, Mode, SequenceClassifier};
 
 use crate::ops::{
-    head_solve, head_solve_backward, linear_scan, linear_scan_backward, linear_scan_reference,
-    tree_solve, tree_solve_backward, tree_solve_reference, ScanOptions, TreeSolveOptions,
+    head_solve_skew, head_solve_skew_backward, linear_scan, linear_scan_backward,
+    linear_scan_reference, tree_solve, tree_solve_backward, tree_solve_reference, ScanOptions,
+    TreeSolveOptions,
 };
 use crate::train::progress::significant;
 use crate::tree::Tree;

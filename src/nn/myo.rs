@@ -41,7 +41,9 @@ use serde::{Deserialize, Serialize};
 
 use super::hippo::block_init;
 use super::{init_param, layer_rng, normal_vec, params};
-use crate::ops::{channel_mul, head_solve, s5_readout, swap_dims12, tree_solve, TreeSolveOptions};
+use crate::ops::{
+    channel_mul, head_solve, head_solve_skew, s5_readout, swap_dims12, tree_solve, TreeSolveOptions,
+};
 use crate::tree::Tree;
 
 /// The tree of a Myo layer, as a config can name it.
@@ -516,9 +518,19 @@ impl Myo {
             .reshape((batch * len, h))?
             .matmul(&b_mat)?
             .reshape((batch, len, heads, 2))?;
-        let (b, c) = self.scalar_couplings()?;
-        let bias = self.virtual_u.transpose(0, 1)?;
-        let xs = head_solve(&self.tree, &u, &bias, &b, &c)?.reshape((batch, n, 2 * heads))?;
+        let xs = match self.cfg.coupling {
+            // The solve forms B = −s and C = conj(s) itself, in the parameters' layout.
+            Coupling::Skew => {
+                let s = self.coupling(&self.coupling_b)?;
+                head_solve_skew(&self.tree, &u, &self.virtual_u, &s)?
+            }
+            _ => {
+                let (b, c) = self.scalar_couplings()?;
+                let bias = self.virtual_u.transpose(0, 1)?;
+                head_solve(&self.tree, &u, &bias, &b, &c)?
+            }
+        };
+        let xs = xs.reshape((batch, n, 2 * heads))?;
         // Re(C_out x) = Σ_h C_re x_re − C_im x_im: one matmul against the (heads·2, H) matrix
         // of S5's readout (one direction, no doubling), made in one op.
         let r = s5_readout(&self.c_out, 1, false)?;

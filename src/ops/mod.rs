@@ -28,7 +28,10 @@ pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
 pub use dropout::dropout_keep;
 pub use epilogue::{epilogue, epilogue_backward};
 pub use gelu::gelu;
-pub use head_solve::{head_solve, head_solve_backward, HeadSolveGrads};
+pub use head_solve::{
+    head_solve, head_solve_backward, head_solve_skew, head_solve_skew_backward, HeadSkewGrads,
+    HeadSolveGrads,
+};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_composed};
 pub use masked_mean::{masked_mean, masked_mean_backward};
 pub use s5_discretize::{

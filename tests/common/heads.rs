@@ -74,6 +74,28 @@ impl HeadInputs {
         ]
     }
 
+    /// The skew form's s (heads, nodes, 2) with B = −s, C = conj(s) (for couplings drawn as
+    /// [`Coupling::Skew`]), and the bias by head (heads, internal, 2).
+    pub fn skew_form(&self, tree: &Tree) -> (Vec<f64>, Vec<f64>) {
+        let h = self.heads;
+        let by_head = |x: &[f64], rows: usize, sign: f64| {
+            let mut out = vec![0.0; x.len()];
+            for r in 0..rows {
+                for hi in 0..h {
+                    for k in 0..2 {
+                        out[(hi * rows + r) * 2 + k] = sign * x[(r * h + hi) * 2 + k];
+                    }
+                }
+            }
+            out
+        };
+        let internal = tree.len() - tree.leaves();
+        (
+            by_head(&self.b, tree.len(), -1.0),
+            by_head(&self.bias, internal, 1.0),
+        )
+    }
+
     pub fn case(&self) -> TreeCase {
         TreeCase {
             batch: self.batch,

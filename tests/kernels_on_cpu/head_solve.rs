@@ -4,9 +4,11 @@
 //! for bit, the CPU twin.
 
 use candle_core::{DType, Device, Tensor};
-use myosotis::ops::head_solve::cuda::{backward_plans, forward_plans, LANES, ROWS};
+use myosotis::ops::head_solve::cuda::{
+    backward_plans, forward_plans, skew_backward_plans, skew_forward_plans, LANES, ROWS,
+};
 use myosotis::ops::plan::KernelArg;
-use myosotis::ops::{head_solve, head_solve_backward};
+use myosotis::ops::{head_solve, head_solve_backward, head_solve_skew, head_solve_skew_backward};
 use myosotis::tree::Tree;
 
 use crate::assert_same;
@@ -110,6 +112,89 @@ fn head_kernels_match_the_dense_solve_and_the_cpu_twin() {
                         assert_eq!(red.outputs.len(), 1, "{what}");
                         assert_eq!(reduce.args[3], KernelArg::Null, "{what}");
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The skew form (s and the bias in the Myo layer's layout, B = −s and C = conj(s) formed by the
+/// kernels): x equal bit for bit to the general form's kernels on the same system and to the
+/// CPU twin; ∂s and ∂bias against the f64 reference and, bit for bit, the twin.
+#[test]
+fn head_kernels_skew_form() {
+    let (mut rng, seed) = seeded_rng("head kernels, skew form", 43);
+    let trees = [
+        ("ragged 3-ary 50", Tree::ragged(50, 3).unwrap()),
+        ("quad 6x5", Tree::quad(6, 5).unwrap()),
+        ("chain 12", Tree::chain(12).unwrap()),
+        ("single node", Tree::ragged(1, 2).unwrap()),
+    ];
+    for (name, tree) in &trees {
+        for shape in [(2, 3, false), (2, 37, true)] {
+            for (dtype, tol) in HEAD_DTYPES {
+                let what = format!("{name}, {shape:?}, {dtype:?} (seed {seed})");
+                let x = rounded(
+                    &random_head_inputs(tree, shape, Coupling::Skew, &mut rng),
+                    dtype,
+                );
+                let (n, heads, internal) = (tree.len(), x.heads, tree.len() - tree.leaves());
+                let ts = x.tensors(tree, dtype, &Device::Cpu);
+                let u = &ts[0];
+                let (s, bias) = x.skew_form(tree);
+                let s_t = tensor(&s, &[heads, n, 2], dtype, &Device::Cpu);
+                let bias_t = tensor(&bias, &[heads, internal, 2], dtype, &Device::Cpu);
+                let [pivots, sweep] = skew_forward_plans(tree, u, &bias_t, &s_t).unwrap();
+                let piv = run_in_every_order(&pivots, dtype, &[&s], seed);
+                assert_eq!(piv.status, 0, "{what}");
+                let inputs: Vec<&[f64]> = match internal > 0 {
+                    true => vec![&x.u, &bias, &piv.outputs[0]],
+                    false => vec![&x.u, &piv.outputs[0]],
+                };
+                let sol = run_in_every_order(&sweep, dtype, &inputs, seed).outputs[0].clone();
+                let (general, _) = forward(tree, &x, &ts, dtype, seed);
+                assert_same(&sol, &general, &format!("x vs the general form, {what}"));
+                let twin = head_solve_skew(tree, u, &bias_t, &s_t).unwrap();
+                assert_same(&sol, &to_vec(&twin), &format!("x, {what}"));
+
+                let g = round_to(&uniform(&mut rng, sol.len(), -1.0, 1.0), dtype);
+                let g_t = tensor(&g, twin.dims(), dtype, &Device::Cpu);
+                let twin = head_solve_skew_backward(tree, u, &bias_t, &s_t, &twin, &g_t).unwrap();
+                let [pivots, sweep, reduce] = skew_backward_plans(tree, u, &bias_t, &s_t).unwrap();
+                let piv = run_in_every_order(&pivots, dtype, &[&s], seed);
+                let lam = run_in_every_order(&sweep, dtype, &[&g, &piv.outputs[0]], seed);
+                let red = run_in_every_order(&reduce, dtype, &[&lam.outputs[0], &sol], seed);
+                // ∂s = conj(∂C) − ∂B and ∂bias, by head, from the f64 reference.
+                let [_, dbias, db, dc] = dense_grads(tree, &x, &g);
+                let mut ds = vec![0.0; s.len()];
+                let mut dbias_h = vec![0.0; bias.len()];
+                for hi in 0..heads {
+                    for v in 0..n {
+                        let e = 2 * (v * heads + hi);
+                        ds[2 * (hi * n + v)] = dc[e] - db[e];
+                        ds[2 * (hi * n + v) + 1] = -dc[e + 1] - db[e + 1];
+                        if v >= n - internal {
+                            let (k, j) = (
+                                2 * (hi * internal + v - (n - internal)),
+                                e - 2 * heads * (n - internal),
+                            );
+                            dbias_h[k..k + 2].copy_from_slice(&dbias[j..j + 2]);
+                        }
+                    }
+                }
+                let e = rel_err(&red.outputs[0], &ds);
+                assert!(e < 4.0 * tol, "∂s vs f64 reference: {e:e}, {what}");
+                assert_same(&red.outputs[0], &to_vec(&twin.s), &format!("∂s, {what}"));
+                if internal > 0 {
+                    let e = rel_err(&red.outputs[1], &dbias_h);
+                    assert!(e < 4.0 * tol, "∂bias vs f64 reference: {e:e}, {what}");
+                    assert_same(
+                        &red.outputs[1],
+                        &to_vec(&twin.bias),
+                        &format!("∂bias, {what}"),
+                    );
+                } else {
+                    assert_eq!(red.outputs.len(), 1, "{what}");
                 }
             }
         }

@@ -4,7 +4,7 @@
 //! B = −s, C = conj(s) from the couplings s (per level: s = S[level(v)]):
 //!
 //!   ∂C_out from [x]ᵀ ∂y (the readout's backward kernel), ∂x = ∂y Rᵀ,
-//!   (∂u, ∂bias, ∂B, ∂C) = the heads' solve backward, ∂s = conj(∂C) − ∂B (summed per level),
+//!   (∂u, ∂bias, ∂s = conj(∂C) − ∂B) = the skew solve's backward (∂s summed per level),
 //!   ∂B_in = Xᵀ ∂U,  ∂X = ∂U B_inᵀ + D ⊙ ∂y,  ∂D = Σ_rows X ⊙ ∂y.
 
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use candle_core::{DType, Result, Tensor};
 use super::{Coupling, Myo};
 use crate::nn::by_hand::{by_hand, Backward, GradSink};
 use crate::ops::{
-    channel_mul, channel_mul_backward, head_solve, head_solve_backward, s5_readout,
+    channel_mul, channel_mul_backward, head_solve_skew, head_solve_skew_backward, s5_readout,
     s5_readout_backward,
 };
 use crate::tree::Tree;
@@ -29,12 +29,11 @@ pub(super) struct MyoBackward {
     x2: Tensor,
     b_mat: Tensor,
     u: Tensor,
+    /// The virtual nodes' inputs (heads, internal, 2) and the couplings per node.
     bias: Tensor,
-    b: Tensor,
-    c: Tensor,
+    s: Tensor,
     xs: Tensor,
     r: Tensor,
-    conj: Tensor,
     /// Per-level couplings: each node's level, and the levels.
     levels: Option<(Tensor, usize)>,
     tree: Arc<Tree>,
@@ -85,11 +84,7 @@ impl Myo {
             true => raw.index_select(&self.node_level, 1)?,
             false => raw,
         };
-        let conj = self.conj.to_dtype(s.dtype())?;
-        let (b, c) = (s.neg()?, s.broadcast_mul(&conj)?);
-        let (b, c) = (b.transpose(0, 1)?, c.transpose(0, 1)?);
-        let bias = virtual_u.transpose(0, 1)?;
-        let xs = head_solve(&self.tree, &u, &bias, &b, &c)?;
+        let xs = head_solve_skew(&self.tree, &u, &virtual_u, &s)?;
         let r = s5_readout(&c_out, 1, false)?;
         let y = xs
             .reshape((batch * n, 2 * heads))?
@@ -104,12 +99,10 @@ impl Myo {
             x2,
             b_mat,
             u,
-            bias,
-            b,
-            c,
+            bias: virtual_u,
+            s,
             xs,
             r,
-            conj,
             levels: self
                 .cfg
                 .per_level
@@ -129,14 +122,8 @@ impl Backward for MyoBackward {
         let xs2 = self.xs.reshape((batch * n, 2 * heads))?;
         let dc_out = s5_readout_backward(&self.c_out, 1, false, &xs2.t()?.matmul(&dy2)?)?;
         let dxs = dy2.matmul(&self.r.t()?)?.reshape(self.xs.dims())?;
-        let g = head_solve_backward(
-            &self.tree, &self.u, &self.bias, &self.b, &self.c, &self.xs, &dxs,
-        )?;
-        let dv = g.bias.transpose(0, 1)?.contiguous()?;
-        // ∂s from B = −s and C = conj(s), back in (heads, nodes, 2).
-        let ds = (g.c.broadcast_mul(&self.conj)? - g.b)?
-            .transpose(0, 1)?
-            .contiguous()?;
+        let g = head_solve_skew_backward(&self.tree, &self.u, &self.bias, &self.s, &self.xs, &dxs)?;
+        let (dv, ds) = (g.bias, g.s);
         let ds = match &self.levels {
             Some((level, levels)) => {
                 let zeros = Tensor::zeros((heads, *levels, 2), ds.dtype(), ds.device())?;

@@ -3,6 +3,8 @@
 //! it bit for bit. Samples are solved in parallel; within a node the loop runs over the heads,
 //! which are contiguous, so it vectorises.
 
+use std::borrow::Cow;
+
 use candle_core::{bail, Device, Result, Storage, Tensor, WithDType};
 use rayon::prelude::*;
 
@@ -268,6 +270,49 @@ fn reduce_node<F: WithDType>(
     }
 }
 
+/// A (rows, cols) matrix of complex values transposed.
+fn transposed<F: WithDType>(x: &[F], rows: usize, cols: usize) -> Vec<F> {
+    let x = cx(x);
+    let mut t = Vec::with_capacity(2 * rows * cols);
+    for j in 0..cols {
+        for i in 0..rows {
+            let z = x[i * cols + j];
+            t.extend([z.re, z.im]);
+        }
+    }
+    t
+}
+
+/// The skew form's s (heads, nodes) as [B; C] (nodes, heads): B = 0 − s, C = conj(s), as
+/// `head_pivots` forms them.
+fn skew_coef<F: WithDType>(s: &[F], heads: usize, nodes: usize) -> Vec<F> {
+    let st = transposed(s, heads, nodes);
+    let mut coef = Vec::with_capacity(2 * st.len());
+    coef.extend(cx(&st).iter().flat_map(|z| {
+        let b = C::zero().sub(*z);
+        [b.re, b.im]
+    }));
+    coef.extend(cx(&st).iter().flat_map(|z| {
+        let c = z.conj();
+        [c.re, c.im]
+    }));
+    coef
+}
+
+/// ∂s = conj(∂C) − ∂B (heads, nodes) from [∂B; ∂C] (nodes, heads), as `head_reduce` forms it.
+fn skew_grad<F: WithDType>(dcoef: &[F], heads: usize, nodes: usize) -> Vec<F> {
+    let (db, dc) = dcoef.split_at(dcoef.len() / 2);
+    let ds: Vec<F> = cx(db)
+        .iter()
+        .zip(cx(dc))
+        .flat_map(|(b, c)| {
+            let d = c.conj().sub(*b);
+            [d.re, d.im]
+        })
+        .collect();
+    transposed(&ds, nodes, heads)
+}
+
 impl HeadSolveOp {
     pub(super) fn forward_t<F: WithDType>(
         &self,
@@ -276,10 +321,29 @@ impl HeadSolveOp {
         coef: &[F],
     ) -> Result<Vec<F>> {
         let d = &self.dims;
-        let piv = pivots(&self.tree, d.heads, coef, false)
+        let (bias, coef) = (self.general_bias(bias), self.general_coef(coef));
+        let piv = pivots(&self.tree, d.heads, &coef, false)
             .map_err(|(v, h)| pivot_error(v, h, "forward"))?;
-        let bias = (d.internal() > 0).then_some(bias);
+        let bias = (d.internal() > 0).then_some(&bias[..]);
         Ok(sweep(&self.tree, d, (u, d.m), bias, &piv))
+    }
+
+    /// [B; C] of the general form: `coef` itself, or formed from the skew form's s.
+    fn general_coef<'a, F: WithDType>(&self, coef: &'a [F]) -> Cow<'a, [F]> {
+        let d = &self.dims;
+        match d.skew {
+            false => Cow::Borrowed(coef),
+            true => Cow::Owned(skew_coef(coef, d.heads, d.nodes)),
+        }
+    }
+
+    /// The bias as (internal, heads): `bias` itself, or the skew form's transposed.
+    fn general_bias<'a, F: WithDType>(&self, bias: &'a [F]) -> Cow<'a, [F]> {
+        let d = &self.dims;
+        match d.skew {
+            false => Cow::Borrowed(bias),
+            true => Cow::Owned(transposed(bias, d.heads, d.internal().max(1))),
+        }
     }
 
     /// (λ, ∂bias, ∂coef) as tensors: λ (batch, nodes, heads, 2), ∂bias
@@ -302,15 +366,20 @@ impl HeadSolveOp {
             contiguous::<F>(sg, lg)?,
         );
         let d = &self.dims;
-        let piv = pivots(&self.tree, d.heads, coef, true)
+        let coef = self.general_coef(coef);
+        let piv = pivots(&self.tree, d.heads, &coef, true)
             .map_err(|(v, h)| pivot_error(v, h, "backward"))?;
         let lam = sweep(&self.tree, d, (g, d.nodes), None, &piv);
-        let (dcoef, dbias) = reduce(&self.tree, d, &lam, x);
+        let (mut dcoef, mut dbias) = reduce(&self.tree, d, &lam, x);
+        if d.skew {
+            dcoef = skew_grad(&dcoef, d.heads, d.nodes);
+            dbias = transposed(&dbias, d.internal().max(1), d.heads);
+        }
         let dev = &Device::Cpu;
         Ok((
             Tensor::from_vec(lam, (d.batch, d.nodes, d.heads, 2), dev)?,
-            Tensor::from_vec(dbias, (d.internal().max(1), d.heads, 2), dev)?,
-            Tensor::from_vec(dcoef, (2, d.nodes, d.heads, 2), dev)?,
+            Tensor::from_vec(dbias, d.bias_shape(), dev)?,
+            Tensor::from_vec(dcoef, d.coef_shape(), dev)?,
         ))
     }
 }

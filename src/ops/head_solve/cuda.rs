@@ -14,7 +14,7 @@
 
 use candle_core::{bail, DType, Result, Tensor};
 
-use super::{check_args, Dims};
+use super::{check_args, check_skew_args, Dims};
 use crate::ops::plan::{int_arg, kernel_name, KernelArg, LaunchPlan};
 use crate::tree::Tree;
 
@@ -31,7 +31,8 @@ fn lane_blocks(heads: usize) -> Result<u32> {
     Ok(int_arg("head_solve", "heads", heads)? as u32).map(|h| h.div_ceil(LANES))
 }
 
-/// `head_pivots`: input coef = [B; C] (2, nodes, heads, 2); output piv (3, nodes, heads, 2).
+/// `head_pivots`: input coef = [B; C] (2, nodes, heads, 2) or the skew form's s (heads, nodes,
+/// 2); output piv (3, nodes, heads, 2).
 fn pivots_plan(tree: &Tree, d: &Dims, dtype: DType, adjoint: bool) -> Result<LaunchPlan> {
     let op = "head_solve";
     Ok(LaunchPlan {
@@ -48,6 +49,7 @@ fn pivots_plan(tree: &Tree, d: &Dims, dtype: DType, adjoint: bool) -> Result<Lau
             KernelArg::I32(int_arg(op, "nodes", d.nodes)?),
             KernelArg::I32(int_arg(op, "heads", d.heads)?),
             KernelArg::I32(adjoint as i32),
+            KernelArg::I32(d.skew as i32),
             KernelArg::Status,
         ],
         outputs: vec![3 * d.nodes * d.heads * 2],
@@ -92,6 +94,7 @@ fn sweep_plan(
             KernelArg::I32(int_arg(op, "heads", d.heads)?),
             KernelArg::I32(int_arg(op, "m", m)?),
             KernelArg::I32(int_arg(op, "leaves", d.leaves)?),
+            KernelArg::I32((with_bias && d.skew) as i32),
         ],
         outputs: vec![d.batch * d.nodes * d.heads * 2],
         tables: vec![table(tree.level_starts()), table(tree.child_starts())],
@@ -100,14 +103,15 @@ fn sweep_plan(
 }
 
 /// `head_reduce`: inputs (λ, x); outputs [∂B; ∂C] (2, nodes, heads, 2) and, for a tree with
-/// internal nodes, ∂bias (nodes − leaves, heads, 2).
+/// internal nodes, ∂bias (nodes − leaves, heads, 2); for the skew form ∂s (heads, nodes, 2) and
+/// ∂bias (heads, nodes − leaves, 2).
 fn reduce_plan(tree: &Tree, d: &Dims, dtype: DType) -> Result<LaunchPlan> {
     let op = "head_solve";
     let row_blocks = (d.nodes as u64).div_ceil(ROWS as u64);
     if row_blocks > 65_535 {
         bail!("head_solve: {} nodes exceed the CUDA grid", d.nodes);
     }
-    let mut outputs = vec![2 * d.nodes * d.heads * 2];
+    let mut outputs = vec![d.coef_shape().iter().product()];
     let dbias = match d.internal() {
         0 => KernelArg::Null,
         k => {
@@ -130,6 +134,7 @@ fn reduce_plan(tree: &Tree, d: &Dims, dtype: DType) -> Result<LaunchPlan> {
             KernelArg::I32(int_arg(op, "nodes", d.nodes)?),
             KernelArg::I32(int_arg(op, "leaves", d.leaves)?),
             KernelArg::I32(int_arg(op, "heads", d.heads)?),
+            KernelArg::I32(d.skew as i32),
         ],
         outputs,
         tables: vec![table(tree.parents())],
@@ -147,11 +152,23 @@ pub fn forward_plans(
     b: &Tensor,
     c: &Tensor,
 ) -> Result<[LaunchPlan; 2]> {
-    let d = check_args(tree, u, bias, b, c)?;
-    let dt = u.dtype();
+    forward_plans_of(tree, &check_args(tree, u, bias, b, c)?, u.dtype())
+}
+
+/// [`forward_plans`] of `head_solve_skew(tree, u, bias, s)`: `head_pivots` reads s itself.
+pub fn skew_forward_plans(
+    tree: &Tree,
+    u: &Tensor,
+    bias: &Tensor,
+    s: &Tensor,
+) -> Result<[LaunchPlan; 2]> {
+    forward_plans_of(tree, &check_skew_args(tree, u, bias, s)?, u.dtype())
+}
+
+fn forward_plans_of(tree: &Tree, d: &Dims, dt: DType) -> Result<[LaunchPlan; 2]> {
     Ok([
-        pivots_plan(tree, &d, dt, false)?,
-        sweep_plan(tree, &d, d.m, d.internal() > 0, dt)?,
+        pivots_plan(tree, d, dt, false)?,
+        sweep_plan(tree, d, d.m, d.internal() > 0, dt)?,
     ])
 }
 
@@ -165,12 +182,25 @@ pub fn backward_plans(
     b: &Tensor,
     c: &Tensor,
 ) -> Result<[LaunchPlan; 3]> {
-    let d = check_args(tree, u, bias, b, c)?;
-    let dt = u.dtype();
+    backward_plans_of(tree, &check_args(tree, u, bias, b, c)?, u.dtype())
+}
+
+/// [`backward_plans`] of `head_solve_skew(tree, u, bias, s)`: `head_pivots` reads s, and
+/// `head_reduce` writes ∂s and ∂bias in their layouts.
+pub fn skew_backward_plans(
+    tree: &Tree,
+    u: &Tensor,
+    bias: &Tensor,
+    s: &Tensor,
+) -> Result<[LaunchPlan; 3]> {
+    backward_plans_of(tree, &check_skew_args(tree, u, bias, s)?, u.dtype())
+}
+
+fn backward_plans_of(tree: &Tree, d: &Dims, dt: DType) -> Result<[LaunchPlan; 3]> {
     Ok([
-        pivots_plan(tree, &d, dt, true)?,
-        sweep_plan(tree, &d, d.nodes, false, dt)?,
-        reduce_plan(tree, &d, dt)?,
+        pivots_plan(tree, d, dt, true)?,
+        sweep_plan(tree, d, d.nodes, false, dt)?,
+        reduce_plan(tree, d, dt)?,
     ])
 }
 
@@ -233,13 +263,12 @@ mod launch {
         let wrap = |s: CudaStorage, shape: Vec<usize>| {
             Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false)
         };
-        let (heads, nodes) = (d.heads, d.nodes);
         let dbias = match d.internal() {
-            0 => Tensor::zeros((1, heads, 2), dt, &candle_core::Device::Cuda(dev.clone()))?,
-            k => wrap(out.remove(1), vec![k, heads, 2]),
+            0 => Tensor::zeros(d.bias_shape(), dt, &candle_core::Device::Cuda(dev.clone()))?,
+            _ => wrap(out.remove(1), d.bias_shape()),
         };
-        let dcoef = wrap(out.remove(0), vec![2, nodes, heads, 2]);
-        let lam = wrap(lam, vec![d.batch, nodes, heads, 2]);
+        let dcoef = wrap(out.remove(0), d.coef_shape());
+        let lam = wrap(lam, vec![d.batch, d.nodes, d.heads, 2]);
         Ok((lam, dbias, dcoef))
     }
 }

@@ -12,6 +12,11 @@
 //! * B, C: (nodes, heads, 2), shared by the batch;
 //! * x: (batch, nodes, heads, 2).
 //!
+//! [`head_solve_skew`] takes the Myo layer's default form in its parameters' own layout instead:
+//! B = −s and C = conj(s) from s (heads, nodes, 2), and the bias (heads, nodes − leaves, 2); its
+//! backward gives ∂s = conj(∂C) − ∂B and ∂bias in the same layouts, so that the layer needs no op
+//! to place its couplings, forward or backward.
+//!
 //! # Algorithm (shared by the CPU twin and the CUDA kernels)
 //! Eliminating the leaves upward gives pivots that depend on the coefficients alone, so they
 //! are computed once per head, not per sample: Â_v = 1 + Σ_children C_c B̂_c and
@@ -50,11 +55,30 @@ struct Dims {
     heads: usize,
     nodes: usize,
     leaves: usize,
+    /// The skew form ([`head_solve_skew`]): coef = s (heads, nodes, 2), bias by head.
+    skew: bool,
 }
 
 impl Dims {
     fn internal(&self) -> usize {
         self.nodes - self.leaves
+    }
+
+    /// The bias's shape, with a stand-in row for a tree without internal nodes.
+    fn bias_shape(&self) -> Vec<usize> {
+        let k = self.internal().max(1);
+        match self.skew {
+            true => vec![self.heads, k, 2],
+            false => vec![k, self.heads, 2],
+        }
+    }
+
+    /// The coefficients' shape: [B; C] or s.
+    fn coef_shape(&self) -> Vec<usize> {
+        match self.skew {
+            true => vec![self.heads, self.nodes, 2],
+            false => vec![2, self.nodes, self.heads, 2],
+        }
     }
 }
 
@@ -75,16 +99,84 @@ pub fn head_solve(
         return head_solve(tree, &up(u)?, &up(bias)?, &up(b)?, &up(c)?)?.to_dtype(dtype);
     }
     let coef = Tensor::stack(&[b, c], 0)?;
+    solve(tree, dims, u, bias, &coef)
+}
+
+/// [`head_solve`] of T_G's skew form, B = −s and C = conj(s), with s (heads, nodes, 2) and the
+/// bias (heads, nodes − leaves, 2) in the Myo layer's parameter layout (module docs).
+pub fn head_solve_skew(tree: &Tree, u: &Tensor, bias: &Tensor, s: &Tensor) -> Result<Tensor> {
+    let dims = check_skew_args(tree, u, bias, s)?;
+    let dtype = u.dtype();
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        let up = |t: &Tensor| t.to_dtype(DType::F32);
+        return head_solve_skew(tree, &up(u)?, &up(bias)?, &up(s)?)?.to_dtype(dtype);
+    }
+    solve(tree, dims, u, bias, &s.contiguous()?)
+}
+
+/// The op on checked arguments, `coef` as `dims.skew` says.
+fn solve(tree: &Tree, dims: Dims, u: &Tensor, bias: &Tensor, coef: &Tensor) -> Result<Tensor> {
     // A tree without internal nodes has no bias; the kernels never read this stand-in.
     let bias = match dims.internal() {
-        0 => Tensor::zeros((1, dims.heads, 2), dtype, u.device())?,
+        0 => Tensor::zeros(dims.bias_shape(), u.dtype(), u.device())?,
         _ => bias.contiguous()?,
     };
     u.contiguous()?
-        .apply_op3(&bias, &coef, HeadSolveOp::new(tree, dims))
+        .apply_op3(&bias, coef, HeadSolveOp::new(tree, dims))
 }
 
 fn check_args(tree: &Tree, u: &Tensor, bias: &Tensor, b: &Tensor, c: &Tensor) -> Result<Dims> {
+    let dims = check_u(tree, u)?;
+    let (heads, nodes, internal) = (dims.heads, dims.nodes, dims.internal());
+    for (name, t, want) in [
+        ("bias", bias, [internal, heads, 2]),
+        ("b", b, [nodes, heads, 2]),
+        ("c", c, [nodes, heads, 2]),
+    ] {
+        check_like_u(&dims, name, t, want, u)?;
+    }
+    Ok(dims)
+}
+
+fn check_skew_args(tree: &Tree, u: &Tensor, bias: &Tensor, s: &Tensor) -> Result<Dims> {
+    let dims = check_u(tree, u)?;
+    let (heads, nodes, internal) = (dims.heads, dims.nodes, dims.internal());
+    check_like_u(&dims, "bias", bias, [heads, internal, 2], u)?;
+    check_like_u(&dims, "s", s, [heads, nodes, 2], u)?;
+    Ok(Dims { skew: true, ..dims })
+}
+
+/// `t`'s shape is `want`, its dtype and device u's.
+fn check_like_u(d: &Dims, name: &str, t: &Tensor, want: [usize; 3], u: &Tensor) -> Result<()> {
+    if t.dims() != want {
+        bail!(
+            "head_solve: {name} has shape {:?}, expected {want:?} for {} heads and a tree of {} \
+             nodes ({} leaves)",
+            t.dims(),
+            d.heads,
+            d.nodes,
+            d.leaves
+        );
+    }
+    if t.dtype() != u.dtype() {
+        bail!(
+            "head_solve: {name} has dtype {:?} but u has {:?}",
+            t.dtype(),
+            u.dtype()
+        );
+    }
+    if !t.device().same_device(u.device()) {
+        bail!(
+            "head_solve: {name} is on {:?} but u is on {:?}",
+            t.device().location(),
+            u.device().location()
+        );
+    }
+    Ok(())
+}
+
+/// u's shape, dtype and device; the dimensions of the general form.
+fn check_u(tree: &Tree, u: &Tensor) -> Result<Dims> {
     let (nodes, leaves) = (tree.len(), tree.leaves());
     let (batch, m, heads, two) = match u.dims() {
         &[batch, m, heads, two] => (batch, m, heads, two),
@@ -96,33 +188,6 @@ fn check_args(tree: &Tree, u: &Tensor, bias: &Tensor, b: &Tensor, c: &Tensor) ->
              heads, 2) with batch, heads ≥ 1",
             u.dims()
         );
-    }
-    for (name, t, want) in [
-        ("bias", bias, [nodes - leaves, heads, 2]),
-        ("b", b, [nodes, heads, 2]),
-        ("c", c, [nodes, heads, 2]),
-    ] {
-        if t.dims() != want {
-            bail!(
-                "head_solve: {name} has shape {:?}, expected {want:?} for {heads} heads and a \
-                 tree of {nodes} nodes ({leaves} leaves)",
-                t.dims()
-            );
-        }
-        if t.dtype() != u.dtype() {
-            bail!(
-                "head_solve: {name} has dtype {:?} but u has {:?}",
-                t.dtype(),
-                u.dtype()
-            );
-        }
-        if !t.device().same_device(u.device()) {
-            bail!(
-                "head_solve: {name} is on {:?} but u is on {:?}",
-                t.device().location(),
-                u.device().location()
-            );
-        }
     }
     if !matches!(
         u.dtype(),
@@ -141,6 +206,7 @@ fn check_args(tree: &Tree, u: &Tensor, bias: &Tensor, b: &Tensor, c: &Tensor) ->
         heads,
         nodes,
         leaves,
+        skew: false,
     })
 }
 
@@ -259,6 +325,67 @@ impl CustomOp3 for HeadSolveOp {
     }
 }
 
+/// Gradients of a loss with respect to the inputs of [`head_solve_skew`], in their layouts.
+#[derive(Debug, Clone)]
+pub struct HeadSkewGrads {
+    pub u: Tensor,
+    pub bias: Tensor,
+    pub s: Tensor,
+}
+
+/// The backward of [`head_solve_skew`] on its own, as [`head_solve_backward`] for the general
+/// form.
+pub fn head_solve_skew_backward(
+    tree: &Tree,
+    u: &Tensor,
+    bias: &Tensor,
+    s: &Tensor,
+    x: &Tensor,
+    grad_x: &Tensor,
+) -> Result<HeadSkewGrads> {
+    let dims = check_skew_args(tree, u, bias, s)?;
+    check_outputs(&dims, u, x, grad_x)?;
+    let dtype = u.dtype();
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        let up = |t: &Tensor| t.to_dtype(DType::F32);
+        let (u, bias, s, x, g) = (up(u)?, up(bias)?, up(s)?, up(x)?, up(grad_x)?);
+        let g = head_solve_skew_backward(tree, &u, &bias, &s, &x, &g)?;
+        let down = |t: Tensor| t.to_dtype(dtype);
+        return Ok(HeadSkewGrads {
+            u: down(g.u)?,
+            bias: down(g.bias)?,
+            s: down(g.s)?,
+        });
+    }
+    let [du, dbias, ds] = HeadSolveOp::new(tree, dims).backward(s, x, grad_x)?;
+    let dbias = match dims.internal() {
+        0 => bias.zeros_like()?,
+        _ => dbias,
+    };
+    Ok(HeadSkewGrads {
+        u: du,
+        bias: dbias,
+        s: ds,
+    })
+}
+
+/// x and ∂x are (batch, nodes, heads, 2) of u's dtype and device.
+fn check_outputs(dims: &Dims, u: &Tensor, x: &Tensor, grad_x: &Tensor) -> Result<()> {
+    let want = [dims.batch, dims.nodes, dims.heads, 2];
+    for (name, t) in [("x", x), ("grad_x", grad_x)] {
+        if t.dims() != want || t.dtype() != u.dtype() || !t.device().same_device(u.device()) {
+            bail!(
+                "head_solve_backward: {name} ({:?}, {:?}) must be {want:?} of u's dtype {:?} \
+                 and device",
+                t.dims(),
+                t.dtype(),
+                u.dtype()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Gradients of a loss with respect to the inputs of [`head_solve`].
 #[derive(Debug, Clone)]
 pub struct HeadSolveGrads {
@@ -280,18 +407,7 @@ pub fn head_solve_backward(
     grad_x: &Tensor,
 ) -> Result<HeadSolveGrads> {
     let dims = check_args(tree, u, bias, b, c)?;
-    let want = [dims.batch, dims.nodes, dims.heads, 2];
-    for (name, t) in [("x", x), ("grad_x", grad_x)] {
-        if t.dims() != want || t.dtype() != u.dtype() || !t.device().same_device(u.device()) {
-            bail!(
-                "head_solve_backward: {name} ({:?}, {:?}) must be {want:?} of u's dtype {:?} \
-                 and device",
-                t.dims(),
-                t.dtype(),
-                u.dtype()
-            );
-        }
-    }
+    check_outputs(&dims, u, x, grad_x)?;
     let dtype = u.dtype();
     if matches!(dtype, DType::F16 | DType::BF16) {
         let up = |t: &Tensor| t.to_dtype(DType::F32);
