@@ -143,6 +143,36 @@ fn forward_matches_dense_solve_of_assembled_matrix() {
             );
         }
     }
+    // Blocks eliminated once per head for several samples sharing its coefficients: more
+    // samples than one task takes (the last task's share partial), every size with its own code
+    // and one without; and samples with coefficients of their own.
+    for (name, tree) in trees() {
+        for (d, batch, shared) in [
+            (2, 37, true),
+            (3, 20, true),
+            (4, 17, true),
+            (5, 18, true),
+            (2, 5, false),
+        ] {
+            let case = TreeCase {
+                batch,
+                heads: 2,
+                d,
+                r: 2,
+                shared,
+                complex: false,
+            };
+            let x = random_tree_inputs(&tree, &case, &mut rng);
+            let e = rel_err(
+                &solve_with(tree_solve, &tree, &case, &x, DType::F64),
+                &dense_tree_solve(&tree, &case, &x),
+            );
+            assert!(
+                e < 1e-12,
+                "blocks shared by samples: error {e:e}, {name}, {case:?} (seed {seed})"
+            );
+        }
+    }
     // One large block size.
     let tree = Tree::ragged(6, 3).unwrap();
     let case = TreeCase {

@@ -49,61 +49,64 @@ impl<F: WithDType> Blocks<'_, F> {
     }
 }
 
-/// Per-thread scratch for one tree solve.
-struct Workspace<V> {
-    ahat: Vec<V>,
+/// The elimination of one tree's pivot blocks, which depends on its coefficients alone: per
+/// node v, Â_v's LU factorisation with partial pivoting as it was carried out (the row swapped
+/// into each column, the multipliers, the upper factor and its diagonal's inverses), B̂_v, and
+/// the block that carries û_v to the parent, C_v (C_vᴴ… as [`Blocks::down`] reads it).
+///
+/// Solving [Â_c | −B_c | ũ_c] by LU treats every right-hand column on its own, so eliminating
+/// the coefficient columns once (per head when the batch shares its coefficients) and replaying
+/// the recorded steps on each sample's ũ columns gives the per-tree solve's values to the bit.
+struct Factors<V> {
+    d: usize,
+    piv: Vec<usize>,
+    /// (nodes, column, row): the multiplier of `row` at the elimination of `column`.
+    mult: Vec<V>,
+    upper: Vec<V>,
+    inv: Vec<V>,
     bhat: Vec<V>,
-    uhat: Vec<V>,
-    m: Vec<V>,
-    rhs: Vec<V>,
-}
-
-impl<V: Copy> Workspace<V> {
-    fn new(zero: V) -> Self {
-        Workspace {
-            ahat: vec![zero],
-            bhat: vec![zero],
-            uhat: vec![zero],
-            m: vec![zero],
-            rhs: vec![zero],
-        }
-    }
-    fn size(&mut self, zero: V, nodes: usize, d: usize, r: usize) {
-        self.ahat.resize(nodes * d * d, zero);
-        self.bhat.resize(nodes * d * d, zero);
-        self.uhat.resize(nodes * d * r, zero);
-        self.m.resize(d * d, zero);
-        self.rhs.resize(d * (d + r), zero);
-    }
+    down: Vec<V>,
 }
 
 /// A pivot that failed: the node whose block Â_v is singular or not finite.
 struct BadPivot(usize);
 
-/// Solves m X = rhs in place for a d × d `m` and a d × k `rhs` (row-major), by LU with
-/// partial pivoting; m is destroyed and rhs becomes X.
-fn lu_solve<F: WithDType, V: Value<F>>(m: &mut [V], rhs: &mut [V], d: usize, k: usize) -> bool {
+/// LU with partial pivoting of the d × d `m` (row-major) in place, applied to the d × k `rhs`
+/// as it goes, then back substitution: rhs becomes m⁻¹ rhs. Records the swaps, multipliers
+/// and the diagonal's inverses in `piv`, `mult` (column-major) and `inv`; m keeps the upper
+/// factor. False for a singular or non-finite pivot.
+#[inline(always)]
+fn factor_block<F: WithDType, V: Value<F>>(
+    m: &mut [V],
+    rhs: &mut [V],
+    (d, k): (usize, usize),
+    piv: &mut [usize],
+    mult: &mut [V],
+    inv: &mut [V],
+) -> bool {
     for col in 0..d {
-        let mut piv = col;
+        let mut p = col;
         for i in col + 1..d {
-            if m[i * d + col].norm2() > m[piv * d + col].norm2() {
-                piv = i;
+            if m[i * d + col].norm2() > m[p * d + col].norm2() {
+                p = i;
             }
         }
-        if !m[piv * d + col].pivot_ok() {
+        if !m[p * d + col].pivot_ok() {
             return false;
         }
-        if piv != col {
+        piv[col] = p;
+        if p != col {
             for j in 0..d {
-                m.swap(col * d + j, piv * d + j);
+                m.swap(col * d + j, p * d + j);
             }
             for j in 0..k {
-                rhs.swap(col * k + j, piv * k + j);
+                rhs.swap(col * k + j, p * k + j);
             }
         }
-        let inv = m[col * d + col].inv();
+        let pinv = m[col * d + col].inv();
         for i in col + 1..d {
-            let f = m[i * d + col].mul(inv);
+            let f = m[i * d + col].mul(pinv);
+            mult[col * d + i] = f;
             for j in col..d {
                 m[i * d + j] = m[i * d + j].sub(f.mul(m[col * d + j]));
             }
@@ -112,113 +115,222 @@ fn lu_solve<F: WithDType, V: Value<F>>(m: &mut [V], rhs: &mut [V], d: usize, k: 
             }
         }
     }
+    for i in 0..d {
+        inv[i] = m[i * d + i].inv();
+    }
+    back_substitute(m, rhs, inv, d, k);
+    true
+}
+
+/// rhs ← U⁻¹ rhs for the upper factor in `m` with its diagonal's inverses `inv`.
+#[inline(always)]
+fn back_substitute<F: WithDType, V: Value<F>>(
+    m: &[V],
+    rhs: &mut [V],
+    inv: &[V],
+    d: usize,
+    k: usize,
+) {
     for i in (0..d).rev() {
-        let inv = m[i * d + i].inv();
         for j in 0..k {
             let mut s = rhs[i * k + j];
             for l in i + 1..d {
                 s = s.sub(m[i * d + l].mul(rhs[l * k + j]));
             }
-            rhs[i * k + j] = s.mul(inv);
+            rhs[i * k + j] = s.mul(inv[i]);
         }
     }
-    true
 }
 
-/// One tree's solve with d × d blocks: the same passes as [`solve_scalar`], each Schur step a
-/// small LU solve Â_c [B̂_c | û_c] = [−B_c | ũ_c].
-fn solve_blocked<F: WithDType, V: Value<F>>(
-    tree: &Tree,
-    blk: &Blocks<F>,
-    u: &[F],
-    x: &mut [F],
-    r: usize,
-    ws: &mut Workspace<V>,
-) -> std::result::Result<(), BadPivot> {
-    let (n, d) = (tree.len(), blk.d);
-    let (dd, dr, w) = (d * d, d * r, d + r);
-    let Workspace {
-        ahat,
-        bhat,
-        uhat,
-        m,
-        rhs,
-    } = ws;
-    for v in 0..n {
-        for i in 0..d {
-            for j in 0..d {
-                ahat[v * dd + i * d + j] = blk.diag(v, i, j);
-            }
+impl<V: Copy> Factors<V> {
+    /// The block size: `D`, or when `D` is 0 the one given at construction.
+    #[inline(always)]
+    fn d<const D: usize>(&self) -> usize {
+        if D > 0 {
+            D
+        } else {
+            self.d
         }
     }
-    for (e, uh) in uhat[..n * dr].iter_mut().enumerate() {
-        *uh = V::load(u, e);
+
+    fn new(zero: V, nodes: usize, d: usize) -> Self {
+        let dd = d * d;
+        Factors {
+            d,
+            piv: vec![0; nodes * d],
+            mult: vec![zero; nodes * dd],
+            upper: vec![zero; nodes * dd],
+            inv: vec![zero; nodes * d],
+            bhat: vec![zero; nodes * dd],
+            down: vec![zero; nodes * dd],
+        }
     }
-    for k in 0..tree.levels() - 1 {
-        for c in tree.level(k) {
-            m.copy_from_slice(&ahat[c * dd..(c + 1) * dd]);
+
+    /// Eliminates every pivot block of the tree `blk` describes, upward level by level:
+    /// Â_c [B̂_c] = [−B_c], then Â_p += C_c B̂_c; the root's block last.
+    #[inline(always)]
+    fn eliminate<F: WithDType, const D: usize>(
+        &mut self,
+        tree: &Tree,
+        blk: &Blocks<F>,
+    ) -> std::result::Result<(), BadPivot>
+    where
+        V: Value<F>,
+    {
+        let (n, d) = (tree.len(), self.d::<D>());
+        let dd = d * d;
+        for v in 0..n {
             for i in 0..d {
                 for j in 0..d {
-                    rhs[i * w + j] = V::zero().sub(blk.up(c, i, j));
-                }
-                for j in 0..r {
-                    rhs[i * w + d + j] = uhat[c * dr + i * r + j];
+                    self.upper[v * dd + i * d + j] = blk.diag(v, i, j);
+                    self.down[v * dd + i * d + j] = blk.down(v, i, j);
                 }
             }
-            if !lu_solve(m, rhs, d, w) {
-                return Err(BadPivot(c));
-            }
-            for i in 0..d {
-                bhat[c * dd + i * d..c * dd + (i + 1) * d].copy_from_slice(&rhs[i * w..i * w + d]);
-                uhat[c * dr + i * r..c * dr + (i + 1) * r]
-                    .copy_from_slice(&rhs[i * w + d..(i + 1) * w]);
-            }
-            // Messages to the parent: Â_p += C_c B̂_c, ũ_p −= C_c û_c.
-            let p = tree.parents()[c];
-            for i in 0..d {
-                for l in 0..d {
-                    let cil: V = blk.down(c, i, l);
+        }
+        let node = |s: &mut Self, c: usize, with_b: bool| -> bool {
+            let k = if with_b { d } else { 0 };
+            let m = &mut s.upper[c * dd..(c + 1) * dd];
+            let rhs = &mut s.bhat[c * dd..c * dd + k * d];
+            if with_b {
+                for i in 0..d {
                     for j in 0..d {
-                        let e = p * dd + i * d + j;
-                        ahat[e] = cil.fma(bhat[c * dd + l * d + j], ahat[e]);
-                    }
-                    for j in 0..r {
-                        let e = p * dr + i * r + j;
-                        uhat[e] = uhat[e].sub(cil.mul(uhat[c * dr + l * r + j]));
+                        rhs[i * d + j] = V::zero().sub(blk.up(c, i, j));
                     }
                 }
             }
-        }
-    }
-    let root = tree.root();
-    m.copy_from_slice(&ahat[root * dd..(root + 1) * dd]);
-    rhs[..dr].copy_from_slice(&uhat[root * dr..(root + 1) * dr]);
-    if !lu_solve(m, &mut rhs[..dr], d, r) {
-        return Err(BadPivot(root));
-    }
-    for (e, v) in rhs[..dr].iter().enumerate() {
-        V::put(x, root * dr + e, *v);
-    }
-    for k in (0..tree.levels() - 1).rev() {
-        for c in tree.level(k) {
-            let p = tree.parents()[c];
-            for i in 0..d {
-                for j in 0..r {
-                    let mut s = uhat[c * dr + i * r + j];
+            factor_block(
+                m,
+                rhs,
+                (d, k),
+                &mut s.piv[c * d..(c + 1) * d],
+                &mut s.mult[c * dd..(c + 1) * dd],
+                &mut s.inv[c * d..(c + 1) * d],
+            )
+        };
+        for k in 0..tree.levels() - 1 {
+            for c in tree.level(k) {
+                if !node(self, c, true) {
+                    return Err(BadPivot(c));
+                }
+                let p = tree.parents()[c];
+                for i in 0..d {
                     for l in 0..d {
-                        s = bhat[c * dd + i * d + l].fma(V::load(x, p * dr + l * r + j), s);
+                        let cil = self.down[c * dd + i * d + l];
+                        for j in 0..d {
+                            let e = p * dd + i * d + j;
+                            self.upper[e] = cil.fma(self.bhat[c * dd + l * d + j], self.upper[e]);
+                        }
                     }
-                    V::put(x, c * dr + i * r + j, s);
+                }
+            }
+        }
+        let root = tree.root();
+        if !node(self, root, false) {
+            return Err(BadPivot(root));
+        }
+        Ok(())
+    }
+
+    /// rhs ← Â_v⁻¹ rhs (d × r) by the steps recorded for node v.
+    #[inline(always)]
+    fn replay<F: WithDType, const D: usize>(&self, v: usize, rhs: &mut [V], r: usize)
+    where
+        V: Value<F>,
+    {
+        let d = self.d::<D>();
+        let dd = d * d;
+        let (piv, mult) = (&self.piv[v * d..], &self.mult[v * dd..]);
+        for col in 0..d {
+            let p = piv[col];
+            if p != col {
+                for j in 0..r {
+                    rhs.swap(col * r + j, p * r + j);
+                }
+            }
+            for i in col + 1..d {
+                let f = mult[col * d + i];
+                for j in 0..r {
+                    rhs[i * r + j] = rhs[i * r + j].sub(f.mul(rhs[col * r + j]));
+                }
+            }
+        }
+        back_substitute(
+            &self.upper[v * dd..(v + 1) * dd],
+            rhs,
+            &self.inv[v * d..],
+            d,
+            r,
+        );
+    }
+
+    /// One sample's solve with the eliminated blocks: upward û_c = Â_c⁻¹ ũ_c and
+    /// ũ_p −= C_c û_c, the root's x = Â⁻¹ ũ, then downward x_c = û_c + B̂_c x_p.
+    #[inline(always)]
+    fn solve<F: WithDType, const D: usize>(
+        &self,
+        tree: &Tree,
+        u: &[F],
+        x: &mut [F],
+        r: usize,
+        uhat: &mut [V],
+    ) where
+        V: Value<F>,
+    {
+        let (n, d) = (tree.len(), self.d::<D>());
+        let (dd, dr) = (d * d, d * r);
+        for (e, uh) in uhat[..n * dr].iter_mut().enumerate() {
+            *uh = V::load(u, e);
+        }
+        for k in 0..tree.levels() - 1 {
+            for c in tree.level(k) {
+                let (below, above) = uhat.split_at_mut((c + 1) * dr);
+                let uc = &mut below[c * dr..];
+                self.replay::<F, D>(c, uc, r);
+                let p = tree.parents()[c];
+                let up = &mut above[(p - c - 1) * dr..(p - c) * dr];
+                for i in 0..d {
+                    for l in 0..d {
+                        let cil = self.down[c * dd + i * d + l];
+                        for j in 0..r {
+                            up[i * r + j] = up[i * r + j].sub(cil.mul(uc[l * r + j]));
+                        }
+                    }
+                }
+            }
+        }
+        let root = tree.root();
+        self.replay::<F, D>(root, &mut uhat[root * dr..(root + 1) * dr], r);
+        for (e, v) in uhat[root * dr..(root + 1) * dr].iter().enumerate() {
+            V::put(x, root * dr + e, *v);
+        }
+        for k in (0..tree.levels() - 1).rev() {
+            for c in tree.level(k) {
+                let p = tree.parents()[c];
+                for i in 0..d {
+                    for j in 0..r {
+                        let mut s = uhat[c * dr + i * r + j];
+                        for l in 0..d {
+                            s = self.bhat[c * dd + i * d + l]
+                                .fma(V::load(x, p * dr + l * r + j), s);
+                        }
+                        V::put(x, c * dr + i * r + j, s);
+                    }
                 }
             }
         }
     }
-    Ok(())
 }
 
+/// Samples per rayon task when the batch shares its coefficients: each task eliminates its
+/// head's blocks once for them.
+const SAMPLES_PER_TASK: usize = 16;
+
 impl TreeSolveOp {
-    /// The d × d block solve of every tree, one per rayon task: `rhs` holds u (forward) or g
-    /// (adjoint) and the solutions go to `out`.
+    /// The d × d block solve of every tree: `rhs` holds u (forward) or g (adjoint) and the
+    /// solutions go to `out`. A rayon task takes one head and up to [`SAMPLES_PER_TASK`] samples
+    /// sharing its coefficients (one sample when each has its own), eliminates the pivot
+    /// blocks once and solves each sample with them. The blocks' sizes 2, 3 and 4 get their own
+    /// copy of the code, with every loop's length known.
     pub(super) fn solve_blocks<F: WithDType, V: Value<F>>(
         &self,
         side: Side,
@@ -226,31 +338,60 @@ impl TreeSolveOp {
         rhs: &[F],
         out: SharedOut<F>,
     ) -> Result<()> {
+        match self.dims.d {
+            2 => self.solve_blocks_d::<F, V, 2>(side, coef, rhs, out),
+            3 => self.solve_blocks_d::<F, V, 3>(side, coef, rhs, out),
+            4 => self.solve_blocks_d::<F, V, 4>(side, coef, rhs, out),
+            _ => self.solve_blocks_d::<F, V, 0>(side, coef, rhs, out),
+        }
+    }
+
+    /// [`Self::solve_blocks`] for blocks of size `D` (0: any size, read from the dimensions).
+    fn solve_blocks_d<F: WithDType, V: Value<F>, const D: usize>(
+        &self,
+        side: Side,
+        coef: &[F],
+        rhs: &[F],
+        out: SharedOut<F>,
+    ) -> Result<()> {
         let dims = self.dims;
+        let d = if D > 0 { D } else { dims.d };
+        let (n, r) = (dims.nodes, dims.r);
         let w = if self.opts.complex { 2 } else { 1 };
         let set = dims.coef_set() * w;
         let (ca, cb, cc) = (&coef[..set], &coef[set..2 * set], &coef[2 * set..3 * set]);
-        let per_tree = dims.nodes * dims.d * dims.r * w;
-        let per_coef = dims.nodes * dims.d * dims.d * w;
-        let trees = dims.batch * dims.heads;
-        let coef_at = |t: usize| dims.coef_tree(t / dims.heads, t % dims.heads) * w;
-        (0..trees).into_par_iter().try_for_each_init(
-            || Workspace::<V>::new(V::zero()),
-            |ws, t| {
-                ws.size(V::zero(), dims.nodes, dims.d, dims.r);
-                let c0 = coef_at(t);
+        let per_tree = n * d * r * w;
+        let per_coef = n * d * d * w;
+        let chunk = if dims.shared { SAMPLES_PER_TASK } else { 1 };
+        let chunks = dims.batch.div_ceil(chunk);
+        (0..dims.heads * chunks).into_par_iter().try_for_each_init(
+            || {
+                (
+                    Factors::<V>::new(V::zero(), n, d),
+                    vec![V::zero(); n * d * r],
+                )
+            },
+            |(fac, uhat), task| {
+                let (h, first) = (task % dims.heads, (task / dims.heads) * chunk);
+                let c0 = dims.coef_tree(first, h) * w;
                 let blk = Blocks {
                     a: &ca[c0..c0 + per_coef],
                     b: &cb[c0..c0 + per_coef],
                     c: &cc[c0..c0 + per_coef],
-                    d: dims.d,
+                    d,
                     side,
                 };
-                let u = &rhs[t * per_tree..(t + 1) * per_tree];
-                // SAFETY: this task alone writes tree t's region of the output.
-                let x = unsafe { out.row(t * per_tree, per_tree) };
-                solve_blocked(&self.tree, &blk, u, x, dims.r, ws)
-                    .map_err(|BadPivot(v)| self.pivot_error(side, t, v))
+                let tree_of = |b: usize| b * dims.heads + h;
+                fac.eliminate::<F, D>(&self.tree, &blk)
+                    .map_err(|BadPivot(v)| self.pivot_error(side, tree_of(first), v))?;
+                for b in first..(first + chunk).min(dims.batch) {
+                    let t = tree_of(b);
+                    let u = &rhs[t * per_tree..(t + 1) * per_tree];
+                    // SAFETY: this task alone writes tree t's region of the output.
+                    let x = unsafe { out.row(t * per_tree, per_tree) };
+                    fac.solve::<F, D>(&self.tree, u, x, r, uhat);
+                }
+                Ok(())
             },
         )
     }
