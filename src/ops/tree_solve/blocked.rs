@@ -5,7 +5,7 @@ use candle_core::{Result, WithDType};
 use rayon::prelude::*;
 
 use super::{Side, TreeSolveOp};
-use crate::ops::value::{OutBuf, SharedOut, Value};
+use crate::ops::value::{best_simd, has_avx2, OutBuf, SharedOut, Value};
 use crate::tree::Tree;
 
 /// The coefficient blocks of one tree, read as the blocks of T_G or of T_Gᴴ.
@@ -231,10 +231,14 @@ impl<V: Copy> Factors<V> {
         Ok(())
     }
 
-    /// rhs ← Â_v⁻¹ rhs (d × r) by the steps recorded for node v.
+    /// rhs ← Â_v⁻¹ rhs (d × r, each entry `L` samples' values) by the steps recorded for v.
     #[inline(always)]
-    fn replay<F: WithDType, const D: usize>(&self, v: usize, rhs: &mut [V], r: usize)
-    where
+    fn replay<F: WithDType, const D: usize, const L: usize>(
+        &self,
+        v: usize,
+        rhs: &mut [[V; L]],
+        r: usize,
+    ) where
         V: Value<F>,
     {
         let d = self.d::<D>();
@@ -250,59 +254,65 @@ impl<V: Copy> Factors<V> {
             for i in col + 1..d {
                 let f = mult[col * d + i];
                 for j in 0..r {
-                    rhs[i * r + j] = rhs[i * r + j].sub(f.mul(rhs[col * r + j]));
+                    let top = rhs[col * r + j];
+                    lanes(&mut rhs[i * r + j], |l, y| y.sub(f.mul(top[l])));
                 }
             }
         }
-        back_substitute(
-            &self.upper[v * dd..(v + 1) * dd],
-            rhs,
-            &self.inv[v * d..],
-            d,
-            r,
-        );
+        let (upper, inv) = (&self.upper[v * dd..(v + 1) * dd], &self.inv[v * d..]);
+        for i in (0..d).rev() {
+            for j in 0..r {
+                let mut s = rhs[i * r + j];
+                for l in i + 1..d {
+                    let (m, below) = (upper[i * d + l], rhs[l * r + j]);
+                    lanes(&mut s, |k, y| y.sub(m.mul(below[k])));
+                }
+                lanes(&mut s, |_, y| y.mul(inv[i]));
+                rhs[i * r + j] = s;
+            }
+        }
     }
 
-    /// One sample's solve with the eliminated blocks: upward û_c = Â_c⁻¹ ũ_c and
-    /// ũ_p −= C_c û_c, the root's x = Â⁻¹ ũ, then downward x_c = û_c + B̂_c x_p.
+    /// The solve of `L` samples at once, one per lane, with the eliminated blocks: upward
+    /// û_c = Â_c⁻¹ ũ_c and ũ_p −= C_c û_c, the root's x = Â⁻¹ ũ, then downward
+    /// x_c = û_c + B̂_c x_p; each lane's arithmetic that of a sample alone. `uhat` and `xs`:
+    /// scratch of (nodes × d × r) entries.
     #[inline(always)]
-    fn solve<F: WithDType, const D: usize>(
+    fn solve<F: WithDType, const D: usize, const L: usize>(
         &self,
         tree: &Tree,
-        u: &[F],
-        x: &mut [F],
+        (u, x): ([&[F]; L], [&mut [F]; L]),
         r: usize,
-        uhat: &mut [V],
+        (uhat, xs): (&mut [[V; L]], &mut [[V; L]]),
     ) where
         V: Value<F>,
     {
         let (n, d) = (tree.len(), self.d::<D>());
         let (dd, dr) = (d * d, d * r);
         for (e, uh) in uhat[..n * dr].iter_mut().enumerate() {
-            *uh = V::load(u, e);
+            *uh = std::array::from_fn(|l| V::load(u[l], e));
         }
         for k in 0..tree.levels() - 1 {
             for c in tree.level(k) {
                 let (below, above) = uhat.split_at_mut((c + 1) * dr);
                 let uc = &mut below[c * dr..];
-                self.replay::<F, D>(c, uc, r);
+                self.replay::<F, D, L>(c, uc, r);
                 let p = tree.parents()[c];
                 let up = &mut above[(p - c - 1) * dr..(p - c) * dr];
                 for i in 0..d {
                     for l in 0..d {
                         let cil = self.down[c * dd + i * d + l];
                         for j in 0..r {
-                            up[i * r + j] = up[i * r + j].sub(cil.mul(uc[l * r + j]));
+                            let from = uc[l * r + j];
+                            lanes(&mut up[i * r + j], |k, y| y.sub(cil.mul(from[k])));
                         }
                     }
                 }
             }
         }
         let root = tree.root();
-        self.replay::<F, D>(root, &mut uhat[root * dr..(root + 1) * dr], r);
-        for (e, v) in uhat[root * dr..(root + 1) * dr].iter().enumerate() {
-            V::put(x, root * dr + e, *v);
-        }
+        self.replay::<F, D, L>(root, &mut uhat[root * dr..(root + 1) * dr], r);
+        xs[root * dr..(root + 1) * dr].copy_from_slice(&uhat[root * dr..(root + 1) * dr]);
         for k in (0..tree.levels() - 1).rev() {
             for c in tree.level(k) {
                 let p = tree.parents()[c];
@@ -310,16 +320,32 @@ impl<V: Copy> Factors<V> {
                     for j in 0..r {
                         let mut s = uhat[c * dr + i * r + j];
                         for l in 0..d {
-                            s = self.bhat[c * dd + i * d + l]
-                                .fma(V::load(x, p * dr + l * r + j), s);
+                            let (b, xp) = (self.bhat[c * dd + i * d + l], xs[p * dr + l * r + j]);
+                            lanes(&mut s, |k, y| b.fma(xp[k], y));
                         }
-                        V::put(x, c * dr + i * r + j, s);
+                        xs[c * dr + i * r + j] = s;
                     }
                 }
             }
         }
+        for (l, x) in x.into_iter().enumerate() {
+            for (e, v) in xs[..n * dr].iter().enumerate() {
+                V::put(x, e, v[l]);
+            }
+        }
     }
 }
+
+/// y[l] ← f(l, y[l]) for every lane.
+#[inline(always)]
+fn lanes<V: Copy, const L: usize>(y: &mut [V; L], f: impl Fn(usize, V) -> V) {
+    for (l, y) in y.iter_mut().enumerate() {
+        *y = f(l, *y);
+    }
+}
+
+/// Samples solved at once, one per SIMD lane, when they share their coefficients.
+const SAMPLE_LANES: usize = 8;
 
 /// Samples per rayon task when the batch shares its coefficients: each task eliminates its
 /// head's blocks once for them.
@@ -364,14 +390,10 @@ impl TreeSolveOp {
         let per_coef = n * d * d * w;
         let chunk = if dims.shared { SAMPLES_PER_TASK } else { 1 };
         let chunks = dims.batch.div_ceil(chunk);
+        let avx2 = has_avx2();
         (0..dims.heads * chunks).into_par_iter().try_for_each_init(
-            || {
-                (
-                    Factors::<V>::new(V::zero(), n, d),
-                    vec![V::zero(); n * d * r],
-                )
-            },
-            |(fac, uhat), task| {
+            || Factors::<V>::new(V::zero(), n, d),
+            |fac, task| {
                 let (h, first) = (task % dims.heads, (task / dims.heads) * chunk);
                 let c0 = dims.coef_tree(first, h) * w;
                 let blk = Blocks {
@@ -384,12 +406,37 @@ impl TreeSolveOp {
                 let tree_of = |b: usize| b * dims.heads + h;
                 fac.eliminate::<F, D>(&self.tree, &blk)
                     .map_err(|BadPivot(v)| self.pivot_error(side, tree_of(first), v))?;
-                for b in first..(first + chunk).min(dims.batch) {
+                let samples = first..(first + chunk).min(dims.batch);
+                let io = |b: usize| {
                     let t = tree_of(b);
-                    let u = &rhs[t * per_tree..(t + 1) * per_tree];
                     // SAFETY: this task alone writes tree t's region of the output.
                     let x = unsafe { out.row(t * per_tree, per_tree) };
-                    fac.solve::<F, D>(&self.tree, u, x, r, uhat);
+                    (&rhs[t * per_tree..(t + 1) * per_tree], x)
+                };
+                let full = samples.len() / SAMPLE_LANES * SAMPLE_LANES;
+                let scratch = || vec![[V::zero(); SAMPLE_LANES]; n * d * r];
+                let (mut uhat, mut xs) = (scratch(), scratch());
+                for group in samples
+                    .clone()
+                    .step_by(SAMPLE_LANES)
+                    .take(full / SAMPLE_LANES)
+                {
+                    let (u, x): (Vec<_>, Vec<_>) = (group..group + SAMPLE_LANES).map(io).unzip();
+                    let (Ok(u), Ok(x)) = (u.try_into(), x.try_into()) else {
+                        unreachable!("a group has {SAMPLE_LANES} samples")
+                    };
+                    let ws = (&mut uhat[..], &mut xs[..]);
+                    best_simd!(
+                        avx2,
+                        fac.solve::<F, D, SAMPLE_LANES>(&self.tree, (u, x), r, ws)
+                    );
+                }
+                let scratch = || vec![[V::zero(); 1]; n * d * r];
+                let (mut uhat, mut xs) = (scratch(), scratch());
+                for b in samples.skip(full) {
+                    let (u, x) = io(b);
+                    let ws = (&mut uhat[..], &mut xs[..]);
+                    best_simd!(avx2, fac.solve::<F, D, 1>(&self.tree, ([u], [x]), r, ws));
                 }
                 Ok(())
             },
@@ -433,28 +480,48 @@ impl TreeSolveOp {
                     dc.row(2 * per_set + t * per_coef, per_coef),
                 )
             };
-            // −Σ_r λ_row[i][r] conj(x_col[j][r]) for the block at (row, col)
-            let outer = |row: usize, col: usize, i: usize, j: usize| -> V {
-                let mut s = V::zero();
-                for k in 0..r {
-                    s = V::load(ls, (row * d + i) * r + k)
-                        .fma(V::load(xs, (col * d + j) * r + k).conj(), s);
-                }
-                V::zero().sub(s)
-            };
-            for v in 0..n {
-                let p = tree.parent(v);
-                for i in 0..d {
-                    for j in 0..d {
-                        let e = (v * d + i) * d + j;
-                        V::put(da, e, outer(v, v, i, j));
-                        V::put(db, e, p.map_or(V::zero(), |p| outer(v, p, i, j)));
-                        V::put(dcc, e, p.map_or(V::zero(), |p| outer(p, v, i, j)));
-                    }
-                }
+            let grads = (da, db, dcc);
+            match d {
+                2 => block_grads::<F, V, 2>(tree, d, r, (ls, xs), grads),
+                3 => block_grads::<F, V, 3>(tree, d, r, (ls, xs), grads),
+                4 => block_grads::<F, V, 4>(tree, d, r, (ls, xs), grads),
+                _ => block_grads::<F, V, 0>(tree, d, r, (ls, xs), grads),
             }
         });
         // SAFETY: every tree wrote all entries of its blocks in the three sets.
         Ok((lam, unsafe { dcoef.assume_filled() }))
+    }
+}
+
+/// One tree's block gradients from λ and x (each (nodes, d, r)): ∂A_v = −λ_v x_vᴴ,
+/// ∂B_v = −λ_v x_pᴴ and ∂C_v = −λ_p x_vᴴ (zero at the root), for blocks of size `D` (0: `d`).
+#[inline(always)]
+fn block_grads<F: WithDType, V: Value<F>, const D: usize>(
+    tree: &Tree,
+    d: usize,
+    r: usize,
+    (ls, xs): (&[F], &[F]),
+    (da, db, dc): (&mut [F], &mut [F], &mut [F]),
+) {
+    let d = if D > 0 { D } else { d };
+    // −Σ_r λ_row[i][r] conj(x_col[j][r]) for the block at (row, col)
+    let outer = |row: usize, col: usize, i: usize, j: usize| -> V {
+        let mut s = V::zero();
+        for k in 0..r {
+            s = V::load(ls, (row * d + i) * r + k)
+                .fma(V::load(xs, (col * d + j) * r + k).conj(), s);
+        }
+        V::zero().sub(s)
+    };
+    for v in 0..tree.len() {
+        let p = tree.parent(v);
+        for i in 0..d {
+            for j in 0..d {
+                let e = (v * d + i) * d + j;
+                V::put(da, e, outer(v, v, i, j));
+                V::put(db, e, p.map_or(V::zero(), |p| outer(v, p, i, j)));
+                V::put(dc, e, p.map_or(V::zero(), |p| outer(p, v, i, j)));
+            }
+        }
     }
 }
