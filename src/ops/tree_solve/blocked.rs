@@ -1,5 +1,6 @@
-//! The CPU solve for d × d blocks (d > 1): one tree per rayon task, each Schur step a small LU
-//! solve with partial pivoting.
+//! The CPU solve for d × d blocks (d > 1): each Schur step a small LU solve with partial
+//! pivoting, the pivot blocks eliminated once per head for the samples sharing its coefficients
+//! ([`Factors`]) and the samples solved eight at a time, one per SIMD lane.
 
 use candle_core::{Result, WithDType};
 use rayon::prelude::*;

@@ -208,6 +208,22 @@ fn block_grads_lanes<F: WithDType, V: Value<F>>(
     }
 }
 
+/// Rows of `LANES` trees into lane-major order: `lanes[e][l]` = element e of tree l.
+#[inline(always)]
+fn to_lanes<F: WithDType, V: Value<F>>(rows: &[&[F]; LANES], lanes: &mut [[V; LANES]]) {
+    for (e, v) in lanes.iter_mut().enumerate() {
+        *v = std::array::from_fn(|l| V::load(rows[l], e));
+    }
+}
+
+/// Lane `l` of lane-major values back into its tree's row.
+#[inline(always)]
+fn from_lane<F: WithDType, V: Value<F>>(lanes: &[[V; LANES]], l: usize, row: &mut [F]) {
+    for (e, v) in lanes.iter().enumerate() {
+        V::put(row, e, v[l]);
+    }
+}
+
 /// The first lane (of `lanes` active ones) whose pivot is singular or not finite.
 #[inline(always)]
 fn bad_lane<F: WithDType, V: Value<F>>(piv: &[V; LANES], lanes: usize) -> Option<usize> {
@@ -300,13 +316,12 @@ impl TreeSolveOp {
     ) -> Result<()> {
         let w = if self.opts.complex { 2 } else { 1 };
         let per_tree = self.dims.nodes * self.dims.r * w;
+        let avx2 = has_avx2();
         self.lane_groups::<F, V>(side, coef, rhs, |group, ws| {
             for (l, &t) in group.trees.iter().enumerate().take(group.lanes) {
                 // SAFETY: this task alone writes its trees' regions of the output.
                 let x = unsafe { out.row(t * per_tree, per_tree) };
-                for (e, xe) in ws.x.iter().enumerate() {
-                    V::put(x, e, xe[l]);
-                }
+                best_simd!(avx2, from_lane(&ws.x, l, x));
             }
             Ok(())
         })
@@ -349,9 +364,7 @@ impl TreeSolveOp {
                 ws.sized(V::zero(), dims.nodes, dims.r);
                 // Right-hand sides into lane-major order.
                 let u: [&[F]; LANES] = std::array::from_fn(|l| &rhs[t[l] * per_tree..][..per_tree]);
-                for (e, uh) in ws.uhat.iter_mut().enumerate() {
-                    *uh = std::array::from_fn(|l| V::load(u[l], e));
-                }
+                best_simd!(avx2, to_lanes(&u, &mut ws.uhat));
                 let (tree, r, lanes) = (&*self.tree, dims.r, group.lanes);
                 let solved = match (side, layout.same) {
                     (Side::Forward, true) => {
