@@ -444,58 +444,90 @@ impl TreeSolveOp {
         )
     }
 
-    /// λ = T_G⁻ᴴ g, then the block gradients from λ and x: returns (∂u, ∂coef) with ∂coef
-    /// stacked like the coefficients, per sample (summed over the batch by the caller when
-    /// shared).
+    /// λ = T_G⁻ᴴ g, then the block gradients from λ and x: returns (∂u, ∂coef, partials) with
+    /// ∂coef stacked like the coefficients per partial: per sample, or for shared coefficients
+    /// one, already summed over the batch.
     pub(super) fn adjoint_and_grads<F: WithDType, V: Value<F>>(
         &self,
         coef: &[F],
         x: &[F],
         g: &[F],
-    ) -> Result<(Vec<F>, Vec<F>)> {
+    ) -> Result<(Vec<F>, Vec<F>, usize)> {
         let dims = self.dims;
         let w = if self.opts.complex { 2 } else { 1 };
         let mut lam = OutBuf::new(g.len());
         self.solve_all::<F, V>(Side::Adjoint, coef, g, lam.ptr())?;
         // SAFETY: the solve succeeded, so every tree's region is written.
         let lam = unsafe { lam.assume_filled() };
-        // Per-(batch, head) block gradients: (3, batch, heads, nodes, d, d).
+        // Block gradients per (partial, head): (3, partials, heads, nodes, d, d), the partials
+        // the batch, or for shared coefficients one, summed over the batch in order as
+        // `reduce_partials` would (a task per head and range of nodes).
         let (n, d, r) = (dims.nodes, dims.d, dims.r);
-        let per_set = dims.batch * dims.heads * n * d * d * w;
+        let partials = if dims.shared { 1 } else { dims.batch };
+        let per_set = partials * dims.heads * n * d * d * w;
         let tree = &self.tree;
         let lam_ref = &lam;
         let mut dcoef = OutBuf::new(3 * per_set);
         let dc = dcoef.ptr();
-        (0..dims.batch * dims.heads).into_par_iter().for_each(|t| {
-            let per_tree = n * d * r * w;
-            let (xs, ls) = (
-                &x[t * per_tree..][..per_tree],
-                &lam_ref[t * per_tree..][..per_tree],
-            );
-            let per_coef = n * d * d * w;
-            // SAFETY: tree t's blocks of each gradient set belong to this task.
-            let (da, db, dcc) = unsafe {
-                (
-                    dc.row(t * per_coef, per_coef),
-                    dc.row(per_set + t * per_coef, per_coef),
-                    dc.row(2 * per_set + t * per_coef, per_coef),
-                )
-            };
-            let grads = (da, db, dcc);
-            match d {
-                2 => block_grads::<F, V, 2>(tree, d, r, (ls, xs), grads),
-                3 => block_grads::<F, V, 3>(tree, d, r, (ls, xs), grads),
-                4 => block_grads::<F, V, 4>(tree, d, r, (ls, xs), grads),
-                _ => block_grads::<F, V, 0>(tree, d, r, (ls, xs), grads),
-            }
-        });
-        // SAFETY: every tree wrote all entries of its blocks in the three sets.
-        Ok((lam, unsafe { dcoef.assume_filled() }))
+        let per_tree = n * d * r * w;
+        let per_node = d * d * w;
+        let chunks = if dims.shared {
+            n.div_ceil(NODES_PER_TASK)
+        } else {
+            1
+        };
+        (0..partials * dims.heads * chunks)
+            .into_par_iter()
+            .for_each(|task| {
+                let (slot, chunk) = (
+                    task % (partials * dims.heads),
+                    task / (partials * dims.heads),
+                );
+                let nodes = match dims.shared {
+                    true => chunk * NODES_PER_TASK..((chunk + 1) * NODES_PER_TASK).min(n),
+                    false => 0..n,
+                };
+                let (start, len) = ((slot * n + nodes.start) * per_node, nodes.len() * per_node);
+                // SAFETY: the blocks of these nodes of this (partial, head) belong to this task.
+                let (da, db, dcc) = unsafe {
+                    (
+                        dc.row(start, len),
+                        dc.row(per_set + start, len),
+                        dc.row(2 * per_set + start, len),
+                    )
+                };
+                let samples = match dims.shared {
+                    true => 0..dims.batch,
+                    false => slot / dims.heads..slot / dims.heads + 1,
+                };
+                for b in samples.clone() {
+                    let t = b * dims.heads + slot % dims.heads;
+                    let (xs, ls) = (
+                        &x[t * per_tree..][..per_tree],
+                        &lam_ref[t * per_tree..][..per_tree],
+                    );
+                    let grads = (&mut da[..], &mut db[..], &mut dcc[..]);
+                    let part = (nodes.clone(), b == samples.start);
+                    match d {
+                        2 => block_grads::<F, V, 2>(tree, d, r, (ls, xs), grads, part),
+                        3 => block_grads::<F, V, 3>(tree, d, r, (ls, xs), grads, part),
+                        4 => block_grads::<F, V, 4>(tree, d, r, (ls, xs), grads, part),
+                        _ => block_grads::<F, V, 0>(tree, d, r, (ls, xs), grads, part),
+                    }
+                }
+            });
+        // SAFETY: every task wrote all entries of its blocks in the three sets.
+        Ok((lam, unsafe { dcoef.assume_filled() }, partials))
     }
 }
 
-/// One tree's block gradients from λ and x (each (nodes, d, r)): ∂A_v = −λ_v x_vᴴ,
-/// ∂B_v = −λ_v x_pᴴ and ∂C_v = −λ_p x_vᴴ (zero at the root), for blocks of size `D` (0: `d`).
+/// Nodes per task of the block gradients summed over the batch.
+const NODES_PER_TASK: usize = 256;
+
+/// One tree's block gradients from λ and x (each (nodes, d, r)) at the nodes `nodes`:
+/// ∂A_v = −λ_v x_vᴴ, ∂B_v = −λ_v x_pᴴ and ∂C_v = −λ_p x_vᴴ (zero at the root), written to the
+/// sets' blocks from `nodes.start` on (`first`), or added to them; for blocks of size `D`
+/// (0: `d`).
 #[inline(always)]
 fn block_grads<F: WithDType, V: Value<F>, const D: usize>(
     tree: &Tree,
@@ -503,6 +535,7 @@ fn block_grads<F: WithDType, V: Value<F>, const D: usize>(
     r: usize,
     (ls, xs): (&[F], &[F]),
     (da, db, dc): (&mut [F], &mut [F], &mut [F]),
+    (nodes, first): (std::ops::Range<usize>, bool),
 ) {
     let d = if D > 0 { D } else { d };
     // −Σ_r λ_row[i][r] conj(x_col[j][r]) for the block at (row, col)
@@ -514,14 +547,18 @@ fn block_grads<F: WithDType, V: Value<F>, const D: usize>(
         }
         V::zero().sub(s)
     };
-    for v in 0..tree.len() {
+    let put = |set: &mut [F], e: usize, g: V| match first {
+        true => V::put(set, e, g),
+        false => V::put(set, e, V::load(set, e).add(g)),
+    };
+    for v in nodes.clone() {
         let p = tree.parent(v);
         for i in 0..d {
             for j in 0..d {
-                let e = (v * d + i) * d + j;
-                V::put(da, e, outer(v, v, i, j));
-                V::put(db, e, p.map_or(V::zero(), |p| outer(v, p, i, j)));
-                V::put(dc, e, p.map_or(V::zero(), |p| outer(p, v, i, j)));
+                let e = ((v - nodes.start) * d + i) * d + j;
+                put(da, e, outer(v, v, i, j));
+                put(db, e, p.map_or(V::zero(), |p| outer(v, p, i, j)));
+                put(dc, e, p.map_or(V::zero(), |p| outer(p, v, i, j)));
             }
         }
     }

@@ -62,12 +62,12 @@ impl TreeSolveOp {
             };
             (du, self.reduce_partials(dcoef, partials, 1)?)
         } else {
-            let (du, dcoef) = if self.opts.complex {
+            let (du, dcoef, partials) = if self.opts.complex {
                 self.adjoint_and_grads::<F, Complex<F>>(coef_s, x_s, g_s)?
             } else {
                 self.adjoint_and_grads::<F, Re<F>>(coef_s, x_s, g_s)?
             };
-            (du, self.reduce_partials(dcoef, dims.batch, dims.d)?)
+            (du, self.reduce_partials(dcoef, partials, dims.d)?)
         };
         Ok((Tensor::from_vec(du, g.shape(), &Device::Cpu)?, dcoef))
     }
