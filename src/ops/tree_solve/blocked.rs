@@ -53,7 +53,8 @@ impl<F: WithDType> Blocks<'_, F> {
 /// The elimination of one tree's pivot blocks, which depends on its coefficients alone: per
 /// node v, Â_v's LU factorisation with partial pivoting as it was carried out (the row swapped
 /// into each column, the multipliers, the upper factor and its diagonal's inverses), B̂_v, and
-/// the block that carries û_v to the parent, C_v (C_vᴴ… as [`Blocks::down`] reads it).
+/// the block that carries û_v to the parent as [`Blocks::down`] reads it (C_v, or B_vᴴ for the
+/// adjoint).
 ///
 /// Solving [Â_c | −B_c | ũ_c] by LU treats every right-hand column on its own, so eliminating
 /// the coefficient columns once (per head when the batch shares its coefficients) and replaying
