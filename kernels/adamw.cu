@@ -1,20 +1,37 @@
-// One AdamW step of one parameter, in place, in one launch: per element
+// One AdamW step of up to ADAMW_SEGMENTS parameters, in place, in one launch: per element
 //   ĝ = s g,  m ← β₁ m + (1 − β₁) ĝ,  v ← β₂ v + (1 − β₂) ĝ²,
 //   θ ← θ − η (m / c₁) / (√(v / c₂) + ε) − η λ θ,   c₁ = 1 − β₁ᵗ, c₂ = 1 − β₂ᵗ,
 // θ and the moments [m; v] both updated where they are (nothing is allocated per step, so a
-// captured step replays on the same buffers). The hyper-parameters are a device row
-// [β₁, β₂, c₁, c₂, ε, η, λ, s] per parameter group (s: the gradient-clipping factor, or 1), so
-// nothing is read back. The CPU twin is src/ops/adamw/mod.rs. One thread per element,
-// grid-strided.
+// captured step replays on the same buffers). The parameters' addresses, sizes and groups come
+// by value (the gradients' addresses change every step: a table in device memory would be an
+// upload per step); the hyper-parameters are a device row [β₁, β₂, c₁, c₂, ε, η, λ] per
+// parameter group and s the gradient-clipping factor (a device scalar, or none: 1), so nothing
+// is read back. The CPU twin is src/ops/adamw/mod.rs. Block row y takes parameter y; its
+// threads take the elements grid-strided.
 #include "values.cuh"
 
 #define ADAMW_THREADS 256
+#define ADAMW_SEGMENTS 32
+#define ADAMW_HYPER 7
 
-// theta: n values; mv: [m; v], 2 n values.
+// The parameters of one launch; entries past the launch's grid.y are unused.
+template <typename T> struct AdamwSegments {
+    T *theta[ADAMW_SEGMENTS];
+    T *mv[ADAMW_SEGMENTS]; // [m; v]: 2 n values
+    const T *g[ADAMW_SEGMENTS];
+    long long n[ADAMW_SEGMENTS];
+    int group[ADAMW_SEGMENTS]; // the row of `hyper`
+};
+
 template <typename T>
-__device__ void adamw_step(T *theta, T *mv, const T *g, const T *hyper, i64 n) {
-    const T b1 = hyper[0], b2 = hyper[1], c1 = hyper[2], c2 = hyper[3], eps = hyper[4],
-            eta = hyper[5], wd = hyper[6], s = hyper[7];
+__device__ void adamw_step(const AdamwSegments<T> &seg, const T *hyper, const T *scale) {
+    const int p = blockIdx.y;
+    const T *h = hyper + (i64)seg.group[p] * ADAMW_HYPER;
+    const T b1 = h[0], b2 = h[1], c1 = h[2], c2 = h[3], eps = h[4], eta = h[5], wd = h[6];
+    const T s = scale ? scale[0] : T(1);
+    T *theta = seg.theta[p], *mv = seg.mv[p];
+    const T *g = seg.g[p];
+    const i64 n = seg.n[p];
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n;
          e += (i64)gridDim.x * blockDim.x) {
         const T gs = g[e] * s;
@@ -30,8 +47,8 @@ __device__ void adamw_step(T *theta, T *mv, const T *g, const T *hyper, i64 n) {
 
 #define ADAMW_KERNELS(SUFFIX, T)                                                               \
     extern "C" __global__ void __launch_bounds__(ADAMW_THREADS)                                \
-        adamw_step_##SUFFIX(T *theta, T *mv, const T *g, const T *hyper, int n) {             \
-        adamw_step<T>(theta, mv, g, hyper, n);                                                 \
+        adamw_step_##SUFFIX(AdamwSegments<T> seg, const T *hyper, const T *scale) {           \
+        adamw_step<T>(seg, hyper, scale);                                                      \
     }
 
 // The instantiations (parameters train in f32; f64 for the tests): kernel-name suffix and

@@ -6,7 +6,8 @@ use candle_core::cuda_backend::cudarc::driver::sys::{
     CUdevice_attribute_enum, CUfunction_attribute_enum,
 };
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
 use candle_core::cuda_backend::DeviceId;
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -17,7 +18,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
-use crate::ops::plan::{DeviceLimits, KernelArg, LaunchPlan};
+use crate::ops::plan::{pack_struct, DeviceLimits, KernelArg, LaunchPlan};
+
+/// The words a struct argument is passed in: CUDA's 4 KiB of kernel parameters. The driver
+/// copies as many bytes as the kernel's parameter has.
+const STRUCT_WORDS: usize = 512;
 
 /// A PTX module and the name candle caches it under.
 #[derive(Clone, Copy, Debug)]
@@ -331,6 +336,45 @@ fn run<T: CudaElem>(
         let null = 0usize;
         // Each target is borrowed by the launch once.
         let mut slots: Vec<Option<&mut CudaViewMut<T>>> = targets.iter_mut().map(Some).collect();
+        // The structs passed by value, packed before the launch's argument list borrows them;
+        // the guards of the addresses they hold live until the launch is enqueued.
+        let stream = dev.cuda_stream();
+        let mut guards = Vec::new();
+        let mut structs: Vec<[u64; STRUCT_WORDS]> = Vec::new();
+        for arg in &plan.args {
+            let KernelArg::Struct(fields) = arg else {
+                continue;
+            };
+            let words = pack_struct(fields, |f| match f {
+                KernelArg::Input(i) => {
+                    let (p, g) = views[*i].device_ptr(&stream);
+                    guards.push(g);
+                    Ok(p)
+                }
+                KernelArg::Target(i) => match slots.get_mut(*i).and_then(Option::take) {
+                    Some(t) => {
+                        let (p, g) = t.device_ptr_mut(&stream);
+                        guards.push(g);
+                        Ok(p)
+                    }
+                    None => bail!("internal error: {} has no target {i}", plan.kernel),
+                },
+                other => bail!(
+                    "internal error: {} passes {other:?} in a struct",
+                    plan.kernel
+                ),
+            })?;
+            if words.len() > STRUCT_WORDS {
+                bail!(
+                    "internal error: {} passes a struct of over 4 KiB",
+                    plan.kernel
+                );
+            }
+            let mut w = [0u64; STRUCT_WORDS];
+            w[..words.len()].copy_from_slice(&words);
+            structs.push(w);
+        }
+        let mut structs = structs.iter();
         let mut b = func.builder();
         for arg in &plan.args {
             match arg {
@@ -349,6 +393,7 @@ fn run<T: CudaElem>(
                 KernelArg::Status => b.arg(&*status),
                 KernelArg::I32(v) => b.arg(v),
                 KernelArg::U64(v) => b.arg(v),
+                KernelArg::Struct(_) => b.arg(structs.next().expect("packed above")),
             };
         }
         let cfg = LaunchConfig {
@@ -357,6 +402,7 @@ fn run<T: CudaElem>(
             shared_mem_bytes: plan.shared_bytes as u32,
         };
         unsafe { b.launch(cfg) }.w()?;
+        drop(guards);
         LAUNCHES.fetch_add(1, Ordering::Relaxed);
         Ok(())
     })?;

@@ -11,6 +11,7 @@ pub mod dropout;
 pub mod epilogue;
 pub mod gelu;
 pub mod head_solve;
+mod in_place;
 pub mod layer_norm;
 pub mod masked_mean;
 pub mod plan;
@@ -22,7 +23,7 @@ pub mod transpose;
 pub mod tree_solve;
 mod value;
 
-pub use adamw::{adamw_step, in_place_updates, AdamwHyper};
+pub use adamw::{adamw_step, in_place_updates, AdamwHyper, AdamwParam};
 pub use channel::{channel_add, channel_mul, channel_mul_backward};
 pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
 pub use dropout::dropout_keep;

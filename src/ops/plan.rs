@@ -33,6 +33,38 @@ pub enum KernelArg {
     I32(i32),
     /// An `unsigned long long` by value.
     U64(u64),
+    /// A struct by value whose fields are these arguments in order (no nested struct), each
+    /// at its C alignment: pointers and `unsigned long long`s 8 bytes, `int`s 4; the struct
+    /// padded to 8 bytes ([`pack_struct`]). For argument lists that change every launch, such
+    /// as the gradients' addresses, which a table in device memory would have to upload.
+    Struct(Vec<KernelArg>),
+}
+
+/// The bytes of a [`KernelArg::Struct`] with these fields, as 8-byte words: `pointer` gives
+/// the address of each pointer field (a [`KernelArg::Null`] is 0).
+pub fn pack_struct(
+    fields: &[KernelArg],
+    mut pointer: impl FnMut(&KernelArg) -> Result<u64>,
+) -> Result<Vec<u64>> {
+    let mut bytes: Vec<u8> = Vec::new();
+    let put = |bytes: &mut Vec<u8>, value: &[u8]| {
+        bytes.resize(bytes.len().next_multiple_of(value.len()), 0);
+        bytes.extend_from_slice(value);
+    };
+    for f in fields {
+        match f {
+            KernelArg::I32(v) => put(&mut bytes, &v.to_ne_bytes()),
+            KernelArg::U64(v) => put(&mut bytes, &v.to_ne_bytes()),
+            KernelArg::Null => put(&mut bytes, &0u64.to_ne_bytes()),
+            KernelArg::Struct(_) => bail!("a kernel struct argument cannot hold a struct"),
+            p => put(&mut bytes, &pointer(p)?.to_ne_bytes()),
+        }
+    }
+    bytes.resize(bytes.len().next_multiple_of(8), 0);
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
+        .collect())
 }
 
 /// One kernel launch. See the module docs.

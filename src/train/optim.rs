@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::dist::World;
 use crate::nn::ParamGroup;
-use crate::ops::{adamw_step, AdamwHyper};
+use crate::ops::{adamw_step, AdamwHyper, AdamwParam};
 
 /// Hyper-parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -219,9 +219,10 @@ impl Optimizer {
     }
 
     /// One AdamW step with the gradients in `grads` (missing gradients count as zero), clipped
-    /// to the global norm `clip` when set: one fused in-place launch per parameter
+    /// to the global norm `clip` when set: one fused in-place launch for all parameters
     /// ([`crate::ops::adamw_step`]). Nothing is read back from the device: the clipping factor
-    /// c / max(‖g‖, c) is a tensor, the step's hyper-parameters a row uploaded once per group.
+    /// c / max(‖g‖, c) is a tensor, the step's hyper-parameters a table of the groups' rows
+    /// uploaded once per step.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         let grads = self.gather(grads);
         self.apply(&grads)
@@ -384,21 +385,35 @@ impl Optimizer {
             hyper(ssm_lr, 0.0),
             hyper(ssm_lr, self.cfg.weight_decay),
         ];
-        // A row (with the scale) per group and dtype, made on first use.
-        let mut rows: Vec<(usize, DType, Tensor)> = Vec::new();
-        for (s, g) in self.slots.iter_mut().zip(grads) {
-            let Some(g) = g else { continue };
-            let dtype = s.var.dtype();
-            let row = match rows.iter().find(|r| r.0 == s.group && r.1 == dtype) {
-                Some(r) => r,
-                None => {
-                    let k = scale.as_ref().map(|k| k.to_dtype(dtype)).transpose()?;
-                    let h = groups[s.group].to_tensor(k.as_ref(), dtype, s.var.device())?;
-                    rows.push((s.group, dtype, h));
-                    rows.last().expect("just pushed")
-                }
+        // One table of the groups' rows per dtype, and one launch per dtype for its
+        // parameters (in one launch per 32 of them).
+        let mut dtypes: Vec<DType> = Vec::new();
+        for s in &self.slots {
+            if !dtypes.contains(&s.var.dtype()) {
+                dtypes.push(s.var.dtype());
+            }
+        }
+        for dtype in dtypes {
+            let params: Vec<AdamwParam> = self
+                .slots
+                .iter()
+                .zip(grads)
+                .filter(|(s, _)| s.var.dtype() == dtype)
+                .filter_map(|(s, g)| {
+                    g.as_ref().map(|grad| AdamwParam {
+                        theta: s.var.as_tensor(),
+                        moments: &s.moments,
+                        grad,
+                        group: s.group,
+                    })
+                })
+                .collect();
+            let Some(first) = params.first() else {
+                continue;
             };
-            adamw_step(s.var.as_tensor(), &s.moments, g, &row.2)?;
+            let table = AdamwHyper::table(&groups, dtype, first.theta.device())?;
+            let k = scale.as_ref().map(|k| k.to_dtype(dtype)).transpose()?;
+            adamw_step(&params, &table, k.as_ref())?;
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use candle_core::DType;
 use half::{bf16, f16};
 use kernels_on_cpu::{launch, Arg, Launch, Order};
-use myosotis::ops::plan::{KernelArg, LaunchPlan};
+use myosotis::ops::plan::{pack_struct, KernelArg, LaunchPlan};
 
 /// Bytes of canary on each side of a buffer (a multiple of the 16-byte alignment).
 const CANARY: usize = 64;
@@ -155,9 +155,31 @@ fn execute(
     let mut tables: Vec<Guarded> = table_bytes.iter().map(|b| Guarded::with(b)).collect();
     let mut workspace = Guarded::filled(plan.workspace_bytes, POISON);
     let mut status = Guarded::filled(8, 0);
+    let missing = |what: &str, i: usize| format!("{}: no {what} {i}", plan.kernel);
+    // The structs passed by value, packed first: the argument list borrows them.
+    let mut structs: Vec<Vec<u64>> = Vec::new();
+    for a in &plan.args {
+        let KernelArg::Struct(fields) = a else {
+            continue;
+        };
+        let words = pack_struct(fields, |f| {
+            let (what, i, ptr) = match f {
+                KernelArg::Input(i) => ("input", *i, ins.get_mut(*i).map(Guarded::ptr)),
+                KernelArg::Target(i) => ("target", *i, targets.get_mut(*i).map(Guarded::ptr)),
+                other => {
+                    let e = format!("{}: {other:?} in a struct", plan.kernel);
+                    return Err(candle_core::Error::Msg(e));
+                }
+            };
+            ptr.map(|p| p as u64)
+                .ok_or_else(|| candle_core::Error::Msg(missing(what, i)))
+        })
+        .map_err(|e| e.to_string())?;
+        structs.push(words);
+    }
+    let mut packed = structs.iter();
     let mut args = Vec::with_capacity(plan.args.len());
     for a in &plan.args {
-        let missing = |what: &str, i: usize| format!("{}: no {what} {i}", plan.kernel);
         args.push(match a {
             KernelArg::Input(i) => {
                 Arg::Ptr(ins.get_mut(*i).ok_or_else(|| missing("input", *i))?.ptr())
@@ -182,6 +204,7 @@ fn execute(
             KernelArg::Status => Arg::Ptr(status.ptr()),
             KernelArg::I32(v) => Arg::I32(*v),
             KernelArg::U64(v) => Arg::U64(*v),
+            KernelArg::Struct(_) => Arg::Struct(packed.next().expect("packed above")),
         });
     }
     let l = Launch {

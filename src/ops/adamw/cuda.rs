@@ -1,5 +1,5 @@
-//! The launch of `kernels/adamw.cu`: its plan (a pure function, executed by the CUDA launch,
-//! `crate::cuda::launch_in_place`, and by the host harness in `tests/kernels_on_cpu`).
+//! The launches of `kernels/adamw.cu`: their plans (a pure function, executed by the CUDA
+//! launch, `crate::cuda::launch_in_place`, and by the host harness in `tests/kernels_on_cpu`).
 
 use candle_core::{DType, Result};
 
@@ -7,27 +7,66 @@ use crate::ops::plan::{int_arg, kernel_name, KernelArg, LaunchPlan};
 
 /// Threads per block (ADAMW_THREADS in the kernel).
 pub const THREADS: u32 = 256;
-/// The most blocks a launch uses; each thread takes every (grid × block)-th element.
-const MAX_BLOCKS: usize = 4096;
+/// Parameters per launch (ADAMW_SEGMENTS).
+pub const SEGMENTS: usize = 32;
+/// The most blocks a launch gives one parameter; each thread takes every (grid × block)-th
+/// element.
+const MAX_BLOCKS: usize = 1024;
 
-/// `adamw_step`: targets θ (n values) and [m; v] (2 n values); inputs the gradient (n) and the
-/// hyper-parameter row.
-pub fn step_plan(n: usize, dtype: DType) -> Result<LaunchPlan> {
-    let blocks = n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS);
-    Ok(LaunchPlan {
-        kernel: kernel_name("adamw_step", dtype, false)?,
-        grid: [blocks as u32, 1, 1],
-        block: [THREADS, 1, 1],
-        shared_bytes: 0,
-        args: vec![
-            KernelArg::Target(0),
-            KernelArg::Target(1),
-            KernelArg::Input(0),
-            KernelArg::Input(1),
-            KernelArg::I32(int_arg("adamw", "parameter size", n)?),
-        ],
-        outputs: vec![],
-        tables: vec![],
-        workspace_bytes: 0,
-    })
+/// `adamw_step` of parameters with `sizes` elements in hyper-parameter rows `groups`, a plan
+/// per [`SEGMENTS`] of them. With N parameters the targets are θ₀ … θ_{N−1}, then their
+/// moments [m; v]; the inputs the N gradients, the hyper-parameter rows and, if `scaled`, the
+/// clipping factor.
+pub fn step_plans(
+    sizes: &[usize],
+    groups: &[usize],
+    dtype: DType,
+    scaled: bool,
+) -> Result<Vec<LaunchPlan>> {
+    let n = sizes.len();
+    if groups.len() != n {
+        candle_core::bail!("adamw: {n} parameters but {} groups", groups.len());
+    }
+    let kernel = kernel_name("adamw_step", dtype, false)?;
+    let mut plans = Vec::new();
+    for first in (0..n).step_by(SEGMENTS) {
+        let end = (first + SEGMENTS).min(n);
+        // The parameter in struct entry k, if any.
+        let slot = |k: usize| Some(first + k).filter(|&p| p < end);
+        let most = sizes[first..end].iter().copied().max().unwrap_or(0);
+        let mut fields: Vec<KernelArg> = Vec::with_capacity(5 * SEGMENTS);
+        fields.extend((0..SEGMENTS).map(|k| slot(k).map_or(KernelArg::Null, KernelArg::Target)));
+        fields.extend(
+            (0..SEGMENTS).map(|k| slot(k).map_or(KernelArg::Null, |p| KernelArg::Target(n + p))),
+        );
+        fields.extend((0..SEGMENTS).map(|k| slot(k).map_or(KernelArg::Null, KernelArg::Input)));
+        fields
+            .extend((0..SEGMENTS).map(|k| KernelArg::U64(slot(k).map_or(0, |p| sizes[p] as u64))));
+        for k in 0..SEGMENTS {
+            let group = slot(k).map_or(0, |p| groups[p]);
+            fields.push(KernelArg::I32(int_arg("adamw", "group", group)?));
+        }
+        plans.push(LaunchPlan {
+            kernel: kernel.clone(),
+            grid: [
+                most.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32,
+                (end - first) as u32,
+                1,
+            ],
+            block: [THREADS, 1, 1],
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::Struct(fields),
+                KernelArg::Input(n),
+                match scaled {
+                    true => KernelArg::Input(n + 1),
+                    false => KernelArg::Null,
+                },
+            ],
+            outputs: vec![],
+            tables: vec![],
+            workspace_bytes: 0,
+        });
+    }
+    Ok(plans)
 }

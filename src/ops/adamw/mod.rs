@@ -1,23 +1,20 @@
-//! One AdamW step of one parameter, in place (`kernels/adamw.cu` on CUDA, its CPU twin here):
-//! one launch that updates θ and its moments [m; v] where they are, so that the optimiser's
-//! state never moves and a step allocates nothing (a captured step replays on the same
-//! buffers):
+//! One AdamW step of many parameters, in place (`kernels/adamw.cu` on CUDA, its CPU twin
+//! here): one launch per [`cuda::SEGMENTS`] parameters updates θ and its moments [m; v] where
+//! they are, so that the optimiser's state never moves and a step allocates nothing (a
+//! captured step replays on the same buffers):
 //!
 //!   ĝ = s g,  m' = β₁ m + (1 − β₁) ĝ,  v' = β₂ v + (1 − β₂) ĝ²,
 //!   θ' = θ − η (m' / c₁) / (√(v' / c₂) + ε) − η λ θ,  c₁ = 1 − β₁ᵗ, c₂ = 1 − β₂ᵗ,
 //!
-//! with s the gradient-clipping factor (a device scalar) or 1. No gradient flows through it.
-//! candle's in-place ops update one tensor each: the moments' op, holding them, runs θ's op
-//! inside it, which then holds both.
+//! with s the gradient-clipping factor (a device scalar) or 1, and each parameter's
+//! hyper-parameters a row of a device table (its group's). No gradient flows through it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use std::cell::RefCell;
-
-use candle_core::{
-    bail, CpuStorage, DType, Device, InplaceOp1, InplaceOp3, Layout, Result, Tensor,
-};
+use candle_core::{bail, CpuStorage, DType, Device, Layout, Result, Tensor};
 use rayon::prelude::*;
+
+use crate::ops::in_place::{with_targets, Held};
 
 pub mod cuda;
 
@@ -37,20 +34,13 @@ pub struct AdamwHyper {
     pub weight_decay: f64,
 }
 
-/// Values in the row [`AdamwHyper::to_tensor`] makes.
-pub const HYPER_LEN: usize = 8;
+/// Values in a row of [`AdamwHyper::table`].
+pub const HYPER_LEN: usize = 7;
 
 impl AdamwHyper {
-    /// The row the kernels read, [β₁, β₂, c₁, c₂, ε, η, λ, s], as a tensor of `dtype` on
-    /// `device` (made once per step and group, and shared by the group's parameters); s is
-    /// `scale` (one value of `dtype` on `device`: the clipping factor) or 1.
-    pub fn to_tensor(
-        &self,
-        scale: Option<&Tensor>,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<Tensor> {
-        let mut h = vec![
+    /// The row the kernels read: [β₁, β₂, c₁, c₂, ε, η, λ].
+    pub fn row(&self) -> [f64; HYPER_LEN] {
+        [
             self.beta1,
             self.beta2,
             self.c1,
@@ -58,22 +48,41 @@ impl AdamwHyper {
             self.eps,
             self.lr,
             self.weight_decay,
-        ];
-        if scale.is_none() {
-            h.push(1.0);
-        }
-        let row = Tensor::new(h.as_slice(), &Device::Cpu)?
-            .to_dtype(dtype)?
-            .to_device(device)?;
-        match scale {
-            Some(s) => Tensor::cat(&[&row, &s.reshape(1)?], 0),
-            None => Ok(row),
+        ]
+    }
+
+    /// The rows of `groups` as one (groups, [`HYPER_LEN`]) tensor of `dtype` (f32 or f64) on
+    /// `device`, made in one op.
+    pub fn table(groups: &[AdamwHyper], dtype: DType, device: &Device) -> Result<Tensor> {
+        let rows: Vec<f64> = groups.iter().flat_map(AdamwHyper::row).collect();
+        let shape = (groups.len(), HYPER_LEN);
+        match dtype {
+            DType::F64 => Tensor::from_vec(rows, shape, device),
+            DType::F32 => Tensor::from_vec(
+                rows.into_iter().map(|v| v as f32).collect::<Vec<_>>(),
+                shape,
+                device,
+            ),
+            dt => bail!("adamw: parameters of dtype {dt:?} are not supported (f32 or f64)"),
         }
     }
 }
 
+/// One parameter of an [`adamw_step`].
+#[derive(Clone, Copy, Debug)]
+pub struct AdamwParam<'a> {
+    /// θ, contiguous: updated in place.
+    pub theta: &'a Tensor,
+    /// [m; v], contiguous, of shape (2, θ's shape): updated in place.
+    pub moments: &'a Tensor,
+    /// The gradient, of θ's shape.
+    pub grad: &'a Tensor,
+    /// The row of the hyper-parameter table.
+    pub group: usize,
+}
+
 /// In-place updates the optimiser has applied in this process (an in-place op makes no new
-/// tensor, so tensor counts miss it): one per [`adamw_step`].
+/// tensor, so tensor counts miss it): one per launch of [`adamw_step`].
 static UPDATES: AtomicU64 = AtomicU64::new(0);
 
 /// How many in-place updates [`adamw_step`] has applied so far.
@@ -81,62 +90,93 @@ pub fn in_place_updates() -> u64 {
     UPDATES.load(Ordering::Relaxed)
 }
 
-/// One step of θ (a contiguous variable) with its moments `moments` = [m; v] (contiguous, of
-/// shape (2, θ's shape)) and gradient `g`, both updated in place; `hyper` is an
-/// [`AdamwHyper::to_tensor`] row. θ is f32 or f64 and everything is of its dtype and device.
-pub fn adamw_step(theta: &Tensor, moments: &Tensor, g: &Tensor, hyper: &Tensor) -> Result<()> {
-    let dtype = theta.dtype();
+/// One step of `params`, all of one dtype (f32 or f64) and device: θ and [m; v] updated in
+/// place, with the hyper-parameters of `hyper` ([`AdamwHyper::table`]) and the gradients
+/// scaled by `scale` (one value, the clipping factor) if given.
+pub fn adamw_step(params: &[AdamwParam], hyper: &Tensor, scale: Option<&Tensor>) -> Result<()> {
+    let Some(first) = params.first() else {
+        return Ok(());
+    };
+    let dtype = first.theta.dtype();
     if !matches!(dtype, DType::F32 | DType::F64) {
         bail!("adamw_step: parameters of dtype {dtype:?} are not supported (f32 or f64)");
     }
-    let mut two = vec![2];
-    two.extend_from_slice(theta.dims());
-    for (what, t, dims) in [
-        ("the moments", moments, two.as_slice()),
-        ("the gradient", g, theta.dims()),
-        ("the hyper-parameter row", hyper, &[HYPER_LEN]),
-    ] {
-        if t.dims() != dims || t.dtype() != dtype {
+    let groups = hyper.dims2().map(|d| d.0).unwrap_or(0);
+    if hyper.dims() != [groups, HYPER_LEN] || hyper.dtype() != dtype {
+        bail!(
+            "adamw_step: the hyper-parameter table is {:?} {:?}, expected (groups, {HYPER_LEN}) \
+             {dtype:?}",
+            hyper.dims(),
+            hyper.dtype()
+        );
+    }
+    if let Some(s) = scale.filter(|s| s.elem_count() != 1 || s.dtype() != dtype) {
+        bail!(
+            "adamw_step: the scale is {:?} {:?}, expected one {dtype:?} value",
+            s.dims(),
+            s.dtype()
+        );
+    }
+    let mut grads = Vec::with_capacity(params.len());
+    for (k, p) in params.iter().enumerate() {
+        let mut two = vec![2];
+        two.extend_from_slice(p.theta.dims());
+        for (what, t, dims) in [
+            ("parameter", p.theta, p.theta.dims()),
+            ("moments", p.moments, two.as_slice()),
+            ("gradient", p.grad, p.theta.dims()),
+        ] {
+            if t.dims() != dims || t.dtype() != dtype {
+                bail!(
+                    "adamw_step: parameter {k}'s {what} is {:?} {:?}, expected {dims:?} {dtype:?}",
+                    t.dims(),
+                    t.dtype()
+                );
+            }
+        }
+        for (what, t) in [("parameter", p.theta), ("moments", p.moments)] {
+            if !t.is_contiguous() {
+                bail!(
+                    "adamw_step: parameter {k}'s {what} must be contiguous to be updated in place"
+                );
+            }
+        }
+        if p.group >= groups {
             bail!(
-                "adamw_step: {what} is {:?} {:?}, expected {dims:?} {dtype:?}",
-                t.dims(),
-                t.dtype()
+                "adamw_step: parameter {k} is in group {}, the table has {groups}",
+                p.group
             );
         }
+        grads.push(p.grad.contiguous()?);
     }
-    for (what, t) in [("the parameter", theta), ("the moments", moments)] {
-        if !t.is_contiguous() {
-            bail!("adamw_step: {what} must be contiguous to be updated in place");
+    let targets: Vec<&Tensor> = params
+        .iter()
+        .map(|p| p.theta)
+        .chain(params.iter().map(|p| p.moments))
+        .collect();
+    let mut inputs: Vec<&Tensor> = grads.iter().chain([hyper]).collect();
+    inputs.extend(scale);
+    let sizes: Vec<usize> = params.iter().map(|p| p.theta.elem_count()).collect();
+    let group: Vec<usize> = params.iter().map(|p| p.group).collect();
+    let plans = cuda::step_plans(&sizes, &group, dtype, scale.is_some())?;
+    with_targets("adamw_step", &targets, &inputs, &mut |held| match held {
+        Held::Cpu {
+            mut targets,
+            inputs,
+        } => step_cpu(&sizes, &group, &mut targets, &inputs),
+        #[cfg(feature = "cuda")]
+        Held::Cuda {
+            mut targets,
+            inputs,
+        } => {
+            for plan in &plans {
+                crate::cuda::launch_in_place(crate::cuda::ADAMW, plan, &mut targets, &inputs)?;
+            }
+            Ok(())
         }
-    }
-    // θ's update runs inside the moments' (which holds their storage): one storage for both
-    // would wait on itself.
-    let storage = |t: &Tensor| std::ptr::from_ref(&*t.storage_and_layout().0) as usize;
-    if storage(theta) == storage(moments) {
-        bail!("adamw_step: the parameter and its moments share memory");
-    }
-    let step = Step {
-        theta: theta.clone(),
-        n: theta.elem_count(),
-    };
-    moments.inplace_op3(&g.contiguous()?, hyper, &step)?;
-    UPDATES.fetch_add(1, Ordering::Relaxed);
+    })?;
+    UPDATES.fetch_add(plans.len() as u64, Ordering::Relaxed);
     Ok(())
-}
-
-/// The step, as an in-place op on [m; v] (inputs: g, the hyper row) that runs [`Apply`] on θ.
-struct Step {
-    theta: Tensor,
-    n: usize,
-}
-
-/// The step's update of θ, with the moments' op's operands: [m; v] (held mutably by it), g and
-/// the hyper row.
-struct Apply<'a, S> {
-    n: usize,
-    mv: RefCell<(&'a mut S, &'a Layout)>,
-    g: (&'a S, &'a Layout),
-    h: (&'a S, &'a Layout),
 }
 
 /// The contiguous values `l` addresses in `s`.
@@ -147,25 +187,95 @@ fn part<'a, F: candle_core::WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<
     }
 }
 
-fn part_mut<'a, F>(v: &'a mut [F], l: &Layout) -> Result<&'a mut [F]> {
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&mut v[a..b]),
-        None => bail!("adamw_step: the updated tensor is not contiguous"),
+/// The element types of the CPU twin.
+trait Elem: candle_core::WithDType + num_traits::Float + Send + Sync {
+    fn values_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
+}
+
+impl Elem for f32 {
+    fn values_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+        match s {
+            CpuStorage::F32(v) => Some(v),
+            _ => None,
+        }
     }
 }
 
-/// Elements per rayon task of the CPU twins.
+impl Elem for f64 {
+    fn values_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+        match s {
+            CpuStorage::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+fn part_mut<'a, F: Elem>(s: &'a mut CpuStorage, l: &Layout) -> Result<&'a mut [F]> {
+    match (l.contiguous_offsets(), F::values_mut(s)) {
+        (Some((a, b)), Some(v)) => Ok(&mut v[a..b]),
+        (None, _) => bail!("adamw_step: an updated tensor is not contiguous"),
+        (_, None) => bail!("adamw_step: an updated tensor is not of the parameters' dtype"),
+    }
+}
+
+/// The CPU twin: with N parameters, `targets` are θ₀ … θ_{N−1} then their moments, `inputs`
+/// the gradients, the hyper-parameter table and perhaps the scale.
+fn step_cpu(
+    sizes: &[usize],
+    groups: &[usize],
+    targets: &mut [(&mut CpuStorage, &Layout)],
+    inputs: &[(&CpuStorage, &Layout)],
+) -> Result<()> {
+    match inputs[sizes.len()].0 {
+        CpuStorage::F32(_) => step_typed::<f32>(sizes, groups, targets, inputs),
+        CpuStorage::F64(_) => step_typed::<f64>(sizes, groups, targets, inputs),
+        _ => bail!("adamw_step: only f32 and f64 are supported"),
+    }
+}
+
+fn step_typed<F: Elem>(
+    sizes: &[usize],
+    groups: &[usize],
+    targets: &mut [(&mut CpuStorage, &Layout)],
+    inputs: &[(&CpuStorage, &Layout)],
+) -> Result<()> {
+    let n = sizes.len();
+    let hyper: &[F] = part(inputs[n].0, inputs[n].1)?;
+    let s = match inputs.get(n + 1) {
+        Some(&(st, l)) => part::<F>(st, l)?[0],
+        None => F::one(),
+    };
+    let (thetas, moments) = targets.split_at_mut(n);
+    for p in 0..n {
+        let h = &hyper[groups[p] * HYPER_LEN..(groups[p] + 1) * HYPER_LEN];
+        let (t, tl) = &mut thetas[p];
+        let (mv, mvl) = &mut moments[p];
+        let (g, gl) = inputs[p];
+        step_one(
+            sizes[p],
+            part_mut(t, tl)?,
+            part_mut(mv, mvl)?,
+            part(g, gl)?,
+            h,
+            s,
+        );
+    }
+    Ok(())
+}
+
+/// Elements per rayon task of the CPU twin.
 const CHUNK: usize = 1 << 14;
 
-/// The CPU twin of `adamw_step`: the same operations in the same order, in F.
-fn step_cpu<F: candle_core::WithDType + num_traits::Float + Send + Sync>(
+/// One parameter's step: the kernel's operations in its order, in F.
+fn step_one<F: num_traits::Float + Send + Sync>(
     n: usize,
     theta: &mut [F],
     mv: &mut [F],
     g: &[F],
     h: &[F],
+    s: F,
 ) {
-    let (b1, b2, c1, c2, eps, eta, wd, s) = (h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
+    let (b1, b2, c1, c2, eps, eta, wd) = (h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
     let (m, v) = mv.split_at_mut(n);
     theta
         .par_chunks_mut(CHUNK)
@@ -184,99 +294,4 @@ fn step_cpu<F: candle_core::WithDType + num_traits::Float + Send + Sync>(
                 theta[k] = (th - eta * update) - eta * wd * th;
             }
         });
-}
-
-impl InplaceOp3 for Step {
-    fn name(&self) -> &'static str {
-        "adamw-step"
-    }
-
-    fn cpu_fwd(
-        &self,
-        mv: &mut CpuStorage,
-        mvl: &Layout,
-        g: &CpuStorage,
-        gl: &Layout,
-        h: &CpuStorage,
-        hl: &Layout,
-    ) -> Result<()> {
-        self.theta.inplace_op1(&Apply {
-            n: self.n,
-            mv: RefCell::new((mv, mvl)),
-            g: (g, gl),
-            h: (h, hl),
-        })
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        mv: &mut candle_core::CudaStorage,
-        mvl: &Layout,
-        g: &candle_core::CudaStorage,
-        gl: &Layout,
-        h: &candle_core::CudaStorage,
-        hl: &Layout,
-    ) -> Result<()> {
-        self.theta.inplace_op1(&Apply {
-            n: self.n,
-            mv: RefCell::new((mv, mvl)),
-            g: (g, gl),
-            h: (h, hl),
-        })
-    }
-}
-
-impl InplaceOp1 for Apply<'_, CpuStorage> {
-    fn name(&self) -> &'static str {
-        "adamw-step"
-    }
-
-    fn cpu_fwd(&self, theta: &mut CpuStorage, tl: &Layout) -> Result<()> {
-        let mut mv = self.mv.borrow_mut();
-        let (mv, mvl) = &mut *mv;
-        let ((g, gl), (h, hl)) = (self.g, self.h);
-        match (theta, &mut **mv) {
-            (CpuStorage::F32(t), CpuStorage::F32(mv)) => step_cpu(
-                self.n,
-                part_mut(t, tl)?,
-                part_mut(mv, mvl)?,
-                part(g, gl)?,
-                part(h, hl)?,
-            ),
-            (CpuStorage::F64(t), CpuStorage::F64(mv)) => step_cpu(
-                self.n,
-                part_mut(t, tl)?,
-                part_mut(mv, mvl)?,
-                part(g, gl)?,
-                part(h, hl)?,
-            ),
-            _ => bail!("adamw_step: only f32 and f64 are supported"),
-        }
-        Ok(())
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl InplaceOp1 for Apply<'_, candle_core::CudaStorage> {
-    fn name(&self) -> &'static str {
-        "adamw-step"
-    }
-
-    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> Result<()> {
-        bail!("adamw_step: the parameter is on the CPU and its moments on CUDA")
-    }
-
-    fn cuda_fwd(&self, theta: &mut candle_core::CudaStorage, tl: &Layout) -> Result<()> {
-        use candle_core::backend::BackendStorage;
-        let plan = cuda::step_plan(self.n, theta.dtype())?;
-        let mut mv = self.mv.borrow_mut();
-        let (mv, mvl) = &mut *mv;
-        crate::cuda::launch_in_place(
-            crate::cuda::ADAMW,
-            &plan,
-            &mut [(theta, tl), (&mut **mv, mvl)],
-            &[self.g, self.h],
-        )
-    }
 }

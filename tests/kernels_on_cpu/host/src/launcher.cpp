@@ -344,7 +344,10 @@ struct HostArg {
 };
 
 static const char *kind_name(int kind) {
-    return kind == ARG_POINTER ? "a pointer" : kind == ARG_I32 ? "an int" : "an unsigned long long";
+    return kind == ARG_POINTER ? "a pointer"
+           : kind == ARG_I32   ? "an int"
+           : kind == ARG_U64   ? "an unsigned long long"
+                               : "a struct";
 }
 
 size_t kernels_on_cpu_count() { return registry().size(); }
@@ -371,10 +374,14 @@ int kernels_on_cpu_launch(const char *name, const unsigned grid[3], const unsign
             if (args[i].kind != entry->kinds[i])
                 fail("argument %zu of %s is %s, the launch passes %s", i, name,
                      kind_name(entry->kinds[i]), kind_name(args[i].kind));
+            if (args[i].kind == ARG_STRUCT && args[i].wide != entry->sizes[i])
+                fail("argument %zu of %s is a struct of %zu bytes, the launch passes %llu", i,
+                     name, entry->sizes[i], args[i].wide);
             slots[i] = args[i].ptr;
-            argv[i] = args[i].kind == ARG_POINTER ? (void *)&slots[i]
-                      : args[i].kind == ARG_I32   ? (void *)&args[i].value
-                                                  : (void *)&args[i].wide;
+            argv[i] = args[i].kind == ARG_POINTER  ? (void *)&slots[i]
+                      : args[i].kind == ARG_I32    ? (void *)&args[i].value
+                      : args[i].kind == ARG_STRUCT ? args[i].ptr
+                                                   : (void *)&args[i].wide;
         }
         const uint3 g{grid[0], grid[1], grid[2]}, bd{block[0], block[1], block[2]};
         const size_t threads = (size_t)bd.x * bd.y * bd.z;

@@ -9,13 +9,15 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
-/// One kernel argument: a pointer to memory the kernel reads or writes, an `int` or an
-/// `unsigned long long`.
+/// One kernel argument: a pointer to memory the kernel reads or writes, an `int`, an
+/// `unsigned long long`, or a struct by value (its bytes, as many as the kernel's parameter
+/// has).
 #[derive(Clone, Copy, Debug)]
-pub enum Arg {
+pub enum Arg<'a> {
     Ptr(*mut c_void),
     I32(i32),
     U64(u64),
+    Struct(&'a [u64]),
 }
 
 /// The order in which the threads of a block (and the blocks of the grid) run between barriers.
@@ -103,6 +105,12 @@ pub unsafe fn launch(l: &Launch, args: &[Arg], order: Order) -> Result<(), Strin
                 ptr: std::ptr::null_mut(),
                 value: 0,
                 wide,
+            },
+            Arg::Struct(words) => HostArg {
+                kind: 3,
+                ptr: words.as_ptr().cast_mut().cast(),
+                value: 0,
+                wide: std::mem::size_of_val(words) as u64,
             },
         })
         .collect();
