@@ -1,4 +1,5 @@
 //! The fused GELU, LayerNorm, channel, block epilogue, GLU gate, loss and S5 discretisation ops
+//! and the strided products (`gemm`)
 //! on CUDA against
 //! their CPU twins (f32 and f64, up to the GPU's fused multiply-adds) and in f16/bf16 (GELU)
 //! against the f32 CPU op, forward and gradients, on awkward shapes. Compiled with `--features
@@ -11,7 +12,8 @@ mod common;
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
 use myosotis::ops::{
-    channel_add, channel_mul, gelu, layer_norm, s5_discretize, s5_readout, S5Discretization,
+    channel_add, channel_mul, gelu, gemm, layer_norm, s5_discretize, s5_readout, Mat,
+    S5Discretization,
 };
 
 const SHAPES: [(usize, usize); 6] = [(1, 1), (3, 5), (9, 33), (50, 128), (1000, 3), (4100, 96)];
@@ -316,6 +318,75 @@ fn cuda_gate() {
                 let e = rel_err(a, c);
                 assert!(e < tol, "gate {dtype:?} {b} x {l} x {h}: output {k}: {e:e}");
             }
+        }
+    }
+}
+
+/// `ops::gemm` on the layouts the backward passes by hand use — rows, transposes, a batch
+/// over interleaved columns (which cuBLAS cannot read in place: copied first), a shared side,
+/// an offset — on CUDA against the CPU.
+#[test]
+fn cuda_gemm() {
+    let Some(gpu) = gpu("cuda_gemm") else {
+        return;
+    };
+    let (mut rng, _) = seeded_rng("cuda_gemm", 35);
+    const ROWS: usize = 300;
+    const WIDTH: usize = 64;
+    const HEADS: usize = 32;
+    let (rows, width, heads) = (ROWS, WIDTH, HEADS);
+    let x = uniform(&mut rng, rows * width, -1.0, 1.0);
+    let du = uniform(&mut rng, rows * heads * 2, -1.0, 1.0);
+    let r = uniform(&mut rng, 2 * 2 * heads * width, -1.0, 1.0);
+    type Make = dyn Fn(&Tensor, &Tensor, &Tensor) -> Tensor;
+    let cases: [(&str, Box<Make>); 4] = [
+        (
+            "rows × rowsᵀ",
+            Box::new(|x, _, r| {
+                let r = r.reshape((4 * HEADS, WIDTH)).unwrap();
+                gemm(
+                    &Mat::rows(x).unwrap(),
+                    &Mat::rows(&r).unwrap().t(),
+                    (ROWS, 4 * HEADS),
+                )
+                .unwrap()
+            }),
+        ),
+        (
+            "rowsᵀ × rows",
+            Box::new(|x, du, _| {
+                let x = Mat::matrix(x, WIDTH).unwrap().t();
+                gemm(&x, &Mat::matrix(du, 2 * HEADS).unwrap(), (WIDTH, 2 * HEADS)).unwrap()
+            }),
+        ),
+        (
+            "shared Xᵀ × a batch over ∂U's interleaved columns",
+            Box::new(|x, du, _| {
+                let x = Mat::matrix(x, WIDTH).unwrap().t();
+                let du = Mat::strided(du, 0, [HEADS, ROWS, 2], [2, 2 * HEADS, 1]).unwrap();
+                gemm(&x, &du, (HEADS, WIDTH, 2)).unwrap()
+            }),
+        ),
+        (
+            "rows × R_kᵀ from an offset",
+            Box::new(|x, _, r| {
+                let rk = Mat::strided(r, 2 * HEADS * WIDTH, [1, WIDTH, 2 * HEADS], [0, 1, WIDTH])
+                    .unwrap();
+                gemm(&Mat::matrix(x, WIDTH).unwrap(), &rk, (ROWS, 2 * HEADS)).unwrap()
+            }),
+        ),
+    ];
+    for (what, make) in &cases {
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let on = |dev: &Device| {
+                let t = |v: &[f64]| tensor(v, &[v.len()], dtype, dev);
+                to_vec(&make(&t(&x), &t(&du), &t(&r)))
+            };
+            let e = rel_err(&on(&gpu), &on(&Device::Cpu));
+            assert!(
+                e < tol,
+                "gemm {what} {dtype:?}: CUDA differs from the CPU by {e:e}"
+            );
         }
     }
 }

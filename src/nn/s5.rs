@@ -30,8 +30,8 @@ use super::init::{init_param, layer_rng, normal, params, trunc_normal};
 use super::ParamGroup;
 use crate::complex::C;
 use crate::ops::{
-    channel_mul, linear_scan, s5_discretize, s5_discretize_untracked, s5_readout, S5Discretization,
-    ScanOptions,
+    channel_mul, gemm, linear_scan, s5_discretize, s5_discretize_untracked, s5_readout, Mat,
+    S5Discretization, ScanOptions,
 };
 
 /// How the continuous system is discretised.
@@ -348,9 +348,7 @@ impl Module for S5 {
 /// What a forward pass computed, kept for the backward by hand ([`S5::forward_by_hand`]).
 struct Pass {
     y: Tensor,
-    /// The input as (batch · length, H).
-    u2: Tensor,
-    /// The directions' states side by side, (batch · length, directions · 2P).
+    /// The directions' states side by side, (batch, length, directions · P, 2).
     xs: Tensor,
     /// The scans' initial state (zeros).
     h0: Tensor,
@@ -409,8 +407,15 @@ impl S5 {
             false => s5_discretize(lr, li, ls, b, self.how())?,
         };
         let p = gate.dim(0)?;
-        let u2 = u.reshape((batch * len, h))?;
-        let bu = u2.matmul(&b_mat)?.reshape((batch, len, p, 2))?;
+        // The products: by hand as single ops, else candle's (differentiable) ones.
+        let by_hand = !tracked && Self::has_backward_by_hand(u);
+        let bu = match by_hand {
+            true => gemm(&Mat::rows(u)?, &Mat::rows(&b_mat)?, (batch, len, p, 2))?,
+            false => u
+                .reshape((batch * len, h))?
+                .matmul(&b_mat)?
+                .reshape((batch, len, p, 2))?,
+        };
         // One zero initial state for both directions, forward and backward.
         let h0 = Tensor::zeros((batch, p, 2), bu.dtype(), bu.device())?;
         let mut states = vec![linear_scan(
@@ -430,18 +435,22 @@ impl S5 {
         // Re(C̃ x) (× 2 with conj_sym): one matmul of the directions' states side by side with
         // their readout matrices stacked.
         let r = s5_readout(c, states.len(), self.cfg.conj_sym)?;
-        let flat: Vec<Tensor> = states
-            .iter()
-            .map(|x| x.reshape((batch * len, 2 * p)))
-            .collect::<Result<_>>()?;
-        let xs = match &flat[..] {
+        // (batch, len, directions · P, 2): each step's states side by side.
+        let xs = match &states[..] {
             [x] => x.clone(),
-            flat => Tensor::cat(flat, 1)?,
+            states => Tensor::cat(states, 2)?,
         };
-        let y = (channel_mul(u, d)? + xs.matmul(&r)?.reshape((batch, len, h))?)?;
+        let width = 2 * p * states.len();
+        let read = match by_hand {
+            true => gemm(&Mat::matrix(&xs, width)?, &Mat::rows(&r)?, (batch, len, h))?,
+            false => xs
+                .reshape((batch * len, width))?
+                .matmul(&r)?
+                .reshape((batch, len, h))?,
+        };
+        let y = (channel_mul(u, d)? + read)?;
         Ok(Pass {
             y,
-            u2,
             xs,
             h0,
             gate,
@@ -480,7 +489,6 @@ impl S5 {
             vars: self.params().map(Tensor::clone),
             w,
             u: x,
-            u2: pass.u2,
             xs: pass.xs,
             h0: pass.h0,
             gate: pass.gate,

@@ -10,6 +10,7 @@ pub mod cross_entropy;
 pub mod dropout;
 pub mod epilogue;
 pub mod gelu;
+pub mod gemm;
 pub mod head_solve;
 mod in_place;
 pub mod layer_norm;
@@ -29,6 +30,7 @@ pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
 pub use dropout::dropout_keep;
 pub use epilogue::{epilogue, epilogue_backward};
 pub use gelu::gelu;
+pub use gemm::{gemm, Mat};
 pub use head_solve::{
     head_solve, head_solve_backward, head_solve_skew, head_solve_skew_backward, HeadSkewGrads,
     HeadSolveGrads,

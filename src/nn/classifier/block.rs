@@ -11,17 +11,17 @@
 //!
 //! The residual's gradient is the output's: ∂x = ∂o + Nᵀ(∂z) pre-norm, ∂o + ∂z post-norm.
 
-use candle_core::{Result, Tensor, D};
+use candle_core::{Result, Tensor};
 use candle_nn::Linear;
 
 use super::{dropout, Activation, Block, Layer, Mode, Norm, SequenceClassifier, LN_EPS};
 use crate::nn::batch_norm::BatchNormBackward;
 use crate::nn::by_hand::{by_hand, Backward, GradSink};
-use crate::nn::{dense, rows, S5};
+use crate::nn::S5;
 use crate::ops::epilogue::{
     epilogue, epilogue_backward, gate, gate_backward, Activation as EpilogueAct, Dropout,
 };
-use crate::ops::{layer_norm, layer_norm_backward};
+use crate::ops::{channel_add, gemm, layer_norm, layer_norm_backward, Mat};
 
 /// A dense layer's parameters (the gradients' keys) and their values detached once (aliases
 /// that the optimiser's in-place steps update too).
@@ -44,12 +44,16 @@ impl Dense {
 
     /// y = x Wᵀ + b over the last dimension, on the detached values.
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        dense(&self.detached, x)
+        channel_add(&self.product(x)?, self.bias()?)
     }
 
     /// x Wᵀ over the last dimension, without the bias (detached values).
     fn product(&self, x: &Tensor) -> Result<Tensor> {
-        rows(x, |x| x.matmul(&self.detached.weight().t()?))
+        let w = self.detached.weight();
+        let mut dims = x.dims().to_vec();
+        dims.pop();
+        dims.push(w.dim(0)?);
+        gemm(&Mat::rows(x)?, &Mat::rows(w)?.t(), dims)
     }
 
     /// The bias, detached.
@@ -72,19 +76,13 @@ impl Dense {
         dy: &Tensor,
         params: &mut Vec<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
-        let as_rows = |t: &Tensor| match t.rank() {
-            2 => Ok(t.clone()),
-            _ => t.flatten_to(D::Minus2),
-        };
-        let (x2, dy2) = (as_rows(x)?, as_rows(dy)?);
+        let (xm, dym) = (Mat::rows(x)?, Mat::rows(dy)?);
         let [w, b] = &self.vars;
-        params.push((w.clone(), dy2.t()?.matmul(&x2)?));
-        params.push((b.clone(), dy2.sum(0)?));
-        let dx = dy2.matmul(self.detached.weight())?;
-        match x.rank() {
-            2 => Ok(dx),
-            _ => dx.reshape(x.dims()),
-        }
+        let (n_out, n_in) = w.dims2()?;
+        params.push((w.clone(), gemm(&dym.clone().t(), &xm, (n_out, n_in))?));
+        let all_but_last: Vec<usize> = (0..dy.rank() - 1).collect();
+        params.push((b.clone(), dy.sum(all_but_last)?));
+        gemm(&dym, &Mat::rows(self.detached.weight())?, x.dims())
     }
 }
 

@@ -14,8 +14,8 @@ use candle_core::{DType, Result, Tensor};
 use super::{Coupling, Myo};
 use crate::nn::by_hand::{by_hand, Backward, GradSink};
 use crate::ops::{
-    channel_mul, channel_mul_backward, head_solve_skew, head_solve_skew_backward, s5_readout,
-    s5_readout_backward,
+    channel_mul, channel_mul_backward, gemm, head_solve_skew, head_solve_skew_backward, s5_readout,
+    s5_readout_backward, Mat,
 };
 use crate::tree::Tree;
 
@@ -26,7 +26,6 @@ pub(super) struct MyoBackward {
     c_out: Tensor,
     d: Tensor,
     x: Tensor,
-    x2: Tensor,
     b_mat: Tensor,
     u: Tensor,
     /// The virtual nodes' inputs (heads, internal, 2) and the couplings per node.
@@ -78,25 +77,24 @@ impl Myo {
         ];
         let [b_in, virtual_u, raw, c_out, d] = self.detached.clone();
         let b_mat = b_in.transpose(0, 1)?.reshape((h, 2 * heads))?;
-        let x2 = x.reshape((batch * len, h))?;
-        let u = x2.matmul(&b_mat)?.reshape((batch, len, heads, 2))?;
+        let u = gemm(&Mat::rows(&x)?, &Mat::rows(&b_mat)?, (batch, len, heads, 2))?;
         let s = match self.cfg.per_level {
             true => raw.index_select(&self.node_level, 1)?,
             false => raw,
         };
         let xs = head_solve_skew(&self.tree, &u, &virtual_u, &s)?;
         let r = s5_readout(&c_out, 1, false)?;
-        let y = xs
-            .reshape((batch * n, 2 * heads))?
-            .matmul(&r)?
-            .reshape((batch, n, h))?;
+        let y = gemm(
+            &Mat::matrix(&xs, 2 * heads)?,
+            &Mat::rows(&r)?,
+            (batch, n, h),
+        )?;
         let y = (y + channel_mul(&x, &d)?)?;
         let back = MyoBackward {
             vars,
             c_out,
             d,
             x,
-            x2,
             b_mat,
             u,
             bias: virtual_u,
@@ -117,11 +115,13 @@ impl Backward for MyoBackward {
     fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
         let (batch, n, h) = dy.dims3()?;
         let heads = self.u.dim(2)?;
-        let dy2 = dy.reshape((batch * n, h))?;
+        let rows = batch * n;
         let (dx_skip, dd) = channel_mul_backward(&self.x, &self.d, dy)?;
-        let xs2 = self.xs.reshape((batch * n, 2 * heads))?;
-        let dc_out = s5_readout_backward(&self.c_out, 1, false, &xs2.t()?.matmul(&dy2)?)?;
-        let dxs = dy2.matmul(&self.r.t()?)?.reshape(self.xs.dims())?;
+        let dy = Mat::rows(dy)?;
+        let xs = Mat::matrix(&self.xs, 2 * heads)?;
+        let dc_out =
+            s5_readout_backward(&self.c_out, 1, false, &gemm(&xs.t(), &dy, (2 * heads, h))?)?;
+        let dxs = gemm(&dy, &Mat::rows(&self.r)?.t(), self.xs.dims())?;
         let g = head_solve_skew_backward(&self.tree, &self.u, &self.bias, &self.s, &self.xs, &dxs)?;
         let (dv, ds) = (g.bias, g.s);
         let ds = match &self.levels {
@@ -131,15 +131,11 @@ impl Backward for MyoBackward {
             }
             None => ds,
         };
-        let du2 = g.u.reshape((batch * n, 2 * heads))?;
-        let db_in = self
-            .x2
-            .t()?
-            .matmul(&du2)?
-            .reshape((h, heads, 2))?
-            .transpose(0, 1)?
-            .contiguous()?;
-        let dx = (dx_skip + du2.matmul(&self.b_mat.t()?)?.reshape((batch, n, h))?)?;
+        // ∂B_in per head, (h, 2) = Xᵀ ∂U[:, head, :]: the heads a batch over ∂U's columns.
+        let du = Mat::strided(&g.u, 0, [heads, rows, 2], [2, 2 * heads, 1])?;
+        let db_in = gemm(&Mat::rows(&self.x)?.t(), &du, (heads, h, 2))?;
+        let du = Mat::matrix(&g.u, 2 * heads)?;
+        let dx = (dx_skip + gemm(&du, &Mat::rows(&self.b_mat)?.t(), (batch, n, h))?)?;
         let [b_in, virtual_u, coupling_b, c_out, d] = self.vars.clone();
         Ok((
             dx,

@@ -1,5 +1,6 @@
 //! The S5 layer's backward pass written out ([`super::S5::forward_by_hand`]). With
-//! y = D ⊙ u + Σ_k X_k R_k, X_k = scan_k(Λ̄, U B̄) (U the input as (batch · length, H) rows):
+//! y = D ⊙ u + Σ_k X_k R_k, X_k = scan_k(Λ̄, U B̄) (U the input as (batch · length, H) rows,
+//! each product one op, [`crate::ops::gemm`]):
 //!
 //!   ∂R = [X_1 … X_D]ᵀ ∂y,  ∂[X_1 … X_D] = ∂y Rᵀ,  (∂(UB̄), ∂Λ̄) = Σ_k scan_kᵀ(∂X_k),
 //!   ∂u = D ⊙ ∂y + ∂(UB̄) B̄ᵀ,  ∂B̄ = Uᵀ ∂(UB̄),  ∂D = Σ_rows u ⊙ ∂y,
@@ -11,8 +12,8 @@ use candle_core::{Result, Tensor};
 
 use crate::nn::by_hand::Backward;
 use crate::ops::{
-    channel_mul_backward, linear_scan_backward, s5_discretize_backward, s5_readout_backward,
-    S5Discretization,
+    channel_mul_backward, gemm, linear_scan_backward, s5_discretize_backward, s5_readout_backward,
+    Mat, S5Discretization,
 };
 
 /// What the forward kept.
@@ -22,8 +23,7 @@ pub(super) struct S5Backward {
     /// The same, detached.
     pub w: [Tensor; 6],
     pub u: Tensor,
-    pub u2: Tensor,
-    /// The directions' states side by side, (batch · length, directions · 2P).
+    /// The directions' states side by side, (batch, length, directions · P, 2).
     pub xs: Tensor,
     /// The scans' initial state (zeros).
     pub h0: Tensor,
@@ -39,14 +39,21 @@ impl Backward for S5Backward {
     fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
         let [lr, li, ls, b, c, d] = &self.w;
         let (batch, len, h) = dy.dims3()?;
-        let (rows, p, dirs) = (batch * len, self.gate.dim(0)?, self.states.len());
-        let dy2 = dy.reshape((rows, h))?;
+        let (p, dirs) = (self.gate.dim(0)?, self.states.len());
         let (du_skip, dd) = channel_mul_backward(&self.u, d, dy)?;
-        let dc = s5_readout_backward(c, dirs, self.conj_sym, &self.xs.t()?.matmul(&dy2)?)?;
-        let dxs = dy2.matmul(&self.r.t()?)?;
+        let dy = Mat::rows(dy)?;
+        let xs = Mat::matrix(&self.xs, 2 * p * dirs)?;
+        let dc = s5_readout_backward(
+            c,
+            dirs,
+            self.conj_sym,
+            &gemm(&xs.t(), &dy, (2 * p * dirs, h))?,
+        )?;
         let (mut dbu, mut dgate) = (None::<Tensor>, None::<Tensor>);
         for (k, x) in self.states.iter().enumerate() {
-            let dx = dxs.narrow(1, k * 2 * p, 2 * p)?.reshape(x.dims())?;
+            // ∂X_k = ∂y R_kᵀ, R_k the rows k · 2P.. of R.
+            let rk = Mat::strided(&self.r, k * 2 * p * h, [1, h, 2 * p], [0, 1, h])?;
+            let dx = gemm(&dy, &rk, x.dims())?;
             let g = linear_scan_backward(
                 &self.gate,
                 x,
@@ -66,9 +73,9 @@ impl Backward for S5Backward {
         let (Some(dbu), Some(dgate)) = (dbu, dgate) else {
             candle_core::bail!("S5 backward: no direction");
         };
-        let dbu2 = dbu.reshape((rows, 2 * p))?;
-        let du = (du_skip + dbu2.matmul(&self.b_mat.t()?)?.reshape((batch, len, h))?)?;
-        let db_mat = self.u2.t()?.matmul(&dbu2)?;
+        let dbu = Mat::matrix(&dbu, 2 * p)?;
+        let du = (du_skip + gemm(&dbu, &Mat::rows(&self.b_mat)?.t(), (batch, len, h))?)?;
+        let db_mat = gemm(&Mat::rows(&self.u)?.t(), &dbu, (h, 2 * p))?;
         let [dlr, dli, dls, db] =
             s5_discretize_backward([lr, li, ls, b], self.how, &dgate, &db_mat)?;
         let [vlr, vli, vls, vb, vc, vd] = self.vars.clone();
