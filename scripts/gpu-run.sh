@@ -245,8 +245,8 @@ if want profile; then
   echo
   echo "## Training step profile (forward, loss, backward, AdamW; CUPTI kernel trace)"
   echo
-  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy | CPU bench, one shard, 16 threads: steps/s |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy | CPU bench, one shard, 16 threads: steps/s | captured ms/step (graph kernels; vs eager) |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
 } >>"$report/report.md"
 profiles=(
   "s5|default|--model s5|cpu"
@@ -270,7 +270,7 @@ for r in "${profiles[@]}"; do
   # shellcheck disable=SC2086
   if ! timeout 240 "$myo" bench step $flags --device cuda --json >"$json" 2>"$report/step-$tag.log"; then
     status=1
-    echo "| $model | $size | failed: $(tail -1 "$report/step-$tag.log") | | | | | | | |" >>"$report/report.md"
+    echo "| $model | $size | failed: $(tail -1 "$report/step-$tag.log") | | | | | | | | |" >>"$report/report.md"
     continue
   fi
   read -r ms ops ours < <(python3 -c '
@@ -278,11 +278,21 @@ import json, sys
 r = json.load(open(sys.argv[1])); o = r["ops"]
 print(r["step"]["median_ms"], sum(o[k]["tensors"] for k in ("forward", "backward", "optimiser")),
       sum(o[k]["our_launches"] or 0 for k in ("forward", "backward", "optimiser")))' "$json")
+  # The captured step (CUDA graph): its time, kernels, and whether its replays matched eager steps.
+  captured=$(python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1])).get("captured")
+if c is None: print("-")
+elif "Err" in c: print("not captured: " + c["Err"].replace("|", "/"))
+else:
+    c = c["Ok"]; d = c["max_difference"]
+    print("%.2f (%d kernels; %s)" % (c["step"]["median_ms"], c["nodes"]["kernels"],
+          "= eager" if d == 0 else "differs by %.1e" % d))' "$json")
   batch=$(sed -n 's/.*batch \([0-9]*\).*/\1/p' <<<"$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shape"])' "$json")")
   trace=$work/trace-$tag.csv
   # shellcheck disable=SC2086
   CUDA_INJECTION64_PATH=$work/lib/libcupti-trace.so MYO_CUPTI_TRACE=$trace LD_LIBRARY_PATH=$work/lib:$LD_LIBRARY_PATH \
-    timeout 240 "$myo" bench step $flags --device cuda --warmup 1 --repeats 1 --profile-steps 10 >/dev/null 2>>"$report/step-$tag.log"
+    timeout 240 "$myo" bench step $flags --device cuda --warmup 1 --repeats 1 --profile-steps 10 --cuda-graph false >/dev/null 2>>"$report/step-$tag.log"
   python3 "$bin/cupti-summary.py" "$trace" --steps 10 --step-ms "$ms" --top 25 >"$report/profile-$tag.txt" 2>&1
   kernels=$(awk '/^steps /{print $3}' "$report/profile-$tag.txt")
   busy=$(sed -n 's/.*busy of the timed step *\([0-9.]*\)%.*/\1%/p' "$report/profile-$tag.txt")
@@ -293,8 +303,8 @@ print(r["step"]["median_ms"], sum(o[k]["tensors"] for k in ("forward", "backward
       python3 -c 'import json,sys; print(json.load(sys.stdin)["step"]["median_ms"])' 2>/dev/null)
     cpu_sps=$( [ -n "$cpu_ms" ] && awk -v t="$cpu_ms" 'BEGIN { printf "%.1f", 1000 / t }')
   fi
-  awk -v m="$model" -v s="$size" -v t="$ms" -v b="$batch" -v o="$ops" -v u="$ours" -v k="${kernels:-?}" -v y="${busy:-?}" -v c="${cpu_sps:--}" \
-    'BEGIN { printf "| %s | %s | %.2f | %.1f | %.0f | %s | %s | %s | %s | %s |\n", m, s, t, 1000 / t, b * 1000 / t, o, u, k, y, c }' >>"$report/report.md"
+  awk -v m="$model" -v s="$size" -v t="$ms" -v b="$batch" -v o="$ops" -v u="$ours" -v k="${kernels:-?}" -v y="${busy:-?}" -v c="${cpu_sps:--}" -v g="$captured" \
+    'BEGIN { printf "| %s | %s | %.2f | %.1f | %.0f | %s | %s | %s | %s | %s | %s |\n", m, s, t, 1000 / t, b * 1000 / t, o, u, k, y, c, g }' >>"$report/report.md"
 done
 fi
 

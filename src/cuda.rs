@@ -20,6 +20,8 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use crate::ops::plan::{pack_struct, DeviceLimits, KernelArg, LaunchPlan};
 
+pub mod graph;
+
 /// The words a struct argument is passed in: CUDA's 4 KiB of kernel parameters. The driver
 /// copies as many bytes as the kernel's parameter has.
 const STRUCT_WORDS: usize = 512;

@@ -206,6 +206,10 @@ fn bench_flags_are_consistent_and_numbers_have_three_digits() {
             &["bench", "step", "--accumulate", "2"][..],
             "--accumulate applies to myo train",
         ),
+        (
+            &["bench", "step", "--cuda-graph", "maybe"][..],
+            "'maybe' for '--cuda-graph <CUDA_GRAPH>'",
+        ),
     ] {
         let (ok, text) = myo(args);
         assert!(!ok && text.contains(says), "{args:?}: {text}");

@@ -26,7 +26,7 @@ mod kernels;
 mod step;
 
 pub use kernels::{HeadBench, ScanBench, TreeBench};
-pub use step::{StepArgs, StepBench, StepReport};
+pub use step::{Captured, GraphNodes, StepArgs, StepBench, StepReport};
 
 /// Median and minimum of repeated timings, in milliseconds per call.
 #[derive(Debug, Clone, Copy, Serialize)]

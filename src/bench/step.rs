@@ -10,6 +10,7 @@ use crate::train::optim::{OptimConfig, Optimizer};
 use crate::train::run::Exec;
 use crate::train::trainer::score;
 use candle_core::backprop::GradStore;
+use std::collections::HashMap;
 
 /// `myo bench step`'s flags: a run's definition (only its shapes are used: no data is read) and
 /// where and how to time its step.
@@ -33,6 +34,10 @@ pub struct StepArgs {
     /// pause, for a profiler (scripts/cupti-summary.py).
     #[arg(long, default_value_t = 0)]
     pub profile_steps: usize,
+    /// On CUDA, also capture the step as a CUDA graph and time its replays (false: eager
+    /// only).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub cuda_graph: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -76,6 +81,7 @@ impl StepArgs {
             warmup: self.warmup,
             repeats: self.repeats,
             profile_steps: self.profile_steps,
+            cuda_graph: self.cuda_graph,
         };
         Ok(bench.run(&device)?)
     }
@@ -97,6 +103,8 @@ pub struct StepBench {
     /// and one optimiser step, each window of GPU work after 200 ms of idling, for a
     /// profiler's trace (`scripts/cupti-summary.py` reads the four windows). 0: none.
     pub profile_steps: usize,
+    /// On CUDA, also capture the step as a CUDA graph ([`StepReport::captured`]).
+    pub cuda_graph: bool,
 }
 
 /// What one part of a step executes: tensors made (every candle op's output, views included;
@@ -149,6 +157,32 @@ pub struct StepReport {
     /// Forward alone of the whole model.
     pub forward: Timing,
     pub ops: StepOps,
+    /// The step captured as a CUDA graph and replayed (CUDA only, unless turned off): what
+    /// it measured, or why there is no graph.
+    pub captured: Option<std::result::Result<Captured, String>>,
+}
+
+/// The nodes of a captured step's CUDA graph, by kind.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct GraphNodes {
+    pub kernels: usize,
+    pub copies: usize,
+    pub memsets: usize,
+    pub allocations: usize,
+    pub frees: usize,
+    pub other: usize,
+}
+
+/// A step captured as a CUDA graph: its replay's time, its nodes, and how its results compare
+/// with the same steps run eagerly from the same parameters and inputs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Captured {
+    pub step: Timing,
+    pub nodes: GraphNodes,
+    /// Replays compared with as many eager steps.
+    pub compared: usize,
+    /// The largest difference of a parameter after them (0: the same to the bit).
+    pub max_difference: f64,
 }
 
 /// A reading of candle's process-wide tensor counter: it numbers every tensor it makes
@@ -213,21 +247,30 @@ impl Setup {
         Ok(grads)
     }
 
-    fn step(&mut self) -> Result<()> {
+    /// The device's part of a step: forward, backward and AdamW on the rows
+    /// [`Optimizer::prepare`] wrote.
+    fn body(&mut self) -> Result<()> {
         let loss = self.forward()?;
         let grads = self.backward(&loss)?;
-        self.opt.step(&grads)
+        self.opt.launch_with(&grads)
+    }
+
+    fn step(&mut self) -> Result<()> {
+        self.opt.prepare()?;
+        self.body()
     }
 }
 
 impl StepBench {
-    pub fn run(&self, device: &Device) -> Result<StepReport> {
+    /// The model (its parameters drawn afresh), its optimiser and random inputs of the task's
+    /// shape; the model's variables by name.
+    fn setup(&self, device: &Device) -> Result<(Setup, HashMap<String, Var>)> {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
         let model = SequenceClassifier::new(self.model.clone(), vb)?;
         let vars = varmap.data().lock().expect("varmap").clone();
         let opt = Optimizer::new(self.optim.clone(), &vars, |n| model.param_group(n))?;
-        let (b, l, h) = (self.batch, self.len, self.model.d_model);
+        let (b, l) = (self.batch, self.len);
         // Pairs of sequences: two rows per example.
         let rows = if self.model.pairs { 2 * b } else { b };
         let x = match self.model.encoder {
@@ -259,13 +302,19 @@ impl StepBench {
             target,
             dt,
         };
-        let mut s = Setup {
+        let s = Setup {
             model,
             opt,
             batch,
             step: 0,
             sink: GradSink::new(),
         };
+        Ok((s, vars))
+    }
+
+    pub fn run(&self, device: &Device) -> Result<StepReport> {
+        let (b, l, h) = (self.batch, self.len, self.model.d_model);
+        let (mut s, _) = self.setup(device)?;
         let whole = time_median(device, self.warmup, self.repeats, || s.step())?;
         let forward = time_median(device, self.warmup, self.repeats, || {
             let x = &s.batch;
@@ -312,6 +361,13 @@ impl StepBench {
         if self.profile_steps > 0 {
             self.profile(device, &mut s)?;
         }
+        let captured = match device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(dev) if self.cuda_graph => {
+                Some(self.captured(device, dev).map_err(|e| format!("{e}")))
+            }
+            _ => None,
+        };
         Ok(StepReport {
             device: describe(device),
             shape: format!(
@@ -324,6 +380,65 @@ impl StepBench {
             layers,
             forward,
             ops,
+            captured,
+        })
+    }
+
+    /// The step captured as a CUDA graph, timed, and compared with eager steps from the same
+    /// parameters and inputs.
+    #[cfg(feature = "cuda")]
+    fn captured(&self, device: &Device, dev: &candle_core::CudaDevice) -> Result<Captured> {
+        use crate::cuda::graph::StepGraph;
+        if self.model.dropout > 0.0 {
+            candle_core::bail!(
+                "not captured: the dropout masks' keys change every step and are passed to the \
+                 kernels by value, so a replay would repeat one step's masks"
+            );
+        }
+        let (mut eager, from) = self.setup(device)?;
+        let (mut replayed, to) = self.setup(device)?;
+        for (name, v) in &to {
+            v.set(from[name].as_tensor())?;
+        }
+        replayed.batch = eager.batch.clone();
+        // The capture's eager run is the first step.
+        replayed.opt.prepare()?;
+        let graph = StepGraph::capture(dev, || replayed.body())?;
+        let compared = 5;
+        for _ in 0..=compared {
+            eager.step()?;
+        }
+        for _ in 0..compared {
+            replayed.opt.prepare()?;
+            graph.replay()?;
+        }
+        let mut max_difference = 0f64;
+        for (name, v) in &to {
+            let d = (v.as_tensor() - from[name].as_tensor())?
+                .abs()?
+                .flatten_all()?
+                .max(0)?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?;
+            max_difference = max_difference.max(d);
+        }
+        let step = time_median(device, self.warmup, self.repeats, || {
+            replayed.opt.prepare()?;
+            graph.replay()
+        })?;
+        let n = graph.nodes;
+        Ok(Captured {
+            step,
+            nodes: GraphNodes {
+                kernels: n.kernels,
+                copies: n.copies,
+                memsets: n.memsets,
+                allocations: n.allocations,
+                frees: n.frees,
+                other: n.other,
+            },
+            compared,
+            max_difference,
         })
     }
 
@@ -387,6 +502,39 @@ impl std::fmt::Display for StepReport {
                  layer {la}",
                 fw + bw + op
             )?;
+        }
+        match &self.captured {
+            None => {}
+            Some(Err(why)) => writeln!(f, "  captured (CUDA graph)  {why}")?,
+            Some(Ok(c)) => {
+                let n = c.nodes;
+                writeln!(
+                    f,
+                    "  captured (CUDA graph)  median {:>7} ms ({}× the eager step); graph of {} \
+                     kernels, {} copies, {} memsets, {} allocations, {} frees, {} other nodes",
+                    significant(c.step.median_ms),
+                    significant(self.step.median_ms / c.step.median_ms),
+                    n.kernels,
+                    n.copies,
+                    n.memsets,
+                    n.allocations,
+                    n.frees,
+                    n.other
+                )?;
+                match c.max_difference {
+                    0.0 => writeln!(
+                        f,
+                        "    after {} replays the parameters are the eager steps' to the bit",
+                        c.compared
+                    )?,
+                    d => writeln!(
+                        f,
+                        "    after {} replays the parameters differ from the eager steps' by up \
+                         to {d:e}",
+                        c.compared
+                    )?,
+                }
+            }
         }
         Ok(())
     }

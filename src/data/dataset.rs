@@ -39,8 +39,8 @@ pub enum Dataset {
     },
 }
 
-/// A batch of examples on the device.
-#[derive(Debug)]
+/// A batch of examples on the device (a clone shares its tensors).
+#[derive(Debug, Clone)]
 pub struct Batch {
     /// (batch, length) token ids or (batch, length, features) values; for pairs (2 × batch,
     /// length), the first sequences then the second ones.
@@ -53,7 +53,7 @@ pub struct Batch {
 }
 
 /// What a batch's model output is scored against.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Target {
     /// (batch) u32 class labels.
     Labels(Tensor),

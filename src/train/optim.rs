@@ -117,6 +117,11 @@ pub struct Optimizer {
     log_every: usize,
     /// The last step, if kept: its learning rate and gradient norm (on the device).
     logged: Option<(f64, Tensor)>,
+    /// The regular learning rate of the step [`Optimizer::prepare`] began.
+    step_lr: f64,
+    /// The hyper-parameter rows of the step, a (groups, 7) table per parameter dtype, written
+    /// in place every step.
+    tables: Vec<(DType, Tensor)>,
 }
 
 impl Optimizer {
@@ -158,6 +163,8 @@ impl Optimizer {
             step: 0,
             log_every: 0,
             logged: None,
+            step_lr: 0.0,
+            tables: Vec::new(),
         })
     }
 
@@ -352,23 +359,21 @@ impl Optimizer {
         Ok(Some(out))
     }
 
-    /// The step itself, with each slot's gradient (`None`: zero).
+    /// The step itself, with each slot's gradient (`None`: zero): [`Optimizer::prepare`],
+    /// then [`Optimizer::launch`].
     fn apply(&mut self, grads: &[Option<Tensor>]) -> Result<()> {
-        let kept = self.log_every > 0 && (self.step + 1).is_multiple_of(self.log_every);
-        let norm = match (self.cfg.clip, kept) {
-            (None, false) => None,
-            _ => Some(self.norm_of(grads)?),
-        };
-        let scale = match (self.cfg.clip, &norm) {
-            (Some(c), Some(norm)) => Some(Tensor::new(c, norm.device())?.div(&norm.maximum(c)?)?),
-            _ => None,
-        };
+        self.prepare()?;
+        self.launch(grads)
+    }
+
+    /// The host's part of a step: advances the step count and writes the step's
+    /// hyper-parameter rows (learning rates, bias corrections) into device tables that stay
+    /// where they are, so that the device's part ([`Optimizer::launch_with`]) is the same work
+    /// on the same buffers every step (a captured CUDA graph replays it).
+    pub fn prepare(&mut self) -> Result<()> {
         let (lr, ssm_lr) = self.rates();
-        self.logged = match (kept, norm) {
-            (true, Some(norm)) => Some((lr, norm)),
-            _ => None,
-        };
         self.step += 1;
+        self.step_lr = lr;
         let t = self.step as i32;
         let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
         let hyper = |lr: f64, weight_decay: f64| AdamwHyper {
@@ -385,20 +390,52 @@ impl Optimizer {
             hyper(ssm_lr, 0.0),
             hyper(ssm_lr, self.cfg.weight_decay),
         ];
-        // One table of the groups' rows per dtype, and one launch per dtype for its
-        // parameters (in one launch per 32 of them).
-        let mut dtypes: Vec<DType> = Vec::new();
-        for s in &self.slots {
-            if !dtypes.contains(&s.var.dtype()) {
-                dtypes.push(s.var.dtype());
+        if self.tables.is_empty() {
+            for s in &self.slots {
+                let dtype = s.var.dtype();
+                if !self.tables.iter().any(|(d, _)| *d == dtype) {
+                    let table = AdamwHyper::table(&groups, dtype, s.var.device())?;
+                    self.tables.push((dtype, table));
+                }
             }
+            return Ok(());
         }
-        for dtype in dtypes {
+        for (_, table) in &self.tables {
+            AdamwHyper::fill(table, &groups)?;
+        }
+        Ok(())
+    }
+
+    /// The device's part of the step [`Optimizer::prepare`] began, with the gradients in
+    /// `grads`: clipping, then AdamW (one launch per 32 parameters of a dtype).
+    pub fn launch_with(&mut self, grads: &GradStore) -> Result<()> {
+        let grads = self.gather(grads);
+        self.launch(&grads)
+    }
+
+    fn launch(&mut self, grads: &[Option<Tensor>]) -> Result<()> {
+        let kept = self.log_every > 0 && self.step.is_multiple_of(self.log_every);
+        let norm = match (self.cfg.clip, kept) {
+            (None, false) => None,
+            _ => Some(self.norm_of(grads)?),
+        };
+        // c / max(‖g‖, c), with c made on the device (no upload).
+        let scale = match (self.cfg.clip, &norm) {
+            (Some(c), Some(norm)) => {
+                Some(norm.ones_like()?.affine(c, 0.0)?.div(&norm.maximum(c)?)?)
+            }
+            _ => None,
+        };
+        self.logged = match (kept, norm) {
+            (true, Some(norm)) => Some((self.step_lr, norm)),
+            _ => None,
+        };
+        for (dtype, table) in &self.tables {
             let params: Vec<AdamwParam> = self
                 .slots
                 .iter()
                 .zip(grads)
-                .filter(|(s, _)| s.var.dtype() == dtype)
+                .filter(|(s, _)| s.var.dtype() == *dtype)
                 .filter_map(|(s, g)| {
                     g.as_ref().map(|grad| AdamwParam {
                         theta: s.var.as_tensor(),
@@ -408,12 +445,8 @@ impl Optimizer {
                     })
                 })
                 .collect();
-            let Some(first) = params.first() else {
-                continue;
-            };
-            let table = AdamwHyper::table(&groups, dtype, first.theta.device())?;
-            let k = scale.as_ref().map(|k| k.to_dtype(dtype)).transpose()?;
-            adamw_step(&params, &table, k.as_ref())?;
+            let k = scale.as_ref().map(|k| k.to_dtype(*dtype)).transpose()?;
+            adamw_step(&params, table, k.as_ref())?;
         }
         Ok(())
     }

@@ -68,6 +68,66 @@ impl AdamwHyper {
     }
 }
 
+impl AdamwHyper {
+    /// Writes the rows of `groups` into `table` (made by [`AdamwHyper::table`] for as many
+    /// groups) where it is: a copy from the host, outside any captured CUDA graph (on CUDA
+    /// candle's stream, in its order).
+    pub fn fill(table: &Tensor, groups: &[AdamwHyper]) -> Result<()> {
+        if table.dims() != [groups.len(), HYPER_LEN] || !table.is_contiguous() {
+            bail!(
+                "adamw: a table of {:?} cannot take {} groups' rows",
+                table.dims(),
+                groups.len()
+            );
+        }
+        let rows: Vec<f64> = groups.iter().flat_map(AdamwHyper::row).collect();
+        let narrow: Vec<f32> = rows.iter().map(|&v| v as f32).collect();
+        with_targets(
+            "adamw: the hyper-parameter table",
+            &[table],
+            &[],
+            &mut |held| {
+                match held {
+                    Held::Cpu { mut targets, .. } => {
+                        let (s, l) = &mut targets[0];
+                        match table.dtype() {
+                            DType::F32 => part_mut::<f32>(s, l)?.copy_from_slice(&narrow),
+                            DType::F64 => part_mut::<f64>(s, l)?.copy_from_slice(&rows),
+                            dt => bail!("adamw: a table of dtype {dt:?}"),
+                        }
+                        Ok(())
+                    }
+                    #[cfg(feature = "cuda")]
+                    Held::Cuda { mut targets, .. } => {
+                        use candle_core::backend::BackendStorage;
+                        use candle_core::cuda_backend::WrapErr;
+                        let (s, l) = &mut targets[0];
+                        let Some((a, b)) = l.contiguous_offsets() else {
+                            bail!("adamw: the hyper-parameter table is not contiguous")
+                        };
+                        // The stream's own copy: candle's would keep every step's rows in its
+                        // cache of uploads for captured graphs.
+                        let stream = s.device().cuda_stream();
+                        match table.dtype() {
+                            DType::F32 => {
+                                let mut dst = s.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
+                                stream.memcpy_htod(&narrow, &mut dst).w()
+                            }
+                            DType::F64 => {
+                                let mut dst = s.as_cuda_slice_mut::<f64>()?.slice_mut(a..b);
+                                stream.memcpy_htod(&rows, &mut dst).w()
+                            }
+                            dt => bail!("adamw: a table of dtype {dt:?}"),
+                        }
+                    }
+                }
+            },
+        )?;
+        UPDATES.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 /// One parameter of an [`adamw_step`].
 #[derive(Clone, Copy, Debug)]
 pub struct AdamwParam<'a> {
@@ -82,7 +142,8 @@ pub struct AdamwParam<'a> {
 }
 
 /// In-place updates the optimiser has applied in this process (an in-place op makes no new
-/// tensor, so tensor counts miss it): one per launch of [`adamw_step`].
+/// tensor, so tensor counts miss it): one per launch of [`adamw_step`], one per
+/// [`AdamwHyper::fill`].
 static UPDATES: AtomicU64 = AtomicU64::new(0);
 
 /// How many in-place updates [`adamw_step`] has applied so far.

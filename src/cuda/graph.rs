@@ -1,0 +1,91 @@
+//! A training step captured once as a CUDA graph and replayed: the step's hundreds of launches
+//! become one graph launch, so the GPU no longer waits on the host between kernels.
+//!
+//! What a replay may not contain: host-to-device copies of values that change between steps,
+//! reads back to the host, and synchronisation. The step's small uploads that never change
+//! (candle's dims and strides of strided ops, our launch tables) come from candle's cache of
+//! uploads, filled by an eager run of the same step with the cache on; the values that change
+//! (AdamW's hyper-parameter rows) are written into buffers that stay where they are before each
+//! replay ([`crate::train::optim::Optimizer::prepare`]). Memory the step allocates is the
+//! graph's, freed inside it (or, if a tensor outlives the captured run, at the next launch).
+
+use candle_core::backend::BackendDevice;
+use candle_core::cuda_backend::cudarc::driver::sys;
+use candle_core::cuda_backend::cudarc::driver::CudaGraph;
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CudaDevice, Result};
+
+pub use crate::bench::GraphNodes;
+
+/// A step captured as a CUDA graph.
+pub struct StepGraph {
+    graph: CudaGraph,
+    pub nodes: GraphNodes,
+}
+
+impl StepGraph {
+    /// Runs `step` once eagerly with candle's upload cache on (the caller prepares that run
+    /// as an ordinary step), then once more under stream capture (which executes nothing) and
+    /// instantiates the graph. `step` must issue the same work on the same buffers each time
+    /// it runs: everything that changes between steps lives in device buffers written before
+    /// each [`StepGraph::replay`].
+    pub fn capture(dev: &CudaDevice, mut step: impl FnMut() -> Result<()>) -> Result<StepGraph> {
+        let _cache = dev.enable_cuda_graph_htod_cache();
+        step()?;
+        dev.synchronize()?;
+        let stream = dev.cuda_stream();
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .w()?;
+        let ran = step();
+        let ended = stream.end_capture(
+            sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+        );
+        if let Err(e) = ran {
+            candle_core::bail!("the step failed under capture: {e}");
+        }
+        let Some(graph) = ended.w()? else {
+            candle_core::bail!("the captured step launched nothing");
+        };
+        let nodes = count_nodes(&graph)?;
+        Ok(StepGraph { graph, nodes })
+    }
+
+    /// Launches the captured step on candle's stream (nothing waits for it).
+    pub fn replay(&self) -> Result<()> {
+        self.graph.launch().w()
+    }
+}
+
+/// The graph's nodes by kind.
+fn count_nodes(graph: &CudaGraph) -> Result<GraphNodes> {
+    use sys::CUgraphNodeType as T;
+    let g = graph.cu_graph();
+    let mut n = 0usize;
+    // SAFETY: a null array asks for the count only; then an array of that many.
+    unsafe { sys::cuGraphGetNodes(g, std::ptr::null_mut(), &mut n) }
+        .result()
+        .w()?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    unsafe { sys::cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut n) }
+        .result()
+        .w()?;
+    let mut out = GraphNodes::default();
+    for node in nodes.into_iter().take(n) {
+        let mut kind = T::CU_GRAPH_NODE_TYPE_EMPTY;
+        // SAFETY: a node of this graph.
+        unsafe { sys::cuGraphNodeGetType(node, &mut kind) }
+            .result()
+            .w()?;
+        let slot = match kind {
+            T::CU_GRAPH_NODE_TYPE_KERNEL => &mut out.kernels,
+            T::CU_GRAPH_NODE_TYPE_MEMCPY => &mut out.copies,
+            T::CU_GRAPH_NODE_TYPE_MEMSET => &mut out.memsets,
+            T::CU_GRAPH_NODE_TYPE_MEM_ALLOC => &mut out.allocations,
+            T::CU_GRAPH_NODE_TYPE_MEM_FREE => &mut out.frees,
+            _ => &mut out.other,
+        };
+        *slot += 1;
+    }
+    Ok(out)
+}
