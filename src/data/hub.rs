@@ -223,7 +223,7 @@ impl Hub {
 /// Images from a Parquet file of the Hub's image datasets: per row, a struct column holding the
 /// PNG's `bytes` (`image` for MNIST, `img` for CIFAR-10) and an integer `label` (0–9).
 pub fn read_parquet_images(path: &Path, shape: (usize, usize)) -> Result<ImageSet> {
-    // The parquet crate panics on some malformed files (found by tests/fuzz.rs: a footer whose
+    // The parquet crate panics on some malformed files (found by tests/fuzz: a footer whose
     // Thrift encoding is cut short); such a file is an error like any other. The default hook
     // would print the panic as if the program had crashed, so it is silenced meanwhile.
     let hook = std::panic::take_hook();
