@@ -12,7 +12,7 @@ mod common;
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
 use myosotis::ops::{
-    channel_add, channel_mul, gelu, gemm, layer_norm, s5_discretize, s5_readout, Mat,
+    channel_add, channel_mul, gelu, gemm, gemm_relaid, layer_norm, s5_discretize, s5_readout, Mat,
     S5Discretization,
 };
 
@@ -339,7 +339,7 @@ fn cuda_gemm() {
     let du = uniform(&mut rng, rows * heads * 2, -1.0, 1.0);
     let r = uniform(&mut rng, 2 * 2 * heads * width, -1.0, 1.0);
     type Make = dyn Fn(&Tensor, &Tensor, &Tensor) -> Tensor;
-    let cases: [(&str, Box<Make>); 4] = [
+    let cases: [(&str, Box<Make>); 5] = [
         (
             "rows × rowsᵀ",
             Box::new(|x, _, r| {
@@ -365,6 +365,15 @@ fn cuda_gemm() {
                 let x = Mat::matrix(x, WIDTH).unwrap().t();
                 let du = Mat::strided(du, 0, [HEADS, ROWS, 2], [2, 2 * HEADS, 1]).unwrap();
                 gemm(&x, &du, (HEADS, WIDTH, 2)).unwrap()
+            }),
+        ),
+        (
+            "Xᵀ ∂U written as (heads, H, 2)",
+            Box::new(|x, du, _| {
+                let x = Mat::matrix(x, WIDTH).unwrap().t();
+                let du = Mat::matrix(du, 2 * HEADS).unwrap();
+                let (dims, strides) = ([HEADS, WIDTH, 2], [2, 2 * HEADS, 1]);
+                gemm_relaid(&x, &du, dims, strides, (HEADS, WIDTH, 2)).unwrap()
             }),
         ),
         (

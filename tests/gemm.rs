@@ -8,7 +8,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::{rel_err, seeded_rng, tensor, to_vec};
 use myosotis::ops::gemm::gemm_as_for_cublas;
-use myosotis::ops::{gemm, Mat};
+use myosotis::ops::{gemm, gemm_relaid, Mat};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -220,6 +220,40 @@ fn gemm_is_candles_matmul_on_the_same_layouts() {
     let want = xt.sum_keepdim(2).unwrap().flatten_all().unwrap();
     let got = got.narrow(1, 0, 1).unwrap().flatten_all().unwrap();
     assert!(rel_err(&to_vec(&got), &to_vec(&want)) < 1e-6);
+}
+
+/// `gemm_relaid`: the product written in another order in the same op, as Myo's ∂B_in is
+/// (Xᵀ ∂U of (H, heads · 2) into (heads, H, 2)).
+#[test]
+fn gemm_relaid_writes_the_product_in_the_order_asked() {
+    let dev = Device::Cpu;
+    let (rows, width, heads) = (11, 5, 3);
+    let x = Tensor::randn(0f64, 1., (rows, width), &dev).unwrap();
+    let du = Tensor::randn(0f64, 1., (rows, heads, 2), &dev).unwrap();
+    let (xm, dum) = (
+        Mat::rows(&x).unwrap().t(),
+        Mat::matrix(&du, 2 * heads).unwrap(),
+    );
+    let plain = gemm(&xm, &dum, (width, heads, 2)).unwrap();
+    let want = plain.transpose(0, 1).unwrap().contiguous().unwrap();
+    let got = gemm_relaid(
+        &xm,
+        &dum,
+        [heads, width, 2],
+        [2, 2 * heads, 1],
+        (heads, width, 2),
+    )
+    .unwrap();
+    assert_eq!(got.dims(), &[heads, width, 2]);
+    assert_eq!(to_vec(&got), to_vec(&want));
+    let bad = gemm_relaid(
+        &xm,
+        &dum,
+        [heads, width, 2],
+        [2, 2 * heads, 2],
+        (heads, width, 2),
+    );
+    assert!(bad.unwrap_err().to_string().contains("not a layout"));
 }
 
 #[test]

@@ -147,7 +147,40 @@ pub fn gemm_as_for_cublas(a: &Mat, b: &Mat, shape: impl Into<Shape>) -> Result<T
     product(a, b, shape.into(), true)
 }
 
+/// [`gemm`], its product then laid out anew in the same op: the output, of `shape`, is the
+/// values of C (contiguous, (batch, m, n)) read in the order of `dims` at element `strides`
+/// (a skinny batch of products is slower than one product and a copy of its result).
+pub fn gemm_relaid(
+    a: &Mat,
+    b: &Mat,
+    dims: [usize; 3],
+    strides: [usize; 3],
+    shape: impl Into<Shape>,
+) -> Result<Tensor> {
+    let shape = shape.into();
+    let n = shape.elem_count();
+    let last: usize = dims
+        .iter()
+        .zip(strides)
+        .map(|(d, s)| d.saturating_sub(1) * s)
+        .sum();
+    if dims.iter().product::<usize>() != n || last >= n {
+        bail!("gemm: {dims:?} at strides {strides:?} is not a layout of {n} values");
+    }
+    product_relaid(a, b, shape, false, Some((dims, strides)))
+}
+
 fn product(a: &Mat, b: &Mat, shape: Shape, blas: bool) -> Result<Tensor> {
+    product_relaid(a, b, shape, blas, None)
+}
+
+fn product_relaid(
+    a: &Mat,
+    b: &Mat,
+    shape: Shape,
+    blas: bool,
+    relaid: Option<([usize; 3], [usize; 3])>,
+) -> Result<Tensor> {
     let ([ba, m, k], [bb, k2, n]) = (a.dims, b.dims);
     let batch = ba.max(bb);
     if k != k2 || (ba != bb && ba.min(bb) != 1) {
@@ -162,6 +195,7 @@ fn product(a: &Mat, b: &Mat, shape: Shape, blas: bool) -> Result<Tensor> {
         bmnk: (batch, m, n, k),
         shape,
         blas,
+        relaid,
     };
     a.t.apply_op2_no_bwd(&b.t, &op)
 }
@@ -173,6 +207,8 @@ struct Gemm {
     shape: Shape,
     /// Prepare the operands for cuBLAS even on the CPU (the tests').
     blas: bool,
+    /// The output read from the product through these dims and strides ([`gemm_relaid`]).
+    relaid: Option<([usize; 3], [usize; 3])>,
 }
 
 impl Gemm {
@@ -196,7 +232,14 @@ impl Gemm {
             &la,
             &lb,
         )?;
-        Ok((c, self.shape.clone()))
+        let Some((dims, strides)) = self.relaid else {
+            return Ok((c, self.shape.clone()));
+        };
+        let view = Layout::new(Shape::from(dims.to_vec()), strides.to_vec(), 0);
+        // SAFETY: the copy writes every element.
+        let mut out = unsafe { c.device().alloc_uninit(&self.shape, c.dtype())? };
+        c.copy_strided_src(&mut out, 0, &view)?;
+        Ok((out, self.shape.clone()))
     }
 }
 

@@ -30,7 +30,7 @@ pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
 pub use dropout::dropout_keep;
 pub use epilogue::{epilogue, epilogue_backward};
 pub use gelu::gelu;
-pub use gemm::{gemm, Mat};
+pub use gemm::{gemm, gemm_relaid, Mat};
 pub use head_solve::{
     head_solve, head_solve_backward, head_solve_skew, head_solve_skew_backward, HeadSkewGrads,
     HeadSolveGrads,

@@ -14,8 +14,8 @@ use candle_core::{DType, Result, Tensor};
 use super::{Coupling, Myo};
 use crate::nn::by_hand::{by_hand, Backward, GradSink};
 use crate::ops::{
-    channel_mul, channel_mul_backward, gemm, head_solve_skew, head_solve_skew_backward, s5_readout,
-    s5_readout_backward, Mat,
+    channel_mul, channel_mul_backward, gemm, gemm_relaid, head_solve_skew,
+    head_solve_skew_backward, s5_readout, s5_readout_backward, Mat,
 };
 use crate::tree::Tree;
 
@@ -115,7 +115,6 @@ impl Backward for MyoBackward {
     fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
         let (batch, n, h) = dy.dims3()?;
         let heads = self.u.dim(2)?;
-        let rows = batch * n;
         let (dx_skip, dd) = channel_mul_backward(&self.x, &self.d, dy)?;
         let dy = Mat::rows(dy)?;
         let xs = Mat::matrix(&self.xs, 2 * heads)?;
@@ -131,10 +130,15 @@ impl Backward for MyoBackward {
             }
             None => ds,
         };
-        // ∂B_in per head, (h, 2) = Xᵀ ∂U[:, head, :]: the heads a batch over ∂U's columns.
-        let du = Mat::strided(&g.u, 0, [heads, rows, 2], [2, 2 * heads, 1])?;
-        let db_in = gemm(&Mat::rows(&self.x)?.t(), &du, (heads, h, 2))?;
+        // ∂B_in = Xᵀ ∂U, (h, heads · 2), written in the parameter's (heads, h, 2) order.
         let du = Mat::matrix(&g.u, 2 * heads)?;
+        let db_in = gemm_relaid(
+            &Mat::rows(&self.x)?.t(),
+            &du,
+            [heads, h, 2],
+            [2, 2 * heads, 1],
+            (heads, h, 2),
+        )?;
         let dx = (dx_skip + gemm(&du, &Mat::rows(&self.b_mat)?.t(), (batch, n, h))?)?;
         let [b_in, virtual_u, coupling_b, c_out, d] = self.vars.clone();
         Ok((
