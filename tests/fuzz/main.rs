@@ -546,7 +546,9 @@ fn a_task_side_that_disagrees_with_the_files_is_an_error() {
     if let myosotis::data::task::Input::Pixels(p) = &mut task.input {
         p.side = 1_000_000;
     }
-    let source = DataSource::Dir { dir: dir.clone() };
+    let source = DataSource::Dir {
+        dir: dir.to_path_buf(),
+    };
     let e = format!("{:#}", task.load(&source).unwrap_err());
     assert!(
         e.contains(&*dir.to_string_lossy()) && e.contains("32 x 32"),

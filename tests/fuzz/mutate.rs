@@ -102,11 +102,27 @@ pub fn cases() -> u32 {
         .unwrap_or(64)
 }
 
-pub fn temp(name: &str) -> PathBuf {
+pub fn temp(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("myo-fuzz-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
+}
+
+/// A target's folder, removed with everything in it when dropped.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A runner of [`cases`] cases from `MYO_FUZZ_SEED`, else `default_seed`; and the seed.
