@@ -229,7 +229,7 @@ impl Optimizer {
     /// to the global norm `clip` when set: one fused in-place launch for all parameters
     /// ([`crate::ops::adamw_step`]). Nothing is read back from the device: the clipping factor
     /// c / max(‖g‖, c) is a tensor, the step's hyper-parameters a table of the groups' rows
-    /// uploaded once per step.
+    /// written in place once per step ([`Optimizer::prepare`]).
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         let grads = self.gather(grads);
         self.apply(&grads)
@@ -406,8 +406,9 @@ impl Optimizer {
         Ok(())
     }
 
-    /// The device's part of the step [`Optimizer::prepare`] began, with the gradients in
-    /// `grads`: clipping, then AdamW (one launch per 32 parameters of a dtype).
+    /// The device's part of the step [`Optimizer::prepare`] began (call it after that), with
+    /// the gradients in `grads`: clipping, then AdamW (one launch per 32 parameters of a
+    /// dtype).
     pub fn launch_with(&mut self, grads: &GradStore) -> Result<()> {
         let grads = self.gather(grads);
         self.launch(&grads)
