@@ -426,17 +426,9 @@ impl StepBench {
             replayed.opt.prepare()?;
             graph.replay()
         })?;
-        let n = graph.nodes;
         Ok(Captured {
             step,
-            nodes: GraphNodes {
-                kernels: n.kernels,
-                copies: n.copies,
-                memsets: n.memsets,
-                allocations: n.allocations,
-                frees: n.frees,
-                other: n.other,
-            },
+            nodes: graph.nodes,
             compared,
             max_difference,
         })

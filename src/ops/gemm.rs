@@ -51,12 +51,7 @@ impl Mat {
         strides: [usize; 3],
     ) -> Result<Mat> {
         let t = t.contiguous()?;
-        let last: usize = dims
-            .iter()
-            .zip(strides)
-            .map(|(d, s)| d.saturating_sub(1) * s)
-            .sum();
-        if dims.contains(&0) || offset + last >= t.elem_count() {
+        if dims.contains(&0) || offset + reach(dims, strides) >= t.elem_count() {
             bail!(
                 "gemm: matrices {dims:?} at strides {strides:?} from {offset} reach past the {} \
                  values of {:?}",
@@ -137,14 +132,14 @@ impl Mat {
 /// A B, each of A's matrices by B's (a batch of one on either side is shared by the other's),
 /// as a contiguous tensor of `shape`.
 pub fn gemm(a: &Mat, b: &Mat, shape: impl Into<Shape>) -> Result<Tensor> {
-    product(a, b, shape.into(), false)
+    product(a, b, shape.into(), false, None)
 }
 
 /// [`gemm`] with the operands prepared as for cuBLAS on any device (the copies of the layouts
 /// it cannot read), so that the CPU tests run the CUDA path's preparation.
 #[doc(hidden)]
 pub fn gemm_as_for_cublas(a: &Mat, b: &Mat, shape: impl Into<Shape>) -> Result<Tensor> {
-    product(a, b, shape.into(), true)
+    product(a, b, shape.into(), true, None)
 }
 
 /// [`gemm`], its product then laid out anew in the same op: the output, of `shape`, is the
@@ -159,22 +154,21 @@ pub fn gemm_relaid(
 ) -> Result<Tensor> {
     let shape = shape.into();
     let n = shape.elem_count();
-    let last: usize = dims
-        .iter()
-        .zip(strides)
-        .map(|(d, s)| d.saturating_sub(1) * s)
-        .sum();
-    if dims.iter().product::<usize>() != n || last >= n {
+    if dims.iter().product::<usize>() != n || reach(dims, strides) >= n {
         bail!("gemm: {dims:?} at strides {strides:?} is not a layout of {n} values");
     }
-    product_relaid(a, b, shape, false, Some((dims, strides)))
+    product(a, b, shape, false, Some((dims, strides)))
 }
 
-fn product(a: &Mat, b: &Mat, shape: Shape, blas: bool) -> Result<Tensor> {
-    product_relaid(a, b, shape, blas, None)
+/// The last element's place in a layout of `dims` at `strides` (from 0).
+fn reach(dims: [usize; 3], strides: [usize; 3]) -> usize {
+    dims.iter()
+        .zip(strides)
+        .map(|(d, s)| d.saturating_sub(1) * s)
+        .sum()
 }
 
-fn product_relaid(
+fn product(
     a: &Mat,
     b: &Mat,
     shape: Shape,

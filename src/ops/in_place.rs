@@ -21,6 +21,9 @@ pub(crate) enum Held<'a> {
 
 type Run<'f> = dyn FnMut(Held<'_>) -> Result<()> + 'f;
 
+/// The storages of one device, updated and read, as [`Held`] puts them.
+type Make<S> = for<'b> fn(Vec<(&'b mut S, &'b Layout)>, Vec<(&'b S, &'b Layout)>) -> Held<'b>;
+
 /// Runs `f` once with every tensor of `targets` held for writing and every one of `inputs` for
 /// reading, all on one device. The targets' storages must be distinct and none shared with an
 /// input (`op` names the caller in the error).
@@ -71,6 +74,33 @@ impl Nest<'_, '_> {
         next.inplace_op1(&Nest { rest, ..*self })
     }
 
+    /// Adds `s` to the storages `held` of its device and holds the next tensor; after the
+    /// last, hands them all and the inputs (`read` from their storages) to the function, as
+    /// `make` puts them.
+    fn hold<S>(
+        &self,
+        held: &RefCell<Vec<(*mut S, Layout)>>,
+        s: &mut S,
+        l: &Layout,
+        read: fn(&Storage) -> Option<&S>,
+        make: Make<S>,
+    ) -> Result<()> {
+        held.borrow_mut().push((std::ptr::from_mut(s), l.clone()));
+        if !self.rest.is_empty() {
+            return self.deeper();
+        }
+        let held = held.borrow();
+        // SAFETY: each pointer is a distinct storage (checked by `with_targets`) that an
+        // enclosing in-place op holds for writing until this call returns.
+        let targets = held.iter().map(|(p, l)| (unsafe { &mut **p }, l)).collect();
+        let inputs = self
+            .reads
+            .iter()
+            .map(|(s, l)| read(s).map(|s| (s, *l)).ok_or_else(|| self.mixed()))
+            .collect::<Result<_>>()?;
+        (self.f.borrow_mut())(make(targets, inputs))
+    }
+
     fn mixed(&self) -> candle_core::Error {
         candle_core::Error::Msg(format!("{}: operands on different devices", self.op))
     }
@@ -89,53 +119,36 @@ impl InplaceOp1 for Nest<'_, '_> {
     }
 
     fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
-        self.cpu
-            .borrow_mut()
-            .push((std::ptr::from_mut(s), l.clone()));
-        if !self.rest.is_empty() {
-            return self.deeper();
-        }
         #[cfg(feature = "cuda")]
         if !self.cuda.borrow().is_empty() {
             return Err(self.mixed());
         }
-        let held = self.cpu.borrow();
-        // SAFETY: each pointer is a distinct storage (checked by `with_targets`) that an
-        // enclosing in-place op holds for writing until this call returns.
-        let targets = held.iter().map(|(p, l)| (unsafe { &mut **p }, l)).collect();
-        let inputs = self
-            .reads
-            .iter()
-            .map(|(s, l)| match s {
-                Storage::Cpu(s) => Ok((s, *l)),
-                _ => Err(self.mixed()),
-            })
-            .collect::<Result<_>>()?;
-        (self.f.borrow_mut())(Held::Cpu { targets, inputs })
+        self.hold(
+            self.cpu,
+            s,
+            l,
+            |s| match s {
+                Storage::Cpu(s) => Some(s),
+                _ => None,
+            },
+            |targets, inputs| Held::Cpu { targets, inputs },
+        )
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &mut candle_core::CudaStorage, l: &Layout) -> Result<()> {
-        self.cuda
-            .borrow_mut()
-            .push((std::ptr::from_mut(s), l.clone()));
-        if !self.rest.is_empty() {
-            return self.deeper();
-        }
         if !self.cpu.borrow().is_empty() {
             return Err(self.mixed());
         }
-        let held = self.cuda.borrow();
-        // SAFETY: as in `cpu_fwd`.
-        let targets = held.iter().map(|(p, l)| (unsafe { &mut **p }, l)).collect();
-        let inputs = self
-            .reads
-            .iter()
-            .map(|(s, l)| match s {
-                Storage::Cuda(s) => Ok((s, *l)),
-                _ => Err(self.mixed()),
-            })
-            .collect::<Result<_>>()?;
-        (self.f.borrow_mut())(Held::Cuda { targets, inputs })
+        self.hold(
+            self.cuda,
+            s,
+            l,
+            |s| match s {
+                Storage::Cuda(s) => Some(s),
+                _ => None,
+            },
+            |targets, inputs| Held::Cuda { targets, inputs },
+        )
     }
 }

@@ -219,7 +219,6 @@ pub fn adamw_step(params: &[AdamwParam], hyper: &Tensor, scale: Option<&Tensor>)
     inputs.extend(scale);
     let sizes: Vec<usize> = params.iter().map(|p| p.theta.elem_count()).collect();
     let group: Vec<usize> = params.iter().map(|p| p.group).collect();
-    let plans = cuda::step_plans(&sizes, &group, dtype, scale.is_some())?;
     with_targets("adamw_step", &targets, &inputs, &mut |held| match held {
         Held::Cpu {
             mut targets,
@@ -230,13 +229,17 @@ pub fn adamw_step(params: &[AdamwParam], hyper: &Tensor, scale: Option<&Tensor>)
             mut targets,
             inputs,
         } => {
-            for plan in &plans {
-                crate::cuda::launch_in_place(crate::cuda::ADAMW, plan, &mut targets, &inputs)?;
+            for plan in cuda::step_plans(&sizes, &group, dtype, scale.is_some())? {
+                crate::cuda::launch_in_place(crate::cuda::ADAMW, &plan, &mut targets, &inputs)?;
             }
             Ok(())
         }
     })?;
-    UPDATES.fetch_add(plans.len() as u64, Ordering::Relaxed);
+    // One launch per cuda::SEGMENTS parameters.
+    UPDATES.fetch_add(
+        sizes.len().div_ceil(cuda::SEGMENTS) as u64,
+        Ordering::Relaxed,
+    );
     Ok(())
 }
 
