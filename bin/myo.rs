@@ -9,6 +9,7 @@ use myosotis::device::{describe, parse_device, rank_cuda_device};
 use myosotis::fail::message;
 use myosotis::train::config::RunArgs;
 use myosotis::train::dist::World;
+use myosotis::train::precision::Precision;
 use myosotis::train::progress::{significant, Event, Progress};
 use myosotis::train::run::{eval_checkpoint_at, train, Exec, Origin, Start};
 use myosotis::train::start::{fresh_run_dir, given_flags, point_latest_at, recorded_flags};
@@ -50,6 +51,9 @@ enum Command {
         /// [default: the recordings' rate]
         #[arg(long, value_name = "HZ")]
         rate: Option<u32>,
+        /// The dtype the model computes in (the checkpoint's f32 parameters cast to it).
+        #[arg(long, value_enum, default_value_t)]
+        precision: Precision,
         /// cpu, cuda or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -308,12 +312,14 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
             data_dir,
             max_samples,
             rate,
+            precision,
             device,
             threads,
         } => {
             let device = parse_device(&device)?;
             let exec = Exec::for_process(&device, threads)?;
-            let e = eval_checkpoint_at(&checkpoint, data_dir.as_deref(), max_samples, rate, &exec)?;
+            let (data, max) = (data_dir.as_deref(), max_samples);
+            let e = eval_checkpoint_at(&checkpoint, data, max, rate, precision, &exec)?;
             let mut report = serde_json::json!({"checkpoint": checkpoint, "split": "test",
                 "examples": e.examples});
             match e.accuracy {
@@ -325,6 +331,9 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
             }
             if let Some(rate) = rate {
                 report["rate"] = rate.into();
+            }
+            if precision.is_mixed() {
+                report["precision"] = precision.to_string().into();
             }
             println!("{report}");
         }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runner packed into gpu-bundle/ by scripts/gpu-bundle.sh; runs on the GPU machine:
 #   bash gpu-bundle/run.sh [REPORT_DIR [SECTIONS]]
-# SECTIONS: a comma-separated subset of tests,sanitizer,train,bench,profile (default: all of
+# SECTIONS: a comma-separated subset of tests,sanitizer,train,bench,profile,precision (default: all of
 # them; a device call that cannot fit them all runs them in two calls with two report
 # directories).
 # Unpacks the binaries, finds the CUDA 13 libraries, and checks and records in one call: the
@@ -13,7 +13,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
-sections=${2:-tests,sanitizer,train,bench,profile}
+sections=${2:-tests,sanitizer,train,bench,profile,precision}
 want() { [[ ",$sections," == *",$1,"* ]]; }
 work=$(mktemp -d)
 tar -C "$work" -xJf "$here/bundle.tar.xz"
@@ -130,7 +130,7 @@ fi
 # for 20 steps on the CPU; steps/s from each run's own clock (metrics.jsonl: steps and
 # seconds at the last training record, evaluation included).
 data=$work/data
-want train && "$myo" data strokes --out "$data/strokes" --train 3200 --test 500 >/dev/null
+{ want train || want precision; } && "$myo" data strokes --out "$data/strokes" --train 3200 --test 500 >/dev/null
 last_train() { grep '"split":"train"' "$1/metrics.jsonl" | tail -1; }
 field() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1"; }
 want train && {
@@ -305,6 +305,52 @@ else:
   fi
   awk -v m="$model" -v s="$size" -v t="$ms" -v b="$batch" -v o="$ops" -v u="$ours" -v k="${kernels:-?}" -v y="${busy:-?}" -v c="${cpu_sps:--}" -v g="$captured" \
     'BEGIN { printf "| %s | %s | %.2f | %.1f | %.0f | %s | %s | %s | %s | %s | %s |\n", m, s, t, 1000 / t, b * 1000 / t, o, u, k, y, c, g }' >>"$report/report.md"
+done
+fi
+
+# Mixed precision: S5 and Myo at the sMNIST preset in f32, bf16 and f16 — the training step
+# (myo bench step: time, device memory in use, captured where it can be) and one epoch of
+# 3,200 synthetic digits (steps/s from the run's clock, the loss, the steps f16 skipped).
+if want precision; then
+{
+  echo
+  echo "## Mixed precision (sMNIST preset; myo bench step, and myo train 1 epoch of 3,200 synthetic digits)"
+  echo
+  echo "| model | precision | step ms | memory MiB | tensor ops/step | captured ms/step | train steps/s | train loss | skipped steps |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+} >>"$report/report.md"
+for model in s5 myo; do
+  for p in f32 bf16 f16; do
+    tag=$model-$p
+    json=$report/precision-$tag.json
+    flags="--model $model --task smnist --preset smnist --precision $p"
+    # shellcheck disable=SC2086
+    if ! timeout 240 "$myo" bench step $flags --device cuda --json >"$json" 2>"$report/precision-$tag.log"; then
+      status=1
+      echo "| $model | $p | failed: $(tail -1 "$report/precision-$tag.log") | | | | | | |" >>"$report/report.md"
+      continue
+    fi
+    read -r ms mem ops captured < <(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1])); o = r["ops"]; c = r.get("captured")
+cap = "-" if c is None else ("no" if "Err" in c else "%.2f%s" % (c["Ok"]["step"]["median_ms"],
+      "" if c["Ok"]["max_difference"] == 0 else "(differs)"))
+print("%.2f" % r["step"]["median_ms"], "%.0f" % (r["memory_mib"] or 0),
+      sum(o[k]["tensors"] for k in ("forward", "backward", "optimiser")), cap)' "$json")
+    out=$work/runs/precision-$tag
+    # shellcheck disable=SC2086
+    timeout 200 "$myo" train $flags --data-dir "$data/strokes" --device cuda --epochs 1 \
+      --max-train-samples 3200 --max-eval-samples 500 --out "$out" --overwrite >"$report/train-precision-$tag.log" 2>&1
+    t=$(last_train "$out" 2>/dev/null)
+    if [ -z "$t" ]; then
+      status=1
+      echo "| $model | $p | $ms | $mem | $ops | $captured | failed: $(tail -1 "$report/train-precision-$tag.log") | | |" >>"$report/report.md"
+      continue
+    fi
+    sps=$(awk -v s="$(field "$t" step)" -v t="$(field "$t" seconds)" 'BEGIN { printf "%.1f", s / t }')
+    skipped=$(field "$t" skipped_steps)
+    echo "| $model | $p | $ms | $mem | $ops | $captured | $sps | $(field "$t" loss) | ${skipped:--} |" >>"$report/report.md"
+  done
 done
 fi
 

@@ -175,6 +175,24 @@ fn query_limits(dev: &CudaDevice) -> Result<DeviceLimits> {
     })
 }
 
+/// The device's (free, total) memory in bytes.
+pub fn memory_info(dev: &CudaDevice) -> Result<(usize, usize)> {
+    dev.cuda_stream().context().mem_get_info().w()
+}
+
+/// The device's compute capability (major, minor).
+pub fn compute_capability(dev: &CudaDevice) -> Result<(i32, i32)> {
+    let stream = dev.cuda_stream();
+    let ctx = stream.context();
+    let major = ctx
+        .attribute(CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        .w()?;
+    let minor = ctx
+        .attribute(CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        .w()?;
+    Ok((major, minor))
+}
+
 /// What the device grants a launch (queried once per device).
 pub fn limits(dev: &CudaDevice) -> Result<DeviceLimits> {
     with_state(dev, |s| Ok(s.limits))

@@ -11,6 +11,15 @@ pub fn describe(device: &Device) -> String {
     }
 }
 
+/// A CUDA device's compute capability (major, minor); `None` for other devices.
+pub fn compute_capability(device: &Device) -> Result<Option<(i32, i32)>> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => crate::cuda::compute_capability(dev).map(Some),
+        _ => Ok(None),
+    }
+}
+
 /// Parses `cpu`, `cuda` or `cuda:N` into a device, with a clear error when this build or this
 /// machine has no CUDA.
 pub fn parse_device(s: &str) -> Result<Device> {

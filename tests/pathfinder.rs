@@ -175,6 +175,7 @@ fn pathfinder_trains_and_evaluates() {
         eval_every: None,
         monitor: Default::default(),
         accumulate: 1,
+        precision: Default::default(),
     };
     let out = tmp("train-out");
     let summary = train(&cfg, &out, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();

@@ -81,6 +81,7 @@ fn config(epochs: usize) -> RunConfig {
         eval_every: None,
         monitor: Default::default(),
         accumulate: 1,
+        precision: Default::default(),
     }
 }
 

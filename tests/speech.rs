@@ -239,7 +239,7 @@ fn a_speech_run_is_tested_at_another_rate() {
     let exec = Exec::on(&Device::Cpu);
     let summary = train(&cfg, &out, &exec, Start::New, |_| {}).unwrap();
     let best = out.join("best.safetensors");
-    let at = |rate| eval_checkpoint_at(&best, None, None, rate, &exec);
+    let at = |rate| eval_checkpoint_at(&best, None, None, rate, Default::default(), &exec);
     let e16 = at(None).unwrap();
     assert_eq!(e16.accuracy, summary.test_accuracy);
     let e8 = at(Some(8000)).unwrap();

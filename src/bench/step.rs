@@ -7,6 +7,7 @@ use crate::nn::{GradSink, Pooling};
 use crate::ops::in_place_updates;
 use crate::train::config::RunArgs;
 use crate::train::optim::{OptimConfig, Optimizer};
+use crate::train::precision::Precision;
 use crate::train::run::Exec;
 use crate::train::trainer::score;
 use candle_core::backprop::GradStore;
@@ -73,7 +74,9 @@ impl StepArgs {
             run.data_dir = Some("(not read)".into());
         }
         let cfg = run.resolve()?;
+        cfg.precision.check(&device)?;
         let bench = StepBench {
+            precision: cfg.precision,
             len: cfg.task.max_len(),
             model: cfg.model,
             optim: cfg.optim,
@@ -105,6 +108,8 @@ pub struct StepBench {
     pub profile_steps: usize,
     /// On CUDA, also capture the step as a CUDA graph ([`StepReport::captured`]).
     pub cuda_graph: bool,
+    /// The dtype the step computes in (`myo train --precision`).
+    pub precision: Precision,
 }
 
 /// What one part of a step executes: tensors made (every candle op's output, views included;
@@ -156,6 +161,11 @@ pub struct StepReport {
     pub layers: Timing,
     /// Forward alone of the whole model.
     pub forward: Timing,
+    /// The dtype the step computed in.
+    pub precision: Precision,
+    /// Memory after the timed steps, MiB: on CUDA the device's in use beyond what it held
+    /// before the model was made; on the CPU the process's peak resident set.
+    pub memory_mib: Option<f64>,
     pub ops: StepOps,
     /// The step captured as a CUDA graph and replayed (CUDA only, unless turned off): what
     /// it measured, or why there is no graph.
@@ -194,6 +204,26 @@ fn tensors_made() -> Result<usize> {
         .trim_end_matches(')')
         .parse()
         .map_err(|_| candle_core::Error::Msg(format!("cannot read a tensor count from {id}")))
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Bytes of memory in use: on CUDA the device's (total − free), on the CPU the process's peak
+/// resident set (`VmHWM`; `None` where the system does not say).
+fn memory_in_use(device: &Device) -> Result<Option<usize>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        device.synchronize()?;
+        let (free, total) = crate::cuda::memory_info(dev)?;
+        return Ok(Some(total - free));
+    }
+    let _ = device;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    Ok(status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map(|kb| kb * 1024))
 }
 
 /// Launches of our CUDA kernels so far (`None` without the `cuda` feature or off CUDA).
@@ -238,7 +268,11 @@ impl Setup {
             first_row: 0,
         };
         let mode = Mode::Train(key, None, Some(&self.sink));
-        Ok(score(&self.model, &self.batch, mode)?.objective)
+        let objective = score(&self.model, &self.batch, mode)?.objective;
+        match self.opt.scaler() {
+            Some(s) => objective * s.scale,
+            None => Ok(objective),
+        }
     }
 
     fn backward(&self, loss: &Tensor) -> Result<GradStore> {
@@ -256,20 +290,35 @@ impl Setup {
     }
 
     fn step(&mut self) -> Result<()> {
+        if self.opt.scaler().is_some() {
+            // f16: the step reads back whether the gradients are finite.
+            let loss = self.forward()?;
+            let grads = self.backward(&loss)?;
+            return self.opt.step(&grads);
+        }
         self.opt.prepare()?;
         self.body()
     }
 }
 
 impl StepBench {
-    /// The model (its parameters drawn afresh), its optimiser and random inputs of the task's
-    /// shape; the model's variables by name.
+    /// The model (its parameters drawn afresh; under mixed precision, its compute copy), its
+    /// optimiser and random inputs of the task's shape; the model's f32 variables by name.
     fn setup(&self, device: &Device) -> Result<(Setup, HashMap<String, Var>)> {
-        let varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
-        let model = SequenceClassifier::new(self.model.clone(), vb)?;
-        let vars = varmap.data().lock().expect("varmap").clone();
-        let opt = Optimizer::new(self.optim.clone(), &vars, |n| model.param_group(n))?;
+        let made = |dtype: DType| -> Result<_> {
+            let varmap = VarMap::new();
+            let vb = VarBuilder::from_varmap(&varmap, dtype, device);
+            let model = SequenceClassifier::new(self.model.clone(), vb)?;
+            let vars = varmap.data().lock().expect("varmap").clone();
+            Ok((model, vars))
+        };
+        let (mut model, vars) = made(DType::F32)?;
+        let mut opt = Optimizer::new(self.optim.clone(), &vars, |n| model.param_group(n))?;
+        if self.precision.is_mixed() {
+            let (copy, compute) = made(self.precision.dtype())?;
+            opt.mirror(&vars, &compute, self.precision)?;
+            model = copy;
+        }
         let (b, l) = (self.batch, self.len);
         // Pairs of sequences: two rows per example.
         let rows = if self.model.pairs { 2 * b } else { b };
@@ -314,6 +363,7 @@ impl StepBench {
 
     pub fn run(&self, device: &Device) -> Result<StepReport> {
         let (b, l, h) = (self.batch, self.len, self.model.d_model);
+        let held = memory_in_use(device)?;
         let (mut s, _) = self.setup(device)?;
         let whole = time_median(device, self.warmup, self.repeats, || s.step())?;
         let forward = time_median(device, self.warmup, self.repeats, || {
@@ -324,13 +374,18 @@ impl StepBench {
         })?;
         // One sequence layer on its own input: all tree nodes for Myo over all nodes.
         let width = s.model.positions(l);
-        let z = Var::from_tensor(&Tensor::randn(0f32, 1., (b, width, h), device)?)?;
+        let z = Tensor::randn(0f32, 1., (b, width, h), device)?;
+        let z = Var::from_tensor(&z.to_dtype(self.precision.dtype())?)?;
         let one = time_median(device, self.warmup, self.repeats, || {
             s.model
                 .layer_forward(0, z.as_tensor(), Some(&s.sink))
                 .and_then(|out| s.backward(&out))
                 .map(drop)
         })?;
+        let memory_mib = match (memory_in_use(device)?, held) {
+            (Some(now), Some(before)) if device.is_cuda() => Some((now - before) as f64 / MIB),
+            (now, _) => now.map(|n| n as f64 / MIB),
+        };
         let times = self.model.layers as f64;
         let layers = Timing {
             median_ms: one.median_ms * times,
@@ -379,6 +434,8 @@ impl StepBench {
             step: whole,
             layers,
             forward,
+            precision: self.precision,
+            memory_mib,
             ops,
             captured,
         })
@@ -389,6 +446,12 @@ impl StepBench {
     #[cfg(feature = "cuda")]
     fn captured(&self, device: &Device, dev: &candle_core::CudaDevice) -> Result<Captured> {
         use crate::cuda::graph::StepGraph;
+        if self.precision == Precision::F16 {
+            candle_core::bail!(
+                "not captured: f16's loss scaling reads back whether the gradients are finite \
+                 every step"
+            );
+        }
         if self.model.dropout > 0.0 {
             candle_core::bail!(
                 "not captured: the dropout masks' keys change every step and are passed to the \
@@ -457,7 +520,11 @@ impl StepBench {
 
 impl std::fmt::Display for StepReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "step  device={}  {}", self.device, self.shape)?;
+        writeln!(
+            f,
+            "step  device={}  precision={}  {}",
+            self.device, self.precision, self.shape
+        )?;
         for (what, t) in [
             ("whole step        ", self.step),
             ("  in the layers   ", self.layers),
@@ -470,6 +537,13 @@ impl std::fmt::Display for StepReport {
                 significant(t.min_ms),
                 t.repeats
             )?;
+        }
+        if let Some(m) = self.memory_mib {
+            let what = match self.device.as_str() {
+                "cpu" => "the process's peak resident set",
+                _ => "device memory in use after the steps, beyond what was before the model",
+            };
+            writeln!(f, "  memory  {} MiB ({what})", significant(m))?;
         }
         let o = &self.ops;
         writeln!(

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use candle_core::{
-    backend::BackendStorage, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, Var,
+    backend::BackendStorage, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor, Var,
 };
 use candle_nn::{Init, VarBuilder};
 
@@ -74,6 +74,16 @@ impl BatchNorm {
     /// Training: the statistics of the whole batch, of which `x` is one shard's part (`None`:
     /// `x` is the whole batch).
     pub fn forward_train(&self, x: &Tensor, shards: Option<&Shards>) -> Result<Tensor> {
+        if matches!(x.dtype(), DType::F16 | DType::BF16) {
+            // Half-precision rows are normalised in f32: sums over batch × length rows would
+            // overflow f16, and their count need not be exact in it.
+            let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+            let params = [&f32(&self.weight)?, &f32(&self.bias)?];
+            return self
+                .train(&f32(x)?, shards, params, true)?
+                .y
+                .to_dtype(x.dtype());
+        }
         Ok(self.train(x, shards, [&self.weight, &self.bias], true)?.y)
     }
 
@@ -140,8 +150,9 @@ impl BatchNorm {
             // candle-nn's unbiased running variance: n / (n − 1) times the batch's.
             let unbiased = (&n / n.affine(1.0, -1.0)?)?;
             let update = |running: &Var, batch: Tensor| -> Result<()> {
-                let next = ((running.as_tensor() * m)? + (batch.detach() * (1.0 - m))?)?;
-                running.set(&next)
+                let old = running.as_tensor().to_dtype(batch.dtype())?;
+                let next = ((old * m)? + (batch.detach() * (1.0 - m))?)?;
+                running.set(&next.to_dtype(running.dtype())?)
             };
             update(&self.running_mean, mean.clone())?;
             update(&self.running_var, var.broadcast_mul(&unbiased)?)?;

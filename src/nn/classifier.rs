@@ -16,7 +16,7 @@
 //! from a counter-based hash keyed by [`DropoutKey`], so a run with dropout is reproducible
 //! (resumed or sharded alike). [`Mode`] switches dropout and BatchNorm's batch statistics.
 
-use candle_core::{Module, Result, Tensor, D};
+use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{Embedding, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
@@ -296,6 +296,8 @@ pub struct SequenceClassifier {
     head: Head,
     /// The head's linear layer as the tail by hand uses it.
     head_dense: Option<block::Dense>,
+    /// The dtype of its parameters, which real inputs are cast to.
+    dtype: DType,
 }
 
 enum Encoder {
@@ -427,6 +429,7 @@ impl SequenceClassifier {
             (cfg.seed, init),
         )?;
         Ok(SequenceClassifier {
+            dtype: vb.dtype(),
             head_dense: Self::head_dense(&head)?,
             head,
             encoder,
@@ -577,6 +580,13 @@ impl SequenceClassifier {
                 self.cfg.timing
             );
         }
+        // Real inputs and intervals in the parameters' dtype (a model in f16 reads f32 data).
+        let cast = |t: &Tensor| match t.dtype().is_float() && t.dtype() != self.dtype {
+            true => t.to_dtype(self.dtype),
+            false => Ok(t.clone()),
+        };
+        let (x, dt) = (&cast(x)?, dt.map(cast).transpose()?);
+        let dt = dt.as_ref();
         let mut h = match &self.encoder {
             Encoder::Linear(l) => dense(l, x)?,
             Encoder::Embedding(e) => e.forward(x)?,

@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use clap::{Args, Parser, ValueEnum};
 
 use super::config::Monitor;
+use super::precision::Precision;
 use super::preset;
 use crate::data::task::TreeShape;
 use crate::nn::*;
@@ -66,6 +67,10 @@ pub struct RunArgs {
     /// each batch by its own statistics). [default: 1]
     #[arg(long, value_name = "N")]
     pub accumulate: Option<usize>,
+    /// The dtype the forward and backward passes compute in: f32, or bf16 / f16 with the
+    /// parameters and AdamW's moments kept in f32 (f16 with dynamic loss scaling).
+    #[arg(long, value_enum, default_value_t)]
+    pub precision: Precision,
     /// Seeds the initialisation, the shuffling and dropout (and the generated ListOps).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -226,7 +226,8 @@ pub fn read<C: DeserializeOwned>(path: &Path) -> Result<Checkpoint<C>> {
     })
 }
 
-/// A model built by `build` from a checkpoint's `tensors` (from [`read`]) and loaded with them.
+/// A model built by `build` from a checkpoint's `tensors` (from [`read`]) and loaded with them,
+/// its variables in `dtype`.
 /// Each parameter the model asks for is checked against the file, present and of the same
 /// shape, before anything is allocated or computed for it (a config read from a file sizes
 /// nothing the file does not hold); then [`load_into`]. `path` names the file in errors.
@@ -234,6 +235,7 @@ pub fn build_from<M>(
     tensors: &HashMap<String, Tensor>,
     path: &Path,
     device: &Device,
+    dtype: DType,
     build: impl FnOnce(VarBuilder) -> candle_core::Result<M>,
 ) -> Result<(VarMap, M)> {
     let varmap = VarMap::new();
@@ -244,7 +246,7 @@ pub fn build_from<M>(
             .map(|(k, t)| (k.clone(), t.dims().to_vec()))
             .collect(),
     };
-    let vb = VarBuilder::from_backend(Box::new(stored), DType::F32, device.clone());
+    let vb = VarBuilder::from_backend(Box::new(stored), dtype, device.clone());
     let model =
         build(vb).map_err(|e| anyhow::anyhow!("{}: building its model: {e}", path.display()))?;
     load_into(&varmap, tensors, path)?;
@@ -364,6 +366,13 @@ pub struct MetricRecord {
     /// A step record's training samples per second since the previous one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples_per_s: Option<f64>,
+    /// Under f16, in step and train records: the loss scale when the record was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
+    /// Under f16, in step and train records: the steps skipped so far for gradients that were
+    /// not finite.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_steps: Option<usize>,
 }
 
 fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {

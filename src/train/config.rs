@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::args::{ModelKind, RunArgs};
 use super::optim::OptimConfig;
+use super::precision::Precision;
 use super::preset::{self, Preset};
 use super::trainer::{Batching, Evaluation};
 use crate::data::task::{self, DataSource, Generated, Input, Order, Task, TreeShape};
@@ -42,6 +43,9 @@ pub struct RunConfig {
     /// Micro-batches of `batch_size` per optimiser step, their gradients added.
     #[serde(default = "one")]
     pub accumulate: usize,
+    /// The dtype the training step computes in (the parameters stay f32).
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 fn one() -> usize {
@@ -399,6 +403,7 @@ impl RunArgs {
                 Some(0) => bail!("--accumulate 0: expected at least 1 batch per step"),
                 n => n.unwrap_or(1),
             },
+            precision: self.precision,
             warmup_epochs: match (self.warmup_steps, p) {
                 (None, Some(p)) => Some(p.warmup_epochs),
                 _ => None,

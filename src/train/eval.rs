@@ -7,7 +7,8 @@ use anyhow::{bail, Result};
 
 use super::checkpoint;
 use super::config::RunConfig;
-use super::run::{checkpoint_model, Exec};
+use super::precision::Precision;
+use super::run::{checkpoint_model_in, Exec};
 use super::trainer::evaluate;
 use crate::data::speech;
 use crate::data::task::{DataSource, Input};
@@ -33,21 +34,24 @@ pub fn eval_checkpoint(
     max_samples: Option<usize>,
     exec: &Exec,
 ) -> Result<TestScore> {
-    eval_checkpoint_at(path, data_dir, max_samples, None, exec)
+    eval_checkpoint_at(path, data_dir, max_samples, None, Precision::F32, exec)
 }
 
 /// [`eval_checkpoint`], for audio at `rate` Hz when given, a rate that divides the recordings'
 /// by k: the test clips are decimated (every k-th sample) and every S5 layer's Δ multiplied by
 /// k, so that the continuous-time system the model learned runs at the new rate without
-/// retraining (S5 §6.2, Table 2's 8 kHz column).
+/// retraining (S5 §6.2, Table 2's 8 kHz column). The model computes in `precision` (its
+/// parameters cast from the checkpoint's f32).
 pub fn eval_checkpoint_at(
     path: &Path,
     data_dir: Option<&Path>,
     max_samples: Option<usize>,
     rate: Option<u32>,
+    precision: Precision,
     exec: &Exec,
 ) -> Result<TestScore> {
     let device = &exec.device;
+    precision.check(device)?;
     let ck = checkpoint::read::<RunConfig>(path)?;
     let mut cfg = ck.config;
     if let Some(dir) = data_dir {
@@ -85,7 +89,7 @@ pub fn eval_checkpoint_at(
             }
         }
     }
-    let (_, model) = checkpoint_model(&tensors, &cfg, path, device)?;
+    let (_, model) = checkpoint_model_in(&tensors, &cfg, path, device, precision.dtype())?;
     let test = cfg.task.load_test(&cfg.data)?;
     let test = match max_samples {
         Some(0) => bail!("--max-samples 0: evaluating needs at least one example"),

@@ -16,6 +16,7 @@ use candle_core::{DType, Device, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use super::dist::World;
+use super::precision::{all_finite, compute_of, Buffers, LossScaler, Precision};
 use crate::nn::ParamGroup;
 use crate::ops::{adamw_step, AdamwHyper, AdamwParam};
 
@@ -103,6 +104,8 @@ struct Slot {
     moments: Tensor,
     /// Its group's row in [`Optimizer::apply`]: 0 regular, 1 SSM, 2 SSM with weight decay.
     group: usize,
+    /// Under mixed precision, the copy the model computes with ([`Optimizer::mirror`]).
+    compute: Option<Var>,
 }
 
 /// Gradient values per collective in data-parallel training (16 MiB of f32).
@@ -122,6 +125,12 @@ pub struct Optimizer {
     /// The hyper-parameter rows of the step, a (groups, 7) table per parameter dtype, written
     /// in place every step.
     tables: Vec<(DType, Tensor)>,
+    /// Under mixed precision, the compute copies of the variables not trained.
+    buffers: Option<Buffers>,
+    /// f16's loss scaling.
+    scaler: Option<LossScaler>,
+    /// 1 / the loss scale of the step being taken.
+    unscale: Option<f64>,
 }
 
 impl Optimizer {
@@ -154,6 +163,7 @@ impl Optimizer {
                         _ => 0,
                     },
                     var,
+                    compute: None,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -165,7 +175,72 @@ impl Optimizer {
             logged: None,
             step_lr: 0.0,
             tables: Vec::new(),
+            buffers: None,
+            scaler: None,
+            unscale: None,
         })
+    }
+
+    /// Trains the model copy `compute` (name → variable, in `precision`'s dtype) through the
+    /// f32 masters this optimiser was made with, `master` holding them and the variables not
+    /// trained: gradients are read from the compute copy and cast to f32, every step casts
+    /// the masters into it, and the compute copy's untrained variables (BatchNorm's running
+    /// statistics) are cast back into `master`. Under f16 the loss is scaled
+    /// ([`Optimizer::loss_scale`]). Casts the masters into the compute copy now.
+    pub fn mirror(
+        &mut self,
+        master: &HashMap<String, Var>,
+        compute: &HashMap<String, Var>,
+        precision: Precision,
+    ) -> Result<()> {
+        if !precision.is_mixed() {
+            return Ok(());
+        }
+        for s in &mut self.slots {
+            s.compute = Some(compute_of(compute, &s.name, &s.var)?);
+        }
+        let trained: Vec<&str> = self.slots.iter().map(|s| s.name.as_str()).collect();
+        let buffers = Buffers::new(master, compute, |n| trained.contains(&n))?;
+        buffers.to_compute()?;
+        self.buffers = Some(buffers);
+        if precision == Precision::F16 && self.scaler.is_none() {
+            self.scaler = Some(LossScaler::default());
+        }
+        self.to_compute()
+    }
+
+    /// Casts the masters into their compute copies.
+    fn to_compute(&self) -> Result<()> {
+        for s in &self.slots {
+            if let Some(c) = &s.compute {
+                c.set(&s.var.as_tensor().to_dtype(c.dtype())?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Under mixed precision, casts the compute copies' gradients in `grads` to f32, so that
+    /// the sums over shards and micro-batches are taken in f32.
+    pub fn grads_to_f32(&self, grads: &mut GradStore) -> Result<()> {
+        for s in &self.slots {
+            if let Some(c) = &s.compute {
+                if let Some(g) = grads.remove(c) {
+                    grads.insert(c, g.to_dtype(s.var.dtype())?);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What the training objective is multiplied by before the backward pass: f16's loss
+    /// scale, else 1.
+    pub fn loss_scale(&self) -> f64 {
+        self.scaler.map_or(1.0, |s| s.scale)
+    }
+
+    /// The loss scaler's state: its scale, and the steps it skipped so far.
+    pub fn scaler(&self) -> Option<LossScaler> {
+        self.scaler
     }
 
     /// Keeps the learning rate and the global gradient norm (before clipping) of every
@@ -196,14 +271,18 @@ impl Optimizer {
     /// The global gradient norm ‖g‖₂ over the optimised parameters, as an f64 scalar on their
     /// device (missing gradients count as zero); reading it waits for the device.
     pub fn grad_norm(&self, grads: &GradStore) -> Result<Tensor> {
-        self.norm_of(&self.gather(grads))
+        self.norm_of(&self.gather(grads)?)
     }
 
-    /// Each slot's gradient in `grads`.
-    fn gather(&self, grads: &GradStore) -> Vec<Option<Tensor>> {
+    /// Each slot's gradient in `grads` (of its compute copy, cast to f32, under mixed
+    /// precision).
+    fn gather(&self, grads: &GradStore) -> Result<Vec<Option<Tensor>>> {
         self.slots
             .iter()
-            .map(|s| grads.get(&s.var).cloned())
+            .map(|s| match &s.compute {
+                None => Ok(grads.get(&s.var).cloned()),
+                Some(c) => grads.get(c).map(|g| g.to_dtype(s.var.dtype())).transpose(),
+            })
             .collect()
     }
 
@@ -231,7 +310,7 @@ impl Optimizer {
     /// c / max(‖g‖, c) is a tensor, the step's hyper-parameters a table of the groups' rows
     /// written in place once per step ([`Optimizer::prepare`]).
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
-        let grads = self.gather(grads);
+        let grads = self.gather(grads)?;
         self.apply(&grads)
     }
 
@@ -246,7 +325,7 @@ impl Optimizer {
         ranks: usize,
     ) -> Result<()> {
         let local = match grads {
-            Some(g) => self.gather(g),
+            Some(g) => self.gather(g)?,
             None => vec![None; self.slots.len()],
         };
         if world.size() == 1 {
@@ -360,8 +439,17 @@ impl Optimizer {
     }
 
     /// The step itself, with each slot's gradient (`None`: zero): [`Optimizer::prepare`],
-    /// then [`Optimizer::launch`].
+    /// then [`Optimizer::launch`]. Under f16, a step whose gradients are not all finite is
+    /// skipped (the step count stays) and the loss scale halved.
     fn apply(&mut self, grads: &[Option<Tensor>]) -> Result<()> {
+        if let Some(scaler) = &mut self.scaler {
+            let finite = all_finite(&grads.iter().flatten().collect::<Vec<_>>())?;
+            self.unscale = Some(1.0 / scaler.scale);
+            scaler.update(finite);
+            if !finite {
+                return self.buffers.as_ref().map_or(Ok(()), |b| b.to_master());
+            }
+        }
         self.prepare()?;
         self.launch(grads)
     }
@@ -410,22 +498,36 @@ impl Optimizer {
     /// the gradients in `grads`: clipping, then AdamW (one launch per 32 parameters of a
     /// dtype).
     pub fn launch_with(&mut self, grads: &GradStore) -> Result<()> {
-        let grads = self.gather(grads);
+        let grads = self.gather(grads)?;
         self.launch(&grads)
     }
 
     fn launch(&mut self, grads: &[Option<Tensor>]) -> Result<()> {
         let kept = self.log_every > 0 && self.step.is_multiple_of(self.log_every);
+        let unscale = self.unscale.take();
         let norm = match (self.cfg.clip, kept) {
             (None, false) => None,
             _ => Some(self.norm_of(grads)?),
-        };
-        // c / max(‖g‖, c), with c made on the device (no upload).
+        }
+        .map(|n| match unscale {
+            Some(k) => n.affine(k, 0.0),
+            None => Ok(n),
+        })
+        .transpose()?;
+        // c / max(‖g‖, c), with c made on the device (no upload); times 1 / the loss scale.
         let scale = match (self.cfg.clip, &norm) {
             (Some(c), Some(norm)) => {
                 Some(norm.ones_like()?.affine(c, 0.0)?.div(&norm.maximum(c)?)?)
             }
             _ => None,
+        };
+        let scale = match (scale, unscale) {
+            (Some(s), Some(k)) => Some(s.affine(k, 0.0)?),
+            (None, Some(k)) => match self.slots.first() {
+                Some(s) => Some(Tensor::new(k, s.var.device())?),
+                None => None,
+            },
+            (s, None) => s,
         };
         self.logged = match (kept, norm) {
             (true, Some(norm)) => Some((self.step_lr, norm)),
@@ -449,7 +551,8 @@ impl Optimizer {
             let k = scale.as_ref().map(|k| k.to_dtype(*dtype)).transpose()?;
             adamw_step(&params, table, k.as_ref())?;
         }
-        Ok(())
+        self.to_compute()?;
+        self.buffers.as_ref().map_or(Ok(()), |b| b.to_master())
     }
 
     /// The optimiser state as named tensors (`adam.m.<param>`, `adam.v.<param>`, `adam.step`),
@@ -467,6 +570,9 @@ impl Optimizer {
         for s in &self.slots {
             out.push((format!("adam.m.{}", s.name), s.moments.get(0)?));
             out.push((format!("adam.v.{}", s.name), s.moments.get(1)?));
+        }
+        if let Some(scaler) = &self.scaler {
+            out.push((SCALER.into(), scaler.to_tensor(&Device::Cpu)?));
         }
         Ok(out)
     }
@@ -496,6 +602,15 @@ impl Optimizer {
             s.moments = Tensor::stack(&both, 0)?;
         }
         self.step = step.flatten_all()?.to_vec1::<u32>()?[0] as usize;
+        if let Some(t) = state.get(SCALER) {
+            self.scaler = Some(
+                LossScaler::from_tensor(t)
+                    .map_err(|e| candle_core::Error::Msg(format!("optimizer state: {e}")))?,
+            );
+        }
         Ok(())
     }
 }
+
+/// The checkpoint key of f16's loss scaler.
+const SCALER: &str = "amp.scaler";

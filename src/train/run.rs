@@ -101,9 +101,20 @@ pub fn checkpoint_model(
     path: &Path,
     device: &Device,
 ) -> Result<(VarMap, SequenceClassifier)> {
+    checkpoint_model_in(tensors, cfg, path, device, DType::F32)
+}
+
+/// [`checkpoint_model`] with its parameters in `dtype` (cast from the file's f32).
+pub fn checkpoint_model_in(
+    tensors: &HashMap<String, candle_core::Tensor>,
+    cfg: &RunConfig,
+    path: &Path,
+    device: &Device,
+    dtype: DType,
+) -> Result<(VarMap, SequenceClassifier)> {
     cfg.check_model()
         .with_context(|| format!("{}: the config in its metadata", path.display()))?;
-    checkpoint::build_from(tensors, path, device, |vb| {
+    checkpoint::build_from(tensors, path, device, dtype, |vb| {
         SequenceClassifier::new(cfg.model.clone(), vb)
     })
 }
@@ -249,6 +260,7 @@ pub fn train(
             held.join(", ")
         );
     }
+    cfg.precision.check(device)?;
     let [train_set, val_set, test_set] = cfg.task.load(&cfg.data)?;
     let regression = train_set.is_regression();
     let cut = |d: Dataset, n: Option<usize>| match n {
@@ -327,12 +339,27 @@ pub fn train(
         // Every rank starts from rank 0's model, optimiser state and progress.
         share_root_state(world, &varmap, &mut opt, &mut progress)?;
     }
+    // Under mixed precision a copy of the model in the compute dtype trains and evaluates.
+    let model = match cfg.precision.is_mixed() {
+        false => model,
+        true => {
+            let compute = VarMap::new();
+            let vb = VarBuilder::from_varmap(&compute, cfg.precision.dtype(), device);
+            let copy = SequenceClassifier::new(cfg.model.clone(), vb)?;
+            opt.mirror(&vars(&varmap), &vars(&compute), cfg.precision)?;
+            copy
+        }
+    };
     on_event(Event::Start(RunInfo {
         model: format!(
-            "{} layers of {}, width {}",
+            "{} layers of {}, width {}{}",
             cfg.model.layers,
             cfg.model.layer.summary(),
-            cfg.model.d_model
+            cfg.model.d_model,
+            match cfg.precision.is_mixed() {
+                true => format!(", computing in {}", cfg.precision),
+                false => String::new(),
+            }
         ),
         parameters: vars(&varmap).values().map(|v| v.elem_count()).sum(),
         device: crate::device::describe(device),
@@ -409,6 +436,7 @@ pub fn train(
                     correct: (!regression).then_some(b.correct),
                 });
                 since_log.1 += b.samples;
+                let scaler = b.scaler;
                 if let (Some((lr, grad_norm)), true) = (b.logged, root) {
                     // Timed when queued: records read back together keep their own times.
                     let seconds = b.queued.saturating_duration_since(started).as_secs_f64();
@@ -425,6 +453,8 @@ pub fn train(
                         lr: Some(lr),
                         grad_norm: Some(grad_norm),
                         samples_per_s: Some(rate),
+                        loss_scale: scaler.map(|s| s.scale),
+                        skipped_steps: scaler.map(|s| s.skipped),
                     };
                     if let Err(e) = r.run.append_metric(&step) {
                         log_failed.get_or_insert(e);
@@ -541,8 +571,13 @@ impl Running<'_> {
         let val = evaluate(&self.model, val_set, self.batching, device, world)?;
         if self.root {
             if let Some(train) = train {
-                self.run
-                    .append_metric(&record("train", train, self.started))?;
+                let scaler = self.opt.scaler();
+                let train = MetricRecord {
+                    loss_scale: scaler.map(|s| s.scale),
+                    skipped_steps: scaler.map(|s| s.skipped),
+                    ..record("train", train, self.started)
+                };
+                self.run.append_metric(&train)?;
             }
             self.run.append_metric(&record("val", val, self.started))?;
         }

@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::dist::{part, World};
 use super::optim::Optimizer;
+pub use super::pending::BatchRecord;
+use super::pending::Pending;
 use super::shards::{RankSum, ThreadGroup};
 use crate::data::dataset::{Batch, Dataset, Target};
 use crate::nn::loss::log_softmax_nll;
@@ -135,6 +137,8 @@ fn train_batch(
     // One padding for the whole batch, as without micro-batches.
     let pad = data.padding(idx, batching.pad_to);
     let step = opt.step_count() as u64;
+    let loss_scale = opt.loss_scale();
+    let master: &Optimizer = opt;
     // This rank's part of the micro-batch `micro` of `idx`, in shards: each shard's (loss,
     // correct count, gradients); none where the rank holds no part of it.
     let micro_batch = |micro: std::ops::Range<usize>| -> Result<Vec<(Tensor, Tensor, GradStore)>> {
@@ -152,10 +156,11 @@ fn train_batch(
             };
             let sink = GradSink::new();
             let s = score(model, &batch, Mode::Train(key, shards, Some(&sink)))?;
-            // This shard's share of the batch mean.
+            // This shard's share of the batch mean (times f16's loss scale).
             let share = part.len() as f64 / idx.len() as f64;
-            let mut grads = (s.objective * share)?.backward()?;
+            let mut grads = (&s.objective * (share * loss_scale))?.backward()?;
             sink.add_to(&mut grads)?;
+            master.grads_to_f32(&mut grads)?;
             Ok(((s.loss * share)?.to_dtype(DType::F64)?, s.correct, grads))
         };
         let mine_idx = &idx[mine.clone()];
@@ -275,6 +280,11 @@ pub struct Score {
 /// (σ² at least 1e-6, as S5's and CRU's).
 pub fn score(model: &SequenceClassifier, batch: &Batch, mode: Mode) -> Result<Score> {
     let out = model.logits_timed(&batch.x, Some(&batch.lengths), batch.dt.as_ref(), mode)?;
+    // The loss of a model computing in f16 or bf16 is taken in f32.
+    let out = match out.dtype() {
+        DType::F16 | DType::BF16 => out.to_dtype(DType::F32)?,
+        _ => out,
+    };
     match &batch.target {
         Target::Labels(y) => {
             if out.rank() != 2 {
@@ -325,107 +335,6 @@ pub fn score(model: &SequenceClassifier, batch: &Batch, mode: Mode) -> Result<Sc
                 correct: Tensor::zeros((), DType::F64, y.device())?,
             })
         }
-    }
-}
-
-/// Per-batch results still on the device: (step, batch size, mean loss, correct count, and at
-/// the steps the optimiser keeps, its learning rate and gradient norm), the tensors f64
-/// scalars. Reading them waits for the device, so training reads them in groups.
-#[derive(Default)]
-struct Pending(Vec<PendingBatch>);
-
-struct PendingBatch {
-    /// When the host finished queueing the step.
-    queued: std::time::Instant,
-    step: usize,
-    samples: usize,
-    loss: Tensor,
-    correct: Tensor,
-    logged: Option<(f64, Tensor)>,
-}
-
-/// A training batch's results, read back.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct BatchRecord {
-    /// When the host finished queueing the step (on CUDA the device may finish it later).
-    pub queued: std::time::Instant,
-    /// The optimiser step it took (1-based).
-    pub step: usize,
-    pub samples: usize,
-    /// Mean loss over the batch.
-    pub loss: f64,
-    pub correct: usize,
-    /// At the steps the optimiser keeps ([`Optimizer::log_every`]): the regular group's
-    /// learning rate and the global gradient norm before clipping.
-    pub logged: Option<(f64, f64)>,
-}
-
-impl Pending {
-    /// Adds the results of step `step` (1-based), detached from the graph that made them (which
-    /// would otherwise keep the batch's activations alive until the read).
-    fn push(&mut self, step: usize, n: usize, loss: &Tensor, correct: &Tensor) {
-        self.0.push(PendingBatch {
-            queued: std::time::Instant::now(),
-            step,
-            samples: n,
-            loss: loss.detach(),
-            correct: correct.detach(),
-            logged: None,
-        });
-    }
-
-    /// Adds the learning rate and gradient norm of the last step pushed.
-    fn log(&mut self, lr: f64, norm: Tensor) {
-        if let Some(last) = self.0.last_mut() {
-            last.logged = Some((lr, norm));
-        }
-    }
-
-    /// Reads every pending result back in one transfer and empties the list. With them comes
-    /// the tree solves' pivot status on `device` (which the same synchronisation makes free),
-    /// for the caller to report after any non-finite loss: a loss that diverged is the cause
-    /// of the singular pivots that follow it.
-    fn read(&mut self, device: &Device) -> Result<(Vec<BatchRecord>, Result<()>)> {
-        if self.0.is_empty() {
-            return Ok((Vec::new(), Ok(())));
-        }
-        let values: Vec<&Tensor> = self
-            .0
-            .iter()
-            .flat_map(|b| {
-                [
-                    Some(&b.loss),
-                    Some(&b.correct),
-                    b.logged.as_ref().map(|g| &g.1),
-                ]
-            })
-            .flatten()
-            .collect();
-        let host = Tensor::stack(&values, 0)?.to_vec1::<f64>()?;
-        let pivots = crate::ops::check_pivots(device);
-        let mut at = host.iter().copied();
-        let mut next = || {
-            at.next()
-                .ok_or_else(|| internal("fewer results than pending"))
-        };
-        let mut out = Vec::with_capacity(self.0.len());
-        for b in &self.0 {
-            let (loss, correct) = (next()?, next()? as usize);
-            let logged = match &b.logged {
-                Some((lr, _)) => Some((*lr, next()?)),
-                None => None,
-            };
-            out.push(BatchRecord {
-                queued: b.queued,
-                step: b.step,
-                samples: b.samples,
-                loss,
-                correct,
-                logged,
-            });
-        }
-        self.0.clear();
-        Ok((out, pivots))
     }
 }
 
@@ -685,6 +594,7 @@ impl Epoch<'_> {
             if let Some((lr, norm)) = opt.take_logged() {
                 pending.log(lr, norm);
             }
+            pending.scaled(opt.scaler());
             if (b + 1) % report_every.max(1) == 0 || b + 1 == until {
                 report(&mut pending, so_far)?;
             }

@@ -9,8 +9,9 @@
 //! seven passes forward and about fifteen backward over (batch, length, H); this op makes one
 //! pass forward and one backward (μ and σ are recomputed from x, nothing is stored; the
 //! backward's column sums ∂w, ∂b add one small launch on CUDA). Sums follow the row layout of
-//! [`super::rows`]. For f16/bf16, on other devices, and for rows too wide for the kernel's
-//! shared memory (see [`cuda::supports`]), [`layer_norm`] composes the norm from candle ops.
+//! [`super::rows`]. f16/bf16 rows are cast to f32 for the fused op; on other devices, and for
+//! rows too wide for the kernel's shared memory (see [`cuda::supports`]), [`layer_norm`]
+//! composes the norm from candle ops.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -49,6 +50,10 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
             &bias.contiguous()?,
             LayerNormOp { eps },
         )
+    } else if matches!(x.dtype(), DType::F16 | DType::BF16) {
+        // Half-precision rows are normalised in f32: their statistics need its precision.
+        let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+        layer_norm(&f32(x)?, &f32(weight)?, &f32(bias)?, eps)?.to_dtype(x.dtype())
     } else {
         layer_norm_composed(x, weight, bias, eps)
     }
