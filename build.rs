@@ -50,6 +50,11 @@ mod cuda {
             .map(|p| p.to_string_lossy().into_owned())
             .collect();
         headers.sort();
+        // The compute capability the kernels are built for, which the library reports: a
+        // build for 7.0 has none of candle's bf16 arithmetic.
+        if let Ok(cap) = cudaforge::detect_compute_cap() {
+            println!("cargo::rustc-env=MYO_CUDA_COMPUTE_CAP={}", cap.base());
+        }
         cudaforge::KernelBuilder::new()
             .source_dir("kernels")
             .watch(headers)

@@ -3,6 +3,11 @@
 # into gpu-bundle/ (git-ignored, well under 64 MiB), to carry to a GPU machine that has the CUDA
 # libraries but no Rust toolchain. There:   bash gpu-bundle/run.sh [REPORT_DIR]
 #
+# The same binaries are built again for V100-class GPUs (compute capability 7.0) with
+# scripts/cuda-v100-toolchain.sh (CUDA 11.8's nvcc for the kernels) and packed under v100/:
+# the runner's v100 section runs them on the GPU at hand, whose driver compiles their PTX.
+# MYO_BUNDLE_V100=0 leaves them out.
+#
 # Uses nvcc from PATH if present, else scripts/cuda-toolchain.sh. CUDA_COMPUTE_CAP defaults to
 # 90 (H100/H200).
 #
@@ -19,9 +24,11 @@ fi
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 target=target/cuda
 
-cargo build --release --features cuda --target-dir "$target" --bin myo
-tests=$(cargo test --release --features cuda --target-dir "$target" --no-run --message-format=json 2>/dev/null |
-  python3 -c '
+# Builds `myo` and the GPU tests in the target folder $1; prints each test's name and binary.
+build() {
+  cargo build --release --features cuda --target-dir "$1" --bin myo >&2
+  cargo test --release --features cuda --target-dir "$1" --no-run --message-format=json 2>/dev/null |
+    python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -30,8 +37,17 @@ for line in sys.stdin:
     # with the nccl feature, built below.
     if m.get("reason") == "compiler-artifact" and m.get("executable") and t["kind"] == ["test"] \
             and t["name"].startswith("cuda_") and t["name"] != "cuda_nccl":
-        print(t["name"], m["executable"])')
+        print(t["name"], m["executable"])'
+}
+tests=$(build "$target")
 [ -n "$tests" ] || { echo "gpu-bundle: no test binaries were built" >&2; exit 1; }
+v100_target=target/cuda-sm70
+v100_tests=
+if [ "${MYO_BUNDLE_V100:-1}" != 0 ]; then
+  v100_env=$(scripts/cuda-v100-toolchain.sh)
+  v100_tests=$(eval "$v100_env" && build "$v100_target")
+  [ -n "$v100_tests" ] || { echo "gpu-bundle: no V100 test binaries were built" >&2; exit 1; }
+fi
 
 # NCCL: its own target folder (the nccl feature changes cudarc and so rebuilds candle).
 nccl_test=
@@ -59,6 +75,13 @@ mkdir -p "$stage/bin"
 cp "$target/release/myo" "$stage/bin/myo"
 while read -r name exe; do cp "$exe" "$stage/bin/test-$name"; done <<<"$tests"
 [ -z "$nccl_test" ] || cp "$nccl_test" "$stage/bin/test-cuda_nccl"
+if [ -n "$v100_tests" ]; then
+  mkdir -p "$stage/v100/bin"
+  cp "$v100_target/release/myo" "$stage/v100/bin/myo"
+  while read -r name exe; do cp "$exe" "$stage/v100/bin/test-$name"; done <<<"$v100_tests"
+  echo 70 >"$stage/v100/COMPUTE_CAP"
+  strip "$stage"/v100/bin/*
+fi
 strip "$stage"/bin/*
 
 # The CUPTI tracer of the profile section (kernels per step, GPU-busy fraction), built against

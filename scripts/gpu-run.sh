@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runner packed into gpu-bundle/ by scripts/gpu-bundle.sh; runs on the GPU machine:
 #   bash gpu-bundle/run.sh [REPORT_DIR [SECTIONS]]
-# SECTIONS: a comma-separated subset of tests,sanitizer,train,bench,profile,precision (default: all of
+# SECTIONS: a comma-separated subset of tests,sanitizer,train,bench,profile,precision,v100 (default: all of
 # them; a device call that cannot fit them all runs them in two calls with two report
 # directories).
 # Unpacks the binaries, finds the CUDA 13 libraries, and checks and records in one call: the
@@ -13,7 +13,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
-sections=${2:-tests,sanitizer,train,bench,profile,precision}
+sections=${2:-tests,sanitizer,train,bench,profile,precision,v100}
 want() { [[ ",$sections," == *",$1,"* ]]; }
 work=$(mktemp -d)
 tar -C "$work" -xJf "$here/bundle.tar.xz"
@@ -76,9 +76,10 @@ fi
 } >"$report/report.md"
 
 status=0
-# MYO_GPU_TESTS: a glob of test binaries to run (default: all, test-cuda_*);
-# MYO_GPU_TEST_FILTER: test-name filters passed to each.
-want tests && for t in "$bin"/test-${MYO_GPU_TESTS:-*}; do
+# Runs the test binaries in $1 (MYO_GPU_TESTS: a glob of them, default all, test-cuda_*;
+# MYO_GPU_TEST_FILTER: test-name filters passed to each), logs named with the prefix $2.
+run_tests() {
+for t in "$1"/test-${MYO_GPU_TESTS:-*}; do
   name=$(basename "$t")
   # The NCCL test needs the machine's libnccl (the bundle does not carry it).
   if [ "$name" = test-cuda_nccl ] && ldd "$t" | grep -q 'libnccl.* not found'; then
@@ -90,12 +91,14 @@ want tests && for t in "$bin"/test-${MYO_GPU_TESTS:-*}; do
     export LD_LIBRARY_PATH="$(dirname "$nccl")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
   # shellcheck disable=SC2086
-  "$t" ${MYO_GPU_TEST_FILTER:-} --test-threads=1 --nocapture >"$report/$name.log" 2>&1
+  "$t" ${MYO_GPU_TEST_FILTER:-} --test-threads=1 --nocapture >"$report/$2$name.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
-  echo "- $name: exit $rc; $(grep -E '^test result' "$report/$name.log" | tail -1)" >>"$report/report.md"
-  grep -h "SKIPPED" "$report/$name.log" | sed 's/^/  - /' >>"$report/report.md"
+  echo "- $name: exit $rc; $(grep -E '^test result' "$report/$2$name.log" | tail -1)" >>"$report/report.md"
+  grep -h "SKIPPED" "$report/$2$name.log" | sed 's/^/  - /' >>"$report/report.md"
 done
+}
+want tests && run_tests "$bin" ""
 
 # compute-sanitizer, where the toolkit has it: memory errors and shared-memory races.
 sanitizer=$(command -v compute-sanitizer || find /usr/local /opt -name compute-sanitizer -type f -print -quit 2>/dev/null)
@@ -352,6 +355,44 @@ print("%.2f" % r["step"]["median_ms"], "%.0f" % (r["memory_mib"] or 0),
     echo "| $model | $p | $ms | $mem | $ops | $captured | $sps | $(field "$t" loss) | ${skipped:--} |" >>"$report/report.md"
   done
 done
+fi
+
+# The V100 build (compute capability 7.0; CUDA 11.8's PTX, which this GPU's driver compiles at
+# load time): the CUDA tests, and each model trained briefly in f32 and in f16 (bf16 is
+# refused by a build for compute 7.0). It proves the V100 code path, not its timing.
+if want v100; then
+  {
+    echo
+    echo "## V100 build (compute capability 7.0 PTX, JIT-compiled by this GPU's driver)"
+    echo
+  } >>"$report/report.md"
+  if [ ! -d "$work/v100/bin" ]; then
+    echo "- not in this bundle (built with MYO_BUNDLE_V100=0)" >>"$report/report.md"
+  else
+    run_tests "$work/v100/bin" v100-
+    echo >>"$report/report.md"
+    echo "| model | precision | loss epoch 1 → 2 | steps/s |" >>"$report/report.md"
+    echo "|---|---|---|---|" >>"$report/report.md"
+    for model in "--model s5" "--model myo" "--model myo --block-size 2" "--model mingru"; do
+      for p in f32 f16; do
+        tag=v100-$(echo "$model-$p" | tr -c 'a-z0-9=\n' '_')
+        out=$work/runs/$tag
+        # shellcheck disable=SC2086
+        timeout 200 "$work/v100/bin/myo" train $model --precision $p --device cuda --epochs 2 \
+          --max-train-samples 1600 --max-eval-samples 200 --out "$out" --overwrite >"$report/train-$tag.log" 2>&1
+        rc=$?
+        if [ $rc -ne 0 ] || [ ! -f "$out/metrics.jsonl" ]; then
+          status=1
+          echo "| $model | $p | failed (exit $rc): $(tail -1 "$report/train-$tag.log") | |" >>"$report/report.md"
+          continue
+        fi
+        l1=$(field "$(grep '"split":"train"' "$out/metrics.jsonl" | head -1)" loss)
+        t=$(last_train "$out")
+        sps=$(awk -v s="$(field "$t" step)" -v t="$(field "$t" seconds)" 'BEGIN { printf "%.1f", s / t }')
+        echo "| $model | $p | $l1 → $(field "$t" loss) | $sps |" >>"$report/report.md"
+      done
+    done
+  fi
 fi
 
 cat "$report/report.md"

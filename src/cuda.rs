@@ -175,6 +175,14 @@ fn query_limits(dev: &CudaDevice) -> Result<DeviceLimits> {
     })
 }
 
+/// The compute capability this build's kernels (candle's and ours) were compiled for, as
+/// `CUDA_COMPUTE_CAP` writes it (70, 90); 0 when the build did not say.
+pub fn built_for() -> u32 {
+    option_env!("MYO_CUDA_COMPUTE_CAP")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The device's (free, total) memory in bytes.
 pub fn memory_info(dev: &CudaDevice) -> Result<(usize, usize)> {
     dev.cuda_stream().context().mem_get_info().w()

@@ -42,8 +42,9 @@ impl Precision {
         self != Precision::F32
     }
 
-    /// Refuses bf16 on a CUDA device older than compute capability 8.0 (a V100), whose
-    /// arithmetic candle's kernels do not build there; f16 is such a card's mixed precision.
+    /// Refuses bf16 on a CUDA device older than compute capability 8.0 (a V100), or with a
+    /// build for one: candle builds its bf16 arithmetic for 8.0 and later only. f16 is such a
+    /// card's mixed precision.
     pub fn check(self, device: &Device) -> Result<()> {
         if self != Precision::Bf16 {
             return Ok(());
@@ -52,6 +53,12 @@ impl Precision {
             Some((major, minor)) if major < 8 => candle_core::bail!(
                 "--precision bf16: the GPU is compute capability {major}.{minor}, and bf16 \
                  needs 8.0 or later (A100, H100); use --precision f16"
+            ),
+            #[cfg(feature = "cuda")]
+            Some(_) if (1..80).contains(&crate::cuda::built_for()) => candle_core::bail!(
+                "--precision bf16: this build's CUDA kernels are for compute capability {:.1}, \
+                 which has no bf16 arithmetic; use --precision f16, or a build for 8.0 or later",
+                crate::cuda::built_for() as f64 / 10.0
             ),
             _ => Ok(()),
         }

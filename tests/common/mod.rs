@@ -49,6 +49,18 @@ pub fn gpu(test: &str) -> Option<Device> {
     }
 }
 
+/// Whether this build's CUDA kernels have candle's bf16 arithmetic (a build for compute
+/// capability 8.0 or later); else the test's bf16 cases are skipped, and it says so.
+#[cfg(feature = "cuda")]
+pub fn cuda_bf16(test: &str) -> bool {
+    let cap = myosotis::cuda::built_for();
+    let has = cap == 0 || cap >= 80;
+    if !has {
+        println!("{test}: bf16 SKIPPED, the kernels are built for compute capability {cap}");
+    }
+    has
+}
+
 /// A generator seeded with `MYO_TEST_SEED` when set (to explore other inputs), else with
 /// `default`, so that a run is reproducible; the seed is printed for a failing run to repeat.
 pub fn seeded_rng(test: &str, default: u64) -> (StdRng, u64) {
