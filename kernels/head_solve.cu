@@ -2,11 +2,11 @@
 // (batch, node, head) layout, and its backward. The algorithm is described in
 // src/ops/head_solve/mod.rs; the CPU twin is src/ops/head_solve/cpu.rs.
 //
-// Three kernels, each a 2-D block of HEAD_LANES heads (x: consecutive heads, so a warp reads and
-// writes whole 32-byte sectors: 8 neighbouring complex values of each of 4 nodes) by HEAD_ROWS
-// rows (y: nodes of one level in turn, a barrier between levels). Few heads per block give
-// small batches enough blocks: at (16 samples, 64 heads) 32 heads per block made 32 blocks for
-// an H100's 132 SMs.
+// Three kernels, each a 2-D block of HEAD_THREADS threads: blockDim.x consecutive heads ("lanes":
+// a warp reads and writes whole 32-byte sectors, e.g. 8 neighbouring complex values of each of 4
+// nodes) by blockDim.y rows (nodes of one level in turn, a barrier between levels). The host picks
+// the lanes per launch (src/ops/head_solve/cuda.rs): few heads per block give small batches
+// enough blocks, many heads per block suit large ones.
 // - `head_pivots`: per head, the pivots of T_G (or its adjoint), which do not depend on the
 //   batch: piv = [1/Â_v; B̂_v; C'_v] (3, nodes, heads);
 // - `head_sweep`: per (sample, head), the upward elimination and downward substitution,
@@ -19,8 +19,7 @@
 // error.
 #include "values.cuh"
 
-#define HEAD_LANES 8
-#define HEAD_ROWS 32
+#define HEAD_THREADS 256
 
 struct HeadTree {
     const int *level_start; // levels + 1
@@ -37,13 +36,13 @@ template <typename T, typename O>
 __device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoint, int skew,
                             int *status) {
     typedef typename O::V V;
-    const int h = blockIdx.x * HEAD_LANES + threadIdx.x;
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
     const i64 set = (i64)g.nodes * g.heads;
     const int root = g.nodes - 1;
     for (int k = 0; k < g.levels; ++k) {
         if (h < g.heads) {
             for (int v = g.level_start[k] + threadIdx.y; v < g.level_start[k + 1];
-                 v += HEAD_ROWS) {
+                 v += blockDim.y) {
                 V a = O::one();
                 for (int c = g.child_start[v]; c < g.child_start[v + 1]; ++c) {
                     const i64 e = (i64)c * g.heads + h;
@@ -82,7 +81,7 @@ __device__ __forceinline__ i64 bias_at(int v, int h, int nodes, int leaves, int 
     return by_head ? (i64)h * (nodes - leaves) + (v - leaves) : (i64)(v - leaves) * heads + h;
 }
 
-// x = M^-1 rhs for one sample (blockIdx.y) and HEAD_LANES heads, M = T_G or T_G^H as `piv`
+// x = M^-1 rhs for one sample (blockIdx.y) and blockDim.x heads, M = T_G or T_G^H as `piv`
 // says. The right-hand side of node v: rhs[v] for v < m (rhs is (batch, m, heads)), plus
 // bias[v - leaves] on the internal nodes when bias is given (laid out as `bias_at` says); zero
 // for the nodes beyond m without a bias.
@@ -90,11 +89,11 @@ template <typename T, typename O>
 __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, const HeadTree &g,
                            int m, int leaves, int bias_by_head) {
     typedef typename O::V V;
-    const int h = blockIdx.x * HEAD_LANES + threadIdx.x;
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
     const bool live = h < g.heads;
     const i64 set = (i64)g.nodes * g.heads;
     const i64 x0 = (i64)blockIdx.y * set, r0 = (i64)blockIdx.y * m * g.heads;
-    for (int v = threadIdx.y; live && v < g.nodes; v += HEAD_ROWS) {
+    for (int v = threadIdx.y; live && v < g.nodes; v += blockDim.y) {
         V s = O::zero();
         if (v < m) s = O::load(rhs, r0 + (i64)v * g.heads + h);
         if (bias && v >= leaves) {
@@ -107,7 +106,7 @@ __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, cons
     // Upward: the parents of level k fold in their children (û_c = ũ_c / Â_c).
     for (int k = 1; k < g.levels; ++k) {
         for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += HEAD_ROWS) {
+             p += blockDim.y) {
             V acc = O::load(x, x0 + (i64)p * g.heads + h);
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const i64 e = (i64)c * g.heads + h;
@@ -126,7 +125,7 @@ __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, cons
     // Downward: x_c = û_c + B̂_c x_p, the parents of level k pushing to their children.
     for (int k = g.levels - 1; k >= 1; --k) {
         for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += HEAD_ROWS) {
+             p += blockDim.y) {
             const V xp = O::load(x, x0 + (i64)p * g.heads + h);
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const i64 e = (i64)c * g.heads + h;
@@ -146,8 +145,8 @@ template <typename T, typename O>
 __device__ void head_reduce(const T *lam, const T *x, T *dcoef, T *dbias, const int *parent,
                             int batch, int nodes, int leaves, int heads, int skew) {
     typedef typename O::V V;
-    const int h = blockIdx.x * HEAD_LANES + threadIdx.x;
-    const int v = blockIdx.y * HEAD_ROWS + threadIdx.y;
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
+    const int v = blockIdx.y * blockDim.y + threadIdx.y;
     if (h >= heads || v >= nodes) return;
     const i64 set = (i64)nodes * heads, e = (i64)v * heads + h;
     const int p = parent[v];
@@ -173,21 +172,21 @@ __device__ void head_reduce(const T *lam, const T *x, T *dcoef, T *dbias, const 
 }
 
 #define HEAD_KERNELS(SUFFIX, T, OPS)                                                             \
-    extern "C" __global__ void __launch_bounds__(HEAD_LANES * HEAD_ROWS)                         \
+    extern "C" __global__ void __launch_bounds__(HEAD_THREADS)                                   \
         head_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,                     \
                              const int *child_start, int levels, int nodes, int heads,          \
                              int adjoint, int skew, int *status) {                              \
         const HeadTree g{level_start, child_start, levels, nodes, heads};                       \
         head_pivots<T, OPS>(coef, piv, g, adjoint, skew, status);                               \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(HEAD_LANES * HEAD_ROWS)                         \
+    extern "C" __global__ void __launch_bounds__(HEAD_THREADS)                                   \
         head_sweep_##SUFFIX(const T *rhs, const T *bias, const T *piv, T *x,                    \
                             const int *level_start, const int *child_start, int levels,         \
                             int nodes, int heads, int m, int leaves, int bias_by_head) {        \
         const HeadTree g{level_start, child_start, levels, nodes, heads};                       \
         head_sweep<T, OPS>(rhs, bias, piv, x, g, m, leaves, bias_by_head);                      \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(HEAD_LANES * HEAD_ROWS)                         \
+    extern "C" __global__ void __launch_bounds__(HEAD_THREADS)                                   \
         head_reduce_##SUFFIX(const T *lam, const T *x, T *dcoef, T *dbias, const int *parent,   \
                              int batch, int nodes, int leaves, int heads, int skew) {           \
         head_reduce<T, OPS>(lam, x, dcoef, dbias, parent, batch, nodes, leaves, heads, skew);   \

@@ -160,18 +160,24 @@ fn with_state<R>(dev: &CudaDevice, f: impl FnOnce(&mut DeviceState) -> Result<R>
     f(state)
 }
 
-/// The shared memory the device grants a block, and a workspace budget of an eighth of the
-/// memory free now (at most [`DeviceLimits::MAX_WORKSPACE`]).
+/// The shared memory the device grants a block, its multiprocessors, and a workspace budget
+/// of an eighth of the memory free now (at most [`DeviceLimits::MAX_WORKSPACE`]).
 fn query_limits(dev: &CudaDevice) -> Result<DeviceLimits> {
     let opt_in = dev
         .cuda_stream()
         .context()
         .attribute(CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         .w()?;
+    let sms = dev
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .w()?;
     let (free, _total) = dev.cuda_stream().context().mem_get_info().w()?;
     Ok(DeviceLimits {
         shared_per_block: (opt_in as usize).max(DeviceLimits::DEFAULT_SHARED),
         workspace_bytes: (free / 8).min(DeviceLimits::MAX_WORKSPACE),
+        sms: (sms as usize).max(1),
     })
 }
 

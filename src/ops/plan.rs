@@ -91,8 +91,8 @@ impl LaunchPlan {
     }
 }
 
-/// What a device grants one launch: dynamic shared memory per block, and how much global
-/// memory a kernel's workspace may take.
+/// What a device grants one launch: dynamic shared memory per block, how much global memory a
+/// kernel's workspace may take, and how many multiprocessors run its blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceLimits {
     /// The most one block may have, opting in above [`DeviceLimits::DEFAULT_SHARED`]
@@ -101,6 +101,9 @@ pub struct DeviceLimits {
     /// The most global workspace one launch may use, in bytes (kernels whose blocks take
     /// several work items in turn shrink their grid to stay within it).
     pub workspace_bytes: usize,
+    /// Streaming multiprocessors: kernels whose blocks can be made wider or narrower choose
+    /// by how many blocks each one gets.
+    pub sms: usize,
 }
 
 impl DeviceLimits {
@@ -112,10 +115,12 @@ impl DeviceLimits {
     pub const V100: DeviceLimits = DeviceLimits {
         shared_per_block: 96 * 1024,
         workspace_bytes: Self::MAX_WORKSPACE,
+        sms: 80,
     };
     pub const H100: DeviceLimits = DeviceLimits {
         shared_per_block: 227 * 1024,
         workspace_bytes: Self::MAX_WORKSPACE,
+        sms: 132,
     };
 
     /// Whether a block can have `bytes` of dynamic shared memory.

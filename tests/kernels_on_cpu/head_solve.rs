@@ -5,9 +5,10 @@
 
 use candle_core::{DType, Device, Tensor};
 use myosotis::ops::head_solve::cuda::{
-    backward_plans, forward_plans, skew_backward_plans, skew_forward_plans, LANES, ROWS,
+    backward_plans, forward_plans, skew_backward_plans, skew_forward_plans, sweep_lanes, LANES,
+    ROWS, THREADS,
 };
-use myosotis::ops::plan::KernelArg;
+use myosotis::ops::plan::{DeviceLimits, KernelArg};
 use myosotis::ops::{head_solve, head_solve_backward, head_solve_skew, head_solve_skew_backward};
 use myosotis::tree::Tree;
 
@@ -18,6 +19,26 @@ use crate::exec::{round_to, run, run_in_every_order};
 
 /// The head kernels' dtypes (half precision is solved in f32 by the op), with tolerances.
 const HEAD_DTYPES: [(DType, f64); 2] = [(DType::F64, 1e-12), (DType::F32, 2e-5)];
+
+/// Devices whose multiprocessor counts make the sweep of 2 samples × 37 heads take blocks of
+/// 32, 16 and 8 heads (see [`sweep_lanes`]).
+const SWEEP_WIDTHS: [(u32, DeviceLimits); 3] = [
+    (
+        32,
+        DeviceLimits {
+            sms: 1,
+            ..DeviceLimits::H100
+        },
+    ),
+    (
+        16,
+        DeviceLimits {
+            sms: 3,
+            ..DeviceLimits::H100
+        },
+    ),
+    (8, DeviceLimits::H100),
+];
 
 fn rounded(x: &HeadInputs, dtype: DType) -> HeadInputs {
     let r = |v: &[f64]| round_to(v, dtype);
@@ -37,9 +58,10 @@ fn forward(
     ts: &[Tensor; 4],
     dtype: DType,
     seed: u64,
+    limits: DeviceLimits,
 ) -> (Vec<f64>, i32) {
     let [u, bias, b, c] = ts;
-    let [pivots, sweep] = forward_plans(tree, u, bias, b, c).unwrap();
+    let [pivots, sweep] = forward_plans(tree, u, bias, b, c, limits).unwrap();
     let coef = [x.b.clone(), x.c.clone()].concat();
     let piv = run_in_every_order(&pivots, dtype, &[&coef], seed);
     let inputs: Vec<&[f64]> = match tree.len() > tree.leaves() {
@@ -65,12 +87,21 @@ fn head_kernels_match_the_dense_solve_and_the_cpu_twin() {
     for (name, tree) in &trees {
         for shape in [(2, 3, false), (2, 37, true), (3, 5, false)] {
             for coupling in [Coupling::Skew, Coupling::Dominant] {
-                for (dtype, tol) in HEAD_DTYPES {
-                    let what = format!("{name}, {shape:?}, {coupling:?}, {dtype:?} (seed {seed})");
+                for ((dtype, tol), (lanes, limits)) in HEAD_DTYPES
+                    .into_iter()
+                    .flat_map(|d| SWEEP_WIDTHS.map(|w| (d, w)))
+                {
+                    let what = format!(
+                        "{name}, {shape:?}, {coupling:?}, {dtype:?}, sweep of {} lanes (seed {seed})",
+                        sweep_lanes(shape.0, shape.1, limits.sms)
+                    );
+                    if shape == (2, 37, true) {
+                        assert_eq!(sweep_lanes(2, 37, limits.sms), lanes, "{what}");
+                    }
                     let x = rounded(&random_head_inputs(tree, shape, coupling, &mut rng), dtype);
                     let ts = x.tensors(tree, dtype, &Device::Cpu);
                     let [u, bias, b, c] = &ts;
-                    let (sol, status) = forward(tree, &x, &ts, dtype, seed);
+                    let (sol, status) = forward(tree, &x, &ts, dtype, seed, limits);
                     assert_eq!(status, 0, "{what}");
                     let e = rel_err(&sol, &dense(tree, &x));
                     assert!(e < tol, "x vs dense solve: {e:e}, {what}");
@@ -82,7 +113,8 @@ fn head_kernels_match_the_dense_solve_and_the_cpu_twin() {
                     let g_t = tensor(&g, twin.dims(), dtype, &Device::Cpu);
                     let want = dense_grads(tree, &x, &g);
                     let twin = head_solve_backward(tree, u, bias, b, c, &twin, &g_t).unwrap();
-                    let [pivots, sweep, reduce] = backward_plans(tree, u, bias, b, c).unwrap();
+                    let [pivots, sweep, reduce] =
+                        backward_plans(tree, u, bias, b, c, limits).unwrap();
                     let coef = [x.b.clone(), x.c.clone()].concat();
                     let piv = run_in_every_order(&pivots, dtype, &[&coef], seed);
                     assert_eq!(piv.status, 0, "{what}");
@@ -144,7 +176,9 @@ fn head_kernels_skew_form() {
                 let (s, bias) = x.skew_form(tree);
                 let s_t = tensor(&s, &[heads, n, 2], dtype, &Device::Cpu);
                 let bias_t = tensor(&bias, &[heads, internal, 2], dtype, &Device::Cpu);
-                let [pivots, sweep] = skew_forward_plans(tree, u, &bias_t, &s_t).unwrap();
+                // The skew form in blocks of 32 heads, the general one in the H100's choice.
+                let wide = SWEEP_WIDTHS[0].1;
+                let [pivots, sweep] = skew_forward_plans(tree, u, &bias_t, &s_t, wide).unwrap();
                 let piv = run_in_every_order(&pivots, dtype, &[&s], seed);
                 assert_eq!(piv.status, 0, "{what}");
                 let inputs: Vec<&[f64]> = match internal > 0 {
@@ -152,7 +186,7 @@ fn head_kernels_skew_form() {
                     false => vec![&x.u, &piv.outputs[0]],
                 };
                 let sol = run_in_every_order(&sweep, dtype, &inputs, seed).outputs[0].clone();
-                let (general, _) = forward(tree, &x, &ts, dtype, seed);
+                let (general, _) = forward(tree, &x, &ts, dtype, seed, DeviceLimits::H100);
                 assert_same(&sol, &general, &format!("x vs the general form, {what}"));
                 let twin = head_solve_skew(tree, u, &bias_t, &s_t).unwrap();
                 assert_same(&sol, &to_vec(&twin), &format!("x, {what}"));
@@ -160,7 +194,8 @@ fn head_kernels_skew_form() {
                 let g = round_to(&uniform(&mut rng, sol.len(), -1.0, 1.0), dtype);
                 let g_t = tensor(&g, twin.dims(), dtype, &Device::Cpu);
                 let twin = head_solve_skew_backward(tree, u, &bias_t, &s_t, &twin, &g_t).unwrap();
-                let [pivots, sweep, reduce] = skew_backward_plans(tree, u, &bias_t, &s_t).unwrap();
+                let [pivots, sweep, reduce] =
+                    skew_backward_plans(tree, u, &bias_t, &s_t, wide).unwrap();
                 let piv = run_in_every_order(&pivots, dtype, &[&s], seed);
                 let lam = run_in_every_order(&sweep, dtype, &[&g, &piv.outputs[0]], seed);
                 let red = run_in_every_order(&reduce, dtype, &[&lam.outputs[0], &sol], seed);
@@ -214,14 +249,40 @@ fn head_kernels_on_the_zmnist_tree() {
     );
     let ts = x.tensors(&tree, dtype, &Device::Cpu);
     let [u, bias, b, c] = &ts;
-    let [pivots, sweep] = forward_plans(&tree, u, bias, b, c).unwrap();
+    let [pivots, sweep] = forward_plans(&tree, u, bias, b, c, DeviceLimits::H100).unwrap();
     // 64 heads in blocks of LANES, two samples.
     let h = 64 / LANES;
     assert_eq!((pivots.grid, pivots.block), ([h, 1, 1], [LANES, ROWS, 1]));
-    assert_eq!(sweep.grid, [h, 2, 1]);
-    let (sol, _) = forward(&tree, &x, &ts, dtype, seed);
+    assert_eq!((sweep.grid, sweep.block), ([h, 2, 1], [LANES, ROWS, 1]));
+    let (sol, _) = forward(&tree, &x, &ts, dtype, seed, DeviceLimits::H100);
     let twin = head_solve(&tree, u, bias, b, c).unwrap();
     assert_same(&sol, &to_vec(&twin), &format!("x (seed {seed})"));
+}
+
+/// The sweep's heads per block by shape on an H100 (132 SMs): 8 at (16 samples, 64 heads),
+/// 128 blocks; 32 at (64, 256), 512 blocks; 16 where 32 would leave SMs short.
+#[test]
+fn head_sweep_lanes_follow_the_grid() {
+    let sms = DeviceLimits::H100.sms;
+    assert_eq!(sweep_lanes(16, 64, sms), 8);
+    assert_eq!(sweep_lanes(64, 256, sms), 32);
+    assert_eq!(sweep_lanes(32, 256, sms), 16);
+    assert_eq!(sweep_lanes(1, 1, 1), 8);
+    let tree = Tree::quad(28, 28).unwrap();
+    let (n, dtype) = (tree.len(), DType::F32);
+    let z = |s: &[usize]| Tensor::zeros(s, dtype, &Device::Cpu).unwrap();
+    let (u, bias, s) = (
+        z(&[64, tree.leaves(), 256, 2]),
+        z(&[256, n - tree.leaves(), 2]),
+        z(&[256, n, 2]),
+    );
+    let [_, sweep] = skew_forward_plans(&tree, &u, &bias, &s, DeviceLimits::H100).unwrap();
+    assert_eq!(
+        (sweep.grid, sweep.block),
+        ([8, 64, 1], [32, THREADS / 32, 1])
+    );
+    let [_, sweep, _] = skew_backward_plans(&tree, &u, &bias, &s, DeviceLimits::V100).unwrap();
+    assert_eq!(sweep.block, [32, THREADS / 32, 1]);
 }
 
 /// A singular pivot sets the status words to 1 + node and 1 + head, forward and backward.
@@ -232,8 +293,8 @@ fn head_kernels_report_a_singular_pivot_with_its_node() {
     let [u, bias, b, c] = x.tensors(&tree, DType::F32, &Device::Cpu);
     let parent = tree.parent(4).unwrap() as i32;
     let coef = [x.b.clone(), x.c.clone()].concat();
-    let [fwd, _] = forward_plans(&tree, &u, &bias, &b, &c).unwrap();
-    let [bwd, _, _] = backward_plans(&tree, &u, &bias, &b, &c).unwrap();
+    let [fwd, _] = forward_plans(&tree, &u, &bias, &b, &c, DeviceLimits::H100).unwrap();
+    let [bwd, _, _] = backward_plans(&tree, &u, &bias, &b, &c, DeviceLimits::H100).unwrap();
     for (plan, what) in [(fwd, "forward"), (bwd, "backward")] {
         let r = run(
             &plan,

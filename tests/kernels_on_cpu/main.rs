@@ -126,13 +126,8 @@ fn kernel_constants_match_the_plans() {
         ),
         (
             &read("head_solve.cu"),
-            "HEAD_LANES",
-            myosotis::ops::head_solve::cuda::LANES as usize,
-        ),
-        (
-            &read("head_solve.cu"),
-            "HEAD_ROWS",
-            myosotis::ops::head_solve::cuda::ROWS as usize,
+            "HEAD_THREADS",
+            myosotis::ops::head_solve::cuda::THREADS as usize,
         ),
         (
             &read("dropout.cu"),

@@ -19,7 +19,7 @@ use myosotis::ops::plan::{KernelArg, LaunchPlan};
 /// A device that grants no shared memory: the plan puts every tree in the global workspace.
 const NO_SHARED: DeviceLimits = DeviceLimits {
     shared_per_block: 0,
-    workspace_bytes: DeviceLimits::MAX_WORKSPACE,
+    ..DeviceLimits::H100
 };
 
 fn trees() -> Vec<(&'static str, Tree)> {
