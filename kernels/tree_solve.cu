@@ -1,6 +1,6 @@
 // Myo tree solve x = T_G^-1 u and its backward: scalar blocks (d = 1, `tree_fwd`/`tree_bwd`)
 // and d x d blocks (`tree_block_fwd`/`tree_block_bwd`, below). The algorithm is described in
-// src/ops/tree_solve/mod.rs; the CPU twins are src/ops/tree_solve/{lanes,blocked}.rs.
+// src/ops/tree_solve/mod.rs; the CPU twins are src/ops/tree_solve/{levels,blocked}.rs.
 //
 // Grid: a block per (batch, head) tree, or fewer blocks each taking several trees in turn.
 // Threads work on the parents of one BFS level at a time (each parent folds in its contiguous

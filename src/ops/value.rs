@@ -214,15 +214,6 @@ unsafe impl<F> Send for SharedOut<F> {}
 unsafe impl<F> Sync for SharedOut<F> {}
 
 impl<F> SharedOut<F> {
-    /// The buffer from scalar `start` on.
-    ///
-    /// # Safety
-    /// `start` must lie within the buffer.
-    #[inline(always)]
-    pub unsafe fn offset(self, start: usize) -> SharedOut<F> {
-        SharedOut(self.0.add(start))
-    }
-
     /// The scalars `start..start + len` as a slice, so that the compiler sees an unaliased
     /// row (and vectorises the loop that fills it).
     ///

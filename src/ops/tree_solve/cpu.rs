@@ -1,6 +1,6 @@
-//! The CPU side of the tree solve: every (batch, head) tree solved in parallel, by the lane
-//! path for scalar blocks (`lanes.rs`) or the blocked path (`blocked.rs`), and the gradient
-//! partials reduced over the batch.
+//! The CPU side of the tree solve: every (batch, head) tree solved in parallel, level by
+//! level for scalar blocks (`levels.rs`) or by the blocked path (`blocked.rs`), and the
+//! gradient partials reduced over the batch.
 
 use candle_core::{bail, Device, Result, Storage, Tensor, WithDType};
 use rayon::prelude::*;
@@ -19,7 +19,7 @@ impl TreeSolveOp {
         out: SharedOut<F>,
     ) -> Result<()> {
         if self.dims.d == 1 {
-            self.solve_lanes::<F, V>(side, coef, rhs, out)
+            self.solve_levels::<F, V>(side, coef, rhs, out)
         } else {
             self.solve_blocks::<F, V>(side, coef, rhs, out)
         }
@@ -88,15 +88,17 @@ impl TreeSolveOp {
             return Tensor::from_vec(dcoef, shape, &Device::Cpu);
         }
         let len = dims.heads * dims.nodes * d * d * tail.iter().product::<usize>();
-        let summed: Vec<F> = (0..3)
-            .flat_map(|k| {
-                sum_partials(
-                    &dcoef[k * partials * len..(k + 1) * partials * len],
-                    partials,
-                    len,
-                )
-            })
-            .collect();
+        let summed = match partials {
+            1 => dcoef,
+            _ => {
+                let mut summed = Vec::with_capacity(3 * len);
+                for k in 0..3 {
+                    let set = &dcoef[k * partials * len..(k + 1) * partials * len];
+                    summed.extend(sum_partials(set, partials, len));
+                }
+                summed
+            }
+        };
         let shape = [&[3, dims.heads, dims.nodes, d, d][..], tail].concat();
         Tensor::from_vec(summed, shape, &Device::Cpu)
     }

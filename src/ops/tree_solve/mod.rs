@@ -40,10 +40,9 @@ use crate::tree::Tree;
 mod blocked;
 mod cpu;
 pub mod cuda;
-mod lanes;
+mod levels;
 mod reference;
 
-pub use lanes::LANES;
 pub use reference::tree_solve_reference;
 
 /// Options of [`tree_solve`].
