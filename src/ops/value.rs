@@ -225,6 +225,19 @@ impl<F> SharedOut<F> {
         std::slice::from_raw_parts_mut(self.0.add(start), len)
     }
 
+    /// `len` values (`WIDTH` scalars each) from scalar `start` on, as a slice.
+    ///
+    /// # Safety
+    /// As [`SharedOut::row`], and the scalars must have been written.
+    #[inline(always)]
+    pub unsafe fn values<'a, V: Value<F>>(self, start: usize, len: usize) -> &'a mut [V]
+    where
+        F: WithDType,
+    {
+        debug_assert_eq!(size_of::<V>(), V::WIDTH * size_of::<F>());
+        std::slice::from_raw_parts_mut(self.0.add(start).cast::<V>(), len)
+    }
+
     /// Writes `vals` (elements laid out as `WIDTH` scalars each) to scalars `start..`; with
     /// `stream`, by non-temporal stores: the lines go to memory without first being read into
     /// the cache, a quarter of the traffic of a scan whose output does not fit in the cache
@@ -286,6 +299,15 @@ pub(crate) fn store_fence() {
     unsafe {
         std::arch::x86_64::_mm_sfence()
     }
+}
+
+/// A slice of scalars viewed as values of `WIDTH` scalars each (its length a multiple of it).
+#[inline(always)]
+pub(crate) fn as_values<F: WithDType, V: Value<F>>(s: &[F]) -> &[V] {
+    debug_assert_eq!(size_of::<V>(), V::WIDTH * size_of::<F>());
+    // SAFETY: Re and Complex are laid out as their WIDTH scalars (repr transparent / C), with
+    // the scalar's alignment.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<V>(), s.len() / V::WIDTH) }
 }
 
 /// An output buffer of `n` scalars that a kernel fills through [`OutBuf::ptr`] and that only

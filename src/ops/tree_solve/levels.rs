@@ -13,7 +13,7 @@ use candle_core::{Result, WithDType};
 use rayon::prelude::*;
 
 use super::{Side, TreeSolveOp};
-use crate::ops::value::{has_avx2, OutBuf, SharedOut, Value};
+use crate::ops::value::{as_values, has_avx2, OutBuf, SharedOut, Value};
 use crate::tree::Tree;
 
 /// Samples one task solves after computing its coefficient set's pivots.
@@ -27,12 +27,11 @@ struct Pivots<V> {
     dn: Vec<V>,
 }
 
-/// A task's scratch: the pivots, one tree's values (n × r), one level's worth of messages or
-/// parent values, and for the backward the gradient blocks of a tree (3 × n), their sums over
-/// a task's samples, and two node-sized rows.
+/// A task's scratch: the pivots, one level's worth of messages or parent values, and for the
+/// backward the gradient blocks of a tree (3 × n), their sums over a task's samples, and two
+/// node-sized rows.
 struct Scratch<V> {
     piv: Pivots<V>,
-    s: Vec<V>,
     m: Vec<V>,
     g: Vec<V>,
     acc: Vec<V>,
@@ -47,10 +46,9 @@ impl<V> Scratch<V> {
             bh: vec![],
             dn: vec![],
         };
-        let [s, m, g, acc, xs, lp] = std::array::from_fn(|_| vec![]);
+        let [m, g, acc, xs, lp] = std::array::from_fn(|_| vec![]);
         Scratch {
             piv,
-            s,
             m,
             g,
             acc,
@@ -445,20 +443,23 @@ impl TreeSolveOp {
         std::array::from_fn(|k| &coef[k * set + at..][..per])
     }
 
-    /// Solves tree (bi, hi) of `side`: its right-hand sides from `rhs` into `ws.s`, solved in
-    /// place. The pivots are computed anew for per-sample coefficients or a task's `first`
-    /// sample, else those in `ws` are reused.
+    /// Solves tree (bi, hi) of `side`: its right-hand sides from `rhs` into its region of
+    /// `out`, solved there in place, which it returns. The pivots are computed anew for
+    /// per-sample coefficients or a task's `first` sample, else those in `ws` are reused.
+    ///
+    /// # Safety
+    /// The tree's region of `out` must be this task's alone.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn solve_tree<F: WithDType, V: Value<F>>(
+    unsafe fn solve_tree<'a, F: WithDType, V: Value<F>>(
         &self,
         side: Side,
         arity: &[usize],
-        (coef, rhs): (&[F], &[F]),
+        (coef, rhs, out): (&[F], &[F], SharedOut<F>),
         (bi, hi): (usize, usize),
         first: bool,
         ws: &mut Scratch<V>,
-    ) -> Result<()> {
+    ) -> Result<&'a mut [V]> {
         let dims = self.dims;
         let (n, r) = (dims.nodes, dims.r);
         let per_tree = n * r * V::WIDTH;
@@ -472,11 +473,11 @@ impl TreeSolveOp {
             };
             ok.map_err(|v| self.pivot_error(side, t, v))?;
         }
-        let row = &rhs[t * per_tree..][..per_tree];
-        ws.s.clear();
-        ws.s.extend((0..n * r).map(|e| V::load(row, e)));
-        sweep::<F, V>(tree, arity, r, &ws.piv, &mut ws.s, &mut ws.m);
-        Ok(())
+        let row = as_values::<F, V>(&rhs[t * per_tree..][..per_tree]);
+        out.write(t * per_tree, row, false);
+        let s = out.values::<V>(t * per_tree, n * r);
+        sweep::<F, V>(tree, arity, r, &ws.piv, s, &mut ws.m);
+        Ok(s)
     }
 
     /// The scalar-block (d = 1) solve of every tree: `rhs` holds u (forward) or g (adjoint)
@@ -545,12 +546,9 @@ impl TreeSolveOp {
         out: SharedOut<F>,
         ws: &mut Scratch<V>,
     ) -> Result<()> {
-        let per_tree = self.dims.nodes * self.dims.r * V::WIDTH;
         for bi in b0..b0 + count {
-            self.solve_tree(side, arity, io, (bi, hi), bi == b0, ws)?;
-            let t = bi * self.dims.heads + hi;
             // SAFETY: this task alone writes its trees' regions of the output.
-            unsafe { out.write(t * per_tree, &ws.s, false) };
+            unsafe { self.solve_tree(side, arity, (io.0, io.1, out), (bi, hi), bi == b0, ws)? };
         }
         Ok(())
     }
@@ -625,13 +623,13 @@ impl TreeSolveOp {
         ws.acc.resize(3 * n, V::zero());
         ws.g.resize(3 * n, V::zero());
         for bi in b0..b0 + count {
-            self.solve_tree(Side::Adjoint, arity, (coef, g), (bi, hi), bi == b0, ws)?;
-            let t = bi * dims.heads + hi;
+            let io = (coef, g, du_out);
             // SAFETY: this task alone writes its trees' regions of ∂u.
-            unsafe { du_out.write(t * per_tree, &ws.s, false) };
+            let lam = unsafe { self.solve_tree(Side::Adjoint, arity, io, (bi, hi), bi == b0, ws)? };
+            let t = bi * dims.heads + hi;
             let xs = &x[t * per_tree..][..per_tree];
             let scratch = (&mut ws.xs, &mut ws.lp);
-            grads::<F, V>(&self.tree, arity, r, &ws.s, xs, &mut ws.g, scratch);
+            grads::<F, V>(&self.tree, arity, r, lam, xs, &mut ws.g, scratch);
             match dims.shared {
                 true => {
                     for (a, g) in ws.acc.iter_mut().zip(&ws.g) {
