@@ -189,29 +189,9 @@ impl<V: Copy> Factors<V> {
                 }
             }
         }
-        let node = |s: &mut Self, c: usize, with_b: bool| -> bool {
-            let k = if with_b { d } else { 0 };
-            let m = &mut s.upper[c * dd..(c + 1) * dd];
-            let rhs = &mut s.bhat[c * dd..c * dd + k * d];
-            if with_b {
-                for i in 0..d {
-                    for j in 0..d {
-                        rhs[i * d + j] = V::zero().sub(blk.up(c, i, j));
-                    }
-                }
-            }
-            factor_block(
-                m,
-                rhs,
-                (d, k),
-                &mut s.piv[c * d..(c + 1) * d],
-                &mut s.mult[c * dd..(c + 1) * dd],
-                &mut s.inv[c * d..(c + 1) * d],
-            )
-        };
         for k in 0..tree.levels() - 1 {
             for c in tree.level(k) {
-                if !node(self, c, true) {
+                if !self.eliminate_node::<F, D>(blk, c, true) {
                     return Err(BadPivot(c));
                 }
                 let p = tree.parents()[c];
@@ -227,15 +207,49 @@ impl<V: Copy> Factors<V> {
             }
         }
         let root = tree.root();
-        if !node(self, root, false) {
+        if !self.eliminate_node::<F, D>(blk, root, false) {
             return Err(BadPivot(root));
         }
         Ok(())
     }
 
+    /// Factors node c's block Â_c, solving Â_c B̂_c = −B_c with it when `with_b` (not at the
+    /// root). False for a singular or non-finite pivot.
+    #[inline(always)]
+    fn eliminate_node<F: WithDType, const D: usize>(
+        &mut self,
+        blk: &Blocks<F>,
+        c: usize,
+        with_b: bool,
+    ) -> bool
+    where
+        V: Value<F>,
+    {
+        let d = self.d::<D>();
+        let dd = d * d;
+        let k = if with_b { d } else { 0 };
+        let m = &mut self.upper[c * dd..(c + 1) * dd];
+        let rhs = &mut self.bhat[c * dd..c * dd + k * d];
+        if with_b {
+            for i in 0..d {
+                for j in 0..d {
+                    rhs[i * d + j] = V::zero().sub(blk.up(c, i, j));
+                }
+            }
+        }
+        factor_block(
+            m,
+            rhs,
+            (d, k),
+            &mut self.piv[c * d..(c + 1) * d],
+            &mut self.mult[c * dd..(c + 1) * dd],
+            &mut self.inv[c * d..(c + 1) * d],
+        )
+    }
+
     /// rhs ← Â_v⁻¹ rhs (d × r, each entry `L` samples' values) by the steps recorded for v.
     #[inline(always)]
-    fn replay<F: WithDType, const D: usize, const L: usize>(
+    fn replay<F: WithDType, const D: usize, const L: usize, const R: usize>(
         &self,
         v: usize,
         rhs: &mut [[V; L]],
@@ -243,7 +257,7 @@ impl<V: Copy> Factors<V> {
     ) where
         V: Value<F>,
     {
-        let d = self.d::<D>();
+        let (d, r) = (self.d::<D>(), if R > 0 { R } else { r });
         let dd = d * d;
         let (piv, mult) = (&self.piv[v * d..], &self.mult[v * dd..]);
         for col in 0..d {
@@ -280,7 +294,7 @@ impl<V: Copy> Factors<V> {
     /// x_c = û_c + B̂_c x_p; each lane's arithmetic that of a sample alone. `uhat` and `xs`:
     /// scratch of (nodes × d × r) entries.
     #[inline(always)]
-    fn solve<F: WithDType, const D: usize, const L: usize>(
+    fn solve<F: WithDType, const D: usize, const L: usize, const R: usize>(
         &self,
         tree: &Tree,
         (u, x): ([&[F]; L], [&mut [F]; L]),
@@ -289,7 +303,7 @@ impl<V: Copy> Factors<V> {
     ) where
         V: Value<F>,
     {
-        let (n, d) = (tree.len(), self.d::<D>());
+        let (n, d, r) = (tree.len(), self.d::<D>(), if R > 0 { R } else { r });
         let (dd, dr) = (d * d, d * r);
         for (e, uh) in uhat[..n * dr].iter_mut().enumerate() {
             *uh = std::array::from_fn(|l| V::load(u[l], e));
@@ -298,7 +312,7 @@ impl<V: Copy> Factors<V> {
             for c in tree.level(k) {
                 let (below, above) = uhat.split_at_mut((c + 1) * dr);
                 let uc = &mut below[c * dr..];
-                self.replay::<F, D, L>(c, uc, r);
+                self.replay::<F, D, L, R>(c, uc, r);
                 let p = tree.parents()[c];
                 let up = &mut above[(p - c - 1) * dr..(p - c) * dr];
                 for i in 0..d {
@@ -313,7 +327,7 @@ impl<V: Copy> Factors<V> {
             }
         }
         let root = tree.root();
-        self.replay::<F, D, L>(root, &mut uhat[root * dr..(root + 1) * dr], r);
+        self.replay::<F, D, L, R>(root, &mut uhat[root * dr..(root + 1) * dr], r);
         xs[root * dr..(root + 1) * dr].copy_from_slice(&uhat[root * dr..(root + 1) * dr]);
         for k in (0..tree.levels() - 1).rev() {
             for c in tree.level(k) {
@@ -428,17 +442,24 @@ impl TreeSolveOp {
                         unreachable!("a group has {SAMPLE_LANES} samples")
                     };
                     let ws = (&mut uhat[..], &mut xs[..]);
-                    best_simd!(
-                        avx2,
-                        fac.solve::<F, D, SAMPLE_LANES>(&self.tree, (u, x), r, ws)
-                    );
+                    let tree = &*self.tree;
+                    match r {
+                        1 => best_simd!(
+                            avx2,
+                            fac.solve::<F, D, SAMPLE_LANES, 1>(tree, (u, x), r, ws)
+                        ),
+                        _ => best_simd!(
+                            avx2,
+                            fac.solve::<F, D, SAMPLE_LANES, 0>(tree, (u, x), r, ws)
+                        ),
+                    }
                 }
                 let scratch = || vec![[V::zero(); 1]; n * d * r];
                 let (mut uhat, mut xs) = (scratch(), scratch());
                 for b in samples.skip(full) {
                     let (u, x) = io(b);
                     let ws = (&mut uhat[..], &mut xs[..]);
-                    best_simd!(avx2, fac.solve::<F, D, 1>(&self.tree, ([u], [x]), r, ws));
+                    best_simd!(avx2, fac.solve::<F, D, 1, 0>(&self.tree, ([u], [x]), r, ws));
                 }
                 Ok(())
             },
