@@ -497,6 +497,65 @@ fn training_by_hand_follows_autograd() {
     }
 }
 
+/// Over all tree nodes, the last block of a node pooling computes the pooled nodes alone; the
+/// whole block gives the same values: with the same parameters, the mean over all 16 nodes of
+/// a 12-leaf 4-ary tree (`top:3`, every node computed) is 12/16 of the mean over the leaves
+/// (`mean`, every node computed) plus 4/16 of the mean over the two top levels (`top:2`, the 4
+/// internal nodes alone). In evaluation and in training, by hand and by candle's autograd
+/// (dropout on: its masks are per sample and feature, the same for every node).
+#[test]
+fn the_last_block_of_a_node_pooling_computes_the_pooled_nodes_alone() {
+    let (mut rng, seed) = common::seeded_rng("pooled nodes alone", 135);
+    let len = 12;
+    let x = randn(&mut rng, &[3, len, 2], DType::F64, &Device::Cpu);
+    let layer = layer_kinds(len)[2].clone();
+    for (activation, norm, prenorm) in [
+        (Activation::HalfGlu2, NormKind::Layer, false),
+        (Activation::Gelu, NormKind::Layer, true),
+        (Activation::FullGlu, NormKind::Batch, true),
+    ] {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu);
+        let model = |pooling| {
+            let cfg = ClassifierConfig {
+                prenorm,
+                ..config(layer.clone(), activation, norm, pooling)
+            };
+            SequenceClassifier::new(cfg, vb.clone()).unwrap()
+        };
+        let [all, leaves, top] = [
+            Pooling::TopLevels { k: 3 },
+            Pooling::Mean,
+            Pooling::TopLevels { k: 2 },
+        ]
+        .map(model);
+        let key = DropoutKey {
+            seed: 5,
+            step: 1,
+            first_row: 0,
+        };
+        for by_hand in [None, Some(false), Some(true)] {
+            let sink = GradSink::new();
+            let mode = match by_hand {
+                None => Mode::Eval,
+                Some(b) => Mode::Train(key, None, b.then_some(&sink)),
+            };
+            let f = |m: &SequenceClassifier| to_vec(&m.features(&x, None, mode).unwrap());
+            let (want, l, t) = (f(&all), f(&leaves), f(&top));
+            let got: Vec<f64> = l
+                .iter()
+                .zip(&t)
+                .map(|(l, t)| (12.0 * l + 4.0 * t) / 16.0)
+                .collect();
+            let e = common::rel_err(&got, &want);
+            assert!(
+                e < 1e-12,
+                "{activation:?}, {norm:?}, prenorm {prenorm}, by hand {by_hand:?}: {e:e} (seed {seed})"
+            );
+        }
+    }
+}
+
 /// The labels' negative log-likelihood by hand (the fused op) has the values of candle's ops to
 /// 1e-14, the same count of correct rows (ties included), and their gradient to 1e-12 (f64,
 /// awkward shapes, any incoming gradient).

@@ -603,10 +603,25 @@ impl SequenceClassifier {
             let virt = Tensor::zeros((b, tree.len() - len, hdim), h.dtype(), h.device())?;
             h = Tensor::cat(&[h, virt], 1)?;
         }
+        // Over all tree nodes, the last block of a node pooling computes the pooled nodes alone
+        // (unless a post-norm BatchNorm takes its statistics over all of them): `offset` is
+        // then the first node h holds.
+        let pooled_from = match &tree {
+            Some(t) if node_pooling && (self.cfg.prenorm || self.cfg.norm == NormKind::Layer) => {
+                tail::first_pooled(t, self.cfg.pooling)
+            }
+            _ => 0,
+        };
+        let mut offset = 0;
         for (i, block) in self.blocks.iter().enumerate() {
+            let from = if i + 1 == self.blocks.len() {
+                pooled_from
+            } else {
+                0
+            };
             if let (Some(sink), None) = (mode.sink(), layer_dt) {
-                if let Some(out) = self.block_by_hand(i, block, &h, mode, sink)? {
-                    h = out;
+                if let Some(out) = self.block_by_hand((i, block), &h, from, mode, sink)? {
+                    (h, offset) = (out, from);
                     continue;
                 }
             }
@@ -625,13 +640,15 @@ impl SequenceClassifier {
                 let pooled = self.pool_nodes(i, m, &z, block, mode)?;
                 return self.tail(&pooled, None, head, mode);
             }
-            h = self.activate(
-                i,
-                block,
-                &block.layer.forward(&z, layer_dt, mode.sink())?,
-                Some(&h),
-                mode,
-            )?;
+            let (y, residual) = match (&block.layer, from) {
+                (Layer::Myo(m), f) if f > 0 => (
+                    m.forward_nodes(&z, f)?,
+                    h.narrow(1, f, h.dim(1)? - f)?.contiguous()?,
+                ),
+                (layer, _) => (layer.forward(&z, layer_dt, mode.sink())?, h.clone()),
+            };
+            h = self.activate(i, block, &y, Some(&residual), mode)?;
+            offset = from;
             if !self.cfg.prenorm {
                 h = block.norm.forward(&h, mode)?;
             }
@@ -639,7 +656,7 @@ impl SequenceClassifier {
         let (h, pool) = match &tree {
             _ if self.cfg.pooling == Pooling::None => (h.narrow(1, 0, steps)?, None),
             Some(tree) if node_pooling => {
-                let first = tail::first_pooled(tree, self.cfg.pooling);
+                let first = tail::first_pooled(tree, self.cfg.pooling) - offset;
                 (h, Some(Pool::Nodes { first }))
             }
             Some(_) => {

@@ -173,6 +173,9 @@ struct BlockBackward {
     /// The layer's output.
     y: Tensor,
     act: Act,
+    /// The first position with an output (the last block of a node pooling computes the
+    /// pooled nodes alone): the residual's gradient is zero before it.
+    from: usize,
 }
 
 impl Act {
@@ -230,6 +233,10 @@ impl Backward for BlockBackward {
             Some(norm) => norm.backward(&dz, &mut params)?,
             None => dz,
         };
+        let d_o = match self.from {
+            0 => d_o,
+            f => d_o.pad_with_zeros(1, f, 0)?,
+        };
         Ok(((dz + d_o)?, params))
     }
 }
@@ -237,12 +244,13 @@ impl Backward for BlockBackward {
 impl SequenceClassifier {
     /// Block `i` on `h` as one node with its backward by hand, where it has one (a block
     /// around an untimed S5 layer or Myo's default form; LayerNorm in the fused op's dtypes):
-    /// `None` otherwise.
+    /// `None` otherwise. Its output covers the positions `from..` (a Myo layer's nodes; 0
+    /// for all).
     pub(super) fn block_by_hand(
         &self,
-        i: usize,
-        block: &Block,
+        (i, block): (usize, &Block),
         h: &Tensor,
+        from: usize,
         mode: Mode,
         sink: &GradSink,
     ) -> Result<Option<Tensor>> {
@@ -268,12 +276,16 @@ impl SequenceClassifier {
             false => (x.clone(), None),
         };
         let run = match &block.layer {
-            Layer::S5(s5) => s5.run_by_hand(&z)?,
-            Layer::Myo(m) => m.run_by_hand(&z)?,
+            Layer::S5(s5) if from == 0 => s5.run_by_hand(&z)?,
+            Layer::Myo(m) => m.run_nodes_by_hand(&z, from)?,
             _ => None,
         };
         let Some((y, layer)) = run else {
             candle_core::bail!("block {i}: its layer has no backward by hand");
+        };
+        let x = match from {
+            0 => x,
+            f => x.narrow(1, f, x.dim(1)? - f)?.contiguous()?,
         };
         let drop = |k: u64| dropout(self.cfg.dropout, mode, 3 * i as u64 + k);
         let (o, act) = match self.cfg.activation {
@@ -320,6 +332,7 @@ impl SequenceClassifier {
             layer,
             y,
             act,
+            from,
         };
         by_hand(h, &out, anchor, Box::new(back), sink).map(Some)
     }

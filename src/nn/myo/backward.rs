@@ -33,6 +33,11 @@ pub(super) struct MyoBackward {
     s: Tensor,
     xs: Tensor,
     r: Tensor,
+    /// The first node with an output: the outputs are nodes `from..`, read from `x` and `xs`
+    /// narrowed to them (`x_out`, `xs_out`).
+    from: usize,
+    x_out: Tensor,
+    xs_out: Tensor,
     /// Per-level couplings: each node's level, and the levels.
     levels: Option<(Tensor, usize)>,
     tree: Arc<Tree>,
@@ -61,6 +66,17 @@ impl Myo {
     /// [`candle_core::Module::forward`] on detached tensors, the same ops, and its backward by
     /// hand; `None` where [`Myo::has_backward_by_hand`] is false.
     pub(crate) fn run_by_hand(&self, x: &Tensor) -> Result<Option<(Tensor, Box<dyn Backward>)>> {
+        self.run_nodes_by_hand(x, 0)
+    }
+
+    /// [`Myo::run_by_hand`] with outputs for the nodes `from..` alone, as
+    /// [`Myo::forward_nodes`] gives them: the solve covers every node, the readout and the D
+    /// skip only those.
+    pub(crate) fn run_nodes_by_hand(
+        &self,
+        x: &Tensor,
+        from: usize,
+    ) -> Result<Option<(Tensor, Box<dyn Backward>)>> {
         if !self.has_backward_by_hand(x) {
             return Ok(None);
         }
@@ -84,12 +100,23 @@ impl Myo {
         };
         let xs = head_solve_skew(&self.tree, &u, &virtual_u, &s)?;
         let r = s5_readout(&c_out, 1, false)?;
+        if from >= n {
+            candle_core::bail!("Myo: node {from} is beyond the tree's {n} nodes");
+        }
+        let rows = n - from;
+        let (x_out, xs_out) = match from {
+            0 => (x.clone(), xs.clone()),
+            _ => (
+                x.narrow(1, from, rows)?.contiguous()?,
+                xs.narrow(1, from, rows)?.contiguous()?,
+            ),
+        };
         let y = gemm(
-            &Mat::matrix(&xs, 2 * heads)?,
+            &Mat::matrix(&xs_out, 2 * heads)?,
             &Mat::rows(&r)?,
-            (batch, n, h),
+            (batch, rows, h),
         )?;
-        let y = (y + channel_mul(&x, &d)?)?;
+        let y = (y + channel_mul(&x_out, &d)?)?;
         let back = MyoBackward {
             vars,
             c_out,
@@ -101,6 +128,9 @@ impl Myo {
             s,
             xs,
             r,
+            from,
+            x_out,
+            xs_out,
             levels: self
                 .cfg
                 .per_level
@@ -113,14 +143,24 @@ impl Myo {
 
 impl Backward for MyoBackward {
     fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
-        let (batch, n, h) = dy.dims3()?;
-        let heads = self.u.dim(2)?;
-        let (dx_skip, dd) = channel_mul_backward(&self.x, &self.d, dy)?;
+        let (batch, rows, h) = dy.dims3()?;
+        let (n, heads) = (self.xs.dim(1)?, self.u.dim(2)?);
+        // The nodes before `from` have no output: their rows of ∂xs and of the skip's ∂x are 0.
+        let pad = |t: Tensor| match self.from {
+            0 => Ok(t),
+            f => t.pad_with_zeros(1, f, 0),
+        };
+        let (dx_skip, dd) = channel_mul_backward(&self.x_out, &self.d, dy)?;
+        let dx_skip = pad(dx_skip)?;
         let dy = Mat::rows(dy)?;
-        let xs = Mat::matrix(&self.xs, 2 * heads)?;
+        let xs = Mat::matrix(&self.xs_out, 2 * heads)?;
         let dc_out =
             s5_readout_backward(&self.c_out, 1, false, &gemm(&xs.t(), &dy, (2 * heads, h))?)?;
-        let dxs = gemm(&dy, &Mat::rows(&self.r)?.t(), self.xs.dims())?;
+        let dxs = pad(gemm(
+            &dy,
+            &Mat::rows(&self.r)?.t(),
+            (batch, rows, heads, 2),
+        )?)?;
         let g = head_solve_skew_backward(&self.tree, &self.u, &self.bias, &self.s, &self.xs, &dxs)?;
         let (dv, ds) = (g.bias, g.s);
         let ds = match &self.levels {
