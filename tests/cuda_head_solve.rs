@@ -8,6 +8,7 @@ mod common;
 use candle_core::{DType, Device, Var};
 use common::heads::*;
 use common::*;
+use myosotis::ops::head_solve::cuda::sweep_lanes;
 use myosotis::ops::{check_pivots, head_solve, head_solve_skew};
 use myosotis::tree::Tree;
 
@@ -151,4 +152,40 @@ fn cuda_head_solve_reports_a_singular_pivot() {
     let parent = tree.parent(4).unwrap();
     assert!(err.contains(&format!("node {parent}, head 1")), "{err}");
     check_pivots(&gpu).unwrap();
+}
+
+/// Grids large enough that the sweep takes 32 and 16 heads per block on this GPU (as
+/// `sweep_lanes` picks from its multiprocessor count): x and the gradients on CUDA against the
+/// CPU twin.
+#[test]
+fn cuda_head_solve_in_wide_blocks_matches_cpu_twin() {
+    let Some(gpu) = gpu("cuda_head_solve_in_wide_blocks_matches_cpu_twin") else {
+        return;
+    };
+    let Device::Cuda(dev) = &gpu else {
+        unreachable!("a CUDA device")
+    };
+    let sms = myosotis::cuda::limits(dev).unwrap().sms;
+    let (mut rng, seed) = seeded_rng("cuda head solve, wide blocks", 45);
+    let tree = Tree::perfect(64, 4).unwrap();
+    let heads = 128;
+    // 128 heads make 4 blocks of 32 per sample, 8 of 16: the fewest samples for each.
+    for (lanes, batch) in [(32, (2 * sms).div_ceil(4)), (16, (2 * sms).div_ceil(8))] {
+        assert_eq!(
+            sweep_lanes(batch, heads, sms),
+            lanes,
+            "{sms} SMs, batch {batch}"
+        );
+        let shape = (batch, heads, false);
+        let x = random_head_inputs(&tree, shape, Coupling::Skew, &mut rng);
+        let w = uniform(&mut rng, batch * tree.len() * heads * 2, -1.0, 1.0);
+        let what = format!("{lanes} lanes, batch {batch} (seed {seed})");
+        let cuda = forward_backward(&tree, &x, &w, &gpu, DType::F32);
+        check_pivots(&gpu).unwrap();
+        let cpu = forward_backward(&tree, &x, &w, &Device::Cpu, DType::F32);
+        for (k, g) in ["x", "du", "dbias", "db", "dc"].iter().enumerate() {
+            let e = rel_err(&cuda[k], &cpu[k]);
+            assert!(e < 4e-4, "{g} CUDA vs CPU {e:e}, {what}");
+        }
+    }
 }
