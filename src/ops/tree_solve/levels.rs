@@ -176,9 +176,7 @@ fn pivots<F: WithDType, V: Value<F>, const ADJ: bool>(
             *i = i.inv();
             *b = V::zero().sub(*b).mul(*i);
         }
-        let (below, above) = inv.split_at_mut(ch.end);
-        let pars = &mut above[..tree.level(k).len()];
-        let _ = below;
+        let pars = &mut inv[tree.level(k)];
         fold_children(
             tree,
             k,
