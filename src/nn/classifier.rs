@@ -607,7 +607,7 @@ impl SequenceClassifier {
         // (unless a post-norm BatchNorm takes its statistics over all of them): `offset` is
         // then the first node h holds.
         let pooled_from = match &tree {
-            Some(t) if node_pooling && (self.cfg.prenorm || self.cfg.norm == NormKind::Layer) => {
+            Some(t) if node_pooling && self.pooled_nodes_alone() => {
                 tail::first_pooled(t, self.cfg.pooling)
             }
             _ => 0,
@@ -670,32 +670,5 @@ impl SequenceClassifier {
             }
         };
         self.tail(&h, pool, head, mode)
-    }
-
-    /// The Myo poolings (§3.2): the root, or the mean over the top k BFS levels, of the last
-    /// block's node outputs after its activation (and its norm, post-norm; internal nodes have
-    /// no residual input): (batch, H).
-    fn pool_nodes(
-        &self,
-        i: usize,
-        m: &Myo,
-        z: &Tensor,
-        block: &Block,
-        mode: Mode,
-    ) -> Result<Tensor> {
-        let tree = m.tree();
-        let first = tail::first_pooled(tree, self.cfg.pooling);
-        // Only the pooled nodes are computed past the solve, unless a post-norm BatchNorm
-        // takes its statistics over all of them.
-        if self.cfg.prenorm || self.cfg.norm == NormKind::Layer {
-            let mut nodes = self.activate(i, block, &m.forward_nodes(z, first)?, None, mode)?;
-            if !self.cfg.prenorm {
-                nodes = block.norm.forward(&nodes, mode)?;
-            }
-            return nodes.mean(1);
-        }
-        let nodes = self.activate(i, block, &m.forward_nodes(z, 0)?, None, mode)?;
-        let nodes = block.norm.forward(&nodes, mode)?;
-        nodes.narrow(1, first, tree.len() - first)?.mean(1)
     }
 }

@@ -10,9 +10,10 @@
 use candle_core::{DType, Result, Tensor};
 
 use super::block::Dense;
-use super::{Mode, Pooling, SequenceClassifier};
+use super::{Block, Mode, NormKind, Pooling, SequenceClassifier};
 use crate::nn::by_hand::{by_hand, Backward};
 use crate::nn::head::Head;
+use crate::nn::Myo;
 use crate::ops::{masked_mean, masked_mean_backward};
 use crate::tree::Tree;
 
@@ -58,6 +59,37 @@ impl Pool {
 }
 
 impl SequenceClassifier {
+    /// Whether a node pooling's last block computes the pooled nodes alone past its layer:
+    /// not with a post-norm BatchNorm, which takes its statistics over all of them.
+    pub(super) fn pooled_nodes_alone(&self) -> bool {
+        self.cfg.prenorm || self.cfg.norm == NormKind::Layer
+    }
+
+    /// The Myo poolings (§3.2): the root, or the mean over the top k BFS levels, of the last
+    /// block's node outputs after its activation (and its norm, post-norm; internal nodes have
+    /// no residual input): (batch, H).
+    pub(super) fn pool_nodes(
+        &self,
+        i: usize,
+        m: &Myo,
+        z: &Tensor,
+        block: &Block,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let tree = m.tree();
+        let first = first_pooled(tree, self.cfg.pooling);
+        if self.pooled_nodes_alone() {
+            let mut nodes = self.activate(i, block, &m.forward_nodes(z, first)?, None, mode)?;
+            if !self.cfg.prenorm {
+                nodes = block.norm.forward(&nodes, mode)?;
+            }
+            return nodes.mean(1);
+        }
+        let nodes = self.activate(i, block, &m.forward_nodes(z, 0)?, None, mode)?;
+        let nodes = block.norm.forward(&nodes, mode)?;
+        nodes.narrow(1, first, tree.len() - first)?.mean(1)
+    }
+
     /// A step pooling (mean or last) of h (batch, L, H) over `lengths`. The lengths stay on
     /// their device; on the CPU, where reading them is free, they are checked to lie in 1..=L
     /// (the trainer's batches are checked where they are made).
