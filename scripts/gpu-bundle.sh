@@ -112,7 +112,8 @@ if [ "$size" -gt $((64 << 20)) ]; then
   exit 1
 fi
 cp scripts/gpu-run.sh "$out/run.sh"
-chmod +x "$out/run.sh"
+cp scripts/gpu-run-within.sh "$out/run-within.sh"
+chmod +x "$out/run.sh" "$out/run-within.sh"
 du -h "$out"/* >&2
 echo "gpu-bundle: ready in $out (commit $(cat "$stage/COMMIT"), sm_$CUDA_COMPUTE_CAP): see" \
   "the first lines of its run.sh for the GPUs and drivers it supports" >&2

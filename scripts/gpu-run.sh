@@ -15,8 +15,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
 sections=${2:-tests,sanitizer,train,bench,profile,precision,v100}
 want() { [[ ",$sections," == *",$1,"* ]]; }
-work=$(mktemp -d)
-tar -C "$work" -xJf "$here/bundle.tar.xz"
+work=${MYO_GPU_WORK:-$(mktemp -d)}
+mkdir -p "$work"
+# Unpacked once per folder; the marker is written last, so a runner never reads a half-unpacked one.
+if [ ! -e "$work/.unpacked" ]; then
+  tar -C "$work" -xJf "$here/bundle.tar.xz" && touch "$work/.unpacked"
+fi
 bin=$work/bin
 # MYO: another myo binary for the train, bench and profile sections (an earlier build, to
 # compare).
@@ -71,16 +75,21 @@ fi
   echo "- commit: $(cat "$work/COMMIT"), built for sm_$(cat "$work/COMPUTE_CAP")"
   echo "- device: $(nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo unknown), driver for CUDA $driver_cuda"
   echo "- date: $(date -u +%F)"
-  echo
-  echo "## Tests"
 } >"$report/report.md"
 
 status=0
+# False, with a line in the report, once MYO_GPU_DEADLINE has passed: $1 names what is skipped.
+in_time() {
+  [ -z "${MYO_GPU_DEADLINE:-}" ] || [ "$(date +%s)" -lt "$MYO_GPU_DEADLINE" ] && return 0
+  echo "- skipped, out of time: $1" >>"$report/report.md"
+  return 1
+}
 # Runs the test binaries in $1 (MYO_GPU_TESTS: a glob of them, default all, test-cuda_*;
 # MYO_GPU_TEST_FILTER: test-name filters passed to each), logs named with the prefix $2.
 run_tests() {
 for t in "$1"/test-${MYO_GPU_TESTS:-*}; do
   name=$(basename "$t")
+  in_time "$2$name" || continue
   # The NCCL test needs the machine's libnccl (the bundle does not carry it).
   if [ "$name" = test-cuda_nccl ] && ldd "$t" | grep -q 'libnccl.* not found'; then
     nccl=$(find /usr/lib /usr/local /opt /usr/lib64 -name 'libnccl.so.2*' -print -quit 2>/dev/null)
@@ -98,7 +107,7 @@ for t in "$1"/test-${MYO_GPU_TESTS:-*}; do
   grep -h "SKIPPED" "$report/$2$name.log" | sed 's/^/  - /' >>"$report/report.md"
 done
 }
-want tests && run_tests "$bin" ""
+want tests && printf '\n## Tests\n\n' >>"$report/report.md" && run_tests "$bin" ""
 
 # compute-sanitizer, where the toolkit has it: memory errors and shared-memory races.
 sanitizer=$(command -v compute-sanitizer || find /usr/local /opt -name compute-sanitizer -type f -print -quit 2>/dev/null)
@@ -156,6 +165,7 @@ runs=(
 )
 want train && for r in "${runs[@]}"; do
   IFS='|' read -r model task flags <<<"$r"
+  in_time "train $model $task" || continue
   tag=$(echo "$model-$task" | tr -c 'a-z0-9=\n' '_')
   out=$work/runs/$tag
   # shellcheck disable=SC2086
@@ -185,13 +195,23 @@ want train && for r in "${runs[@]}"; do
 done
 
 if want bench; then
+# Each bench command (its arguments), unless MYO_GPU_BENCH leaves its op out or the deadline has
+# passed; the kernels' rows also go to bench.jsonl.
+bench() {
+  [[ "$1" =~ ^(${MYO_GPU_BENCH:-.*})$ ]] || return 0
+  in_time "bench $*" || return 0
+  "$myo" bench "$@" --device cuda >>"$report/report.md" 2>&1 || status=1
+  case $1 in scan | tree | heads)
+    "$myo" bench "$@" --device cuda --json --no-reference >>"$report/bench.jsonl" 2>/dev/null ;;
+  esac
+}
 {
   echo
   echo "## Benchmarks (median; GB/s = bytes that must move / time)"
   echo
   echo '```'
-  "$myo" bench copy --device cuda --mega-elems 256 2>&1
 } >>"$report/report.md"
+bench copy --mega-elems 256
 shapes=(
   "--batch 8 --channels 1536 --len 4096"
   "--batch 8 --channels 1536 --len 4096 --backward"
@@ -212,31 +232,17 @@ tree_shapes=(
   "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4"
   "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4 --backward"
 )
-for s in "${shapes[@]}"; do
-  # shellcheck disable=SC2086
-  "$myo" bench scan --device cuda $s >>"$report/report.md" 2>&1 || status=1
-  # shellcheck disable=SC2086
-  "$myo" bench scan --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
-done
-for s in "${tree_shapes[@]}"; do
-  # shellcheck disable=SC2086
-  "$myo" bench tree --device cuda $s >>"$report/report.md" 2>&1 || status=1
-  # shellcheck disable=SC2086
-  "$myo" bench tree --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
-done
+# shellcheck disable=SC2086
+for s in "${shapes[@]}"; do bench scan $s; done
+# shellcheck disable=SC2086
+for s in "${tree_shapes[@]}"; do bench tree $s; done
 # The Myo layer's own solve at zMNIST's shape, and at a larger batch and head count.
-for s in "" "--backward" "--batch 64 --heads 256" "--batch 64 --heads 256 --backward"; do
-  # shellcheck disable=SC2086
-  "$myo" bench heads --device cuda $s >>"$report/report.md" 2>&1 || status=1
-  # shellcheck disable=SC2086
-  "$myo" bench heads --device cuda $s --json --no-reference >>"$report/bench.jsonl" 2>/dev/null
-done
-# A training step (forward, loss, backward; no optimiser) of the models `myo train` builds by
-# default, at two batch sizes: a time that hardly grows with the batch is launch-bound.
-for s in "--model s5" "--model myo" "--model s5 --batch-size 256" "--model myo --batch-size 256"; do
-  # shellcheck disable=SC2086
-  "$myo" bench step --device cuda $s >>"$report/report.md" 2>&1 || status=1
-done
+# shellcheck disable=SC2086
+for s in "" "--backward" "--batch 64 --heads 256" "--batch 64 --heads 256 --backward"; do bench heads $s; done
+# A training step of the models `myo train` builds by default, at two batch sizes: a time that
+# hardly grows with the batch is launch-bound.
+# shellcheck disable=SC2086
+for s in "--model s5" "--model myo" "--model s5 --batch-size 256" "--model myo --batch-size 256"; do bench step $s; done
 echo '```' >>"$report/report.md"
 fi
 # The training step at the default size and at the presets: time (myo bench step), tensor ops
@@ -268,6 +274,8 @@ profiles=(
 )
 for r in "${profiles[@]}"; do
   IFS='|' read -r model size flags cpu <<<"$r"
+  [[ "$model|$size" =~ ${MYO_GPU_PROFILES:-.} ]] || continue
+  in_time "profile $model $size" || continue
   tag=$(echo "$model-$size" | tr -c 'a-z0-9=\n' '_')
   json=$report/step-$tag.json
   # shellcheck disable=SC2086
@@ -286,7 +294,7 @@ print(r["step"]["median_ms"], sum(o[k]["tensors"] for k in ("forward", "backward
 import json, sys
 c = json.load(open(sys.argv[1])).get("captured")
 if c is None: print("-")
-elif "Err" in c: print("not captured: " + c["Err"].replace("|", "/"))
+elif "Err" in c: print("not captured: " + c["Err"].replace("|", "/").replace("\n", " "))
 else:
     c = c["Ok"]; d = c["max_difference"]
     print("%.2f (%d kernels; %s)" % (c["step"]["median_ms"], c["nodes"]["kernels"],
@@ -325,6 +333,7 @@ if want precision; then
 for model in s5 myo; do
   for p in f32 bf16 f16; do
     tag=$model-$p
+    in_time "precision $model $p" || continue
     json=$report/precision-$tag.json
     flags="--model $model --task smnist --preset smnist --precision $p"
     # shellcheck disable=SC2086
@@ -375,6 +384,7 @@ if want v100; then
     echo "|---|---|---|---|" >>"$report/report.md"
     for model in "--model s5" "--model myo" "--model myo --block-size 2" "--model mingru"; do
       for p in f32 f16; do
+        in_time "v100 train $model $p" || continue
         tag=v100-$(echo "$model-$p" | tr -c 'a-z0-9=\n' '_')
         out=$work/runs/$tag
         # shellcheck disable=SC2086
@@ -396,5 +406,5 @@ if want v100; then
 fi
 
 cat "$report/report.md"
-rm -rf "$work"
+[ -n "${MYO_GPU_WORK:-}" ] || rm -rf "$work"
 exit $status

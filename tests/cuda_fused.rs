@@ -349,7 +349,7 @@ fn cuda_gemm() {
             Box::new(|x, _, r| {
                 let r = r.reshape((4 * HEADS, WIDTH)).unwrap();
                 gemm(
-                    &Mat::rows(x).unwrap(),
+                    &Mat::matrix(x, WIDTH).unwrap(),
                     &Mat::rows(&r).unwrap().t(),
                     (ROWS, 4 * HEADS),
                 )

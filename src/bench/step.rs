@@ -418,9 +418,10 @@ impl StepBench {
         }
         let captured = match device {
             #[cfg(feature = "cuda")]
-            Device::Cuda(dev) if self.cuda_graph => {
-                Some(self.captured(device, dev).map_err(|e| format!("{e}")))
-            }
+            Device::Cuda(dev) if self.cuda_graph => Some(
+                self.captured(device, dev)
+                    .map_err(|e| crate::fail::message(&e.into())),
+            ),
             _ => None,
         };
         Ok(StepReport {
@@ -448,13 +449,13 @@ impl StepBench {
         use crate::cuda::graph::StepGraph;
         if self.precision == Precision::F16 {
             candle_core::bail!(
-                "not captured: f16's loss scaling reads back whether the gradients are finite \
+                "f16's loss scaling reads back whether the gradients are finite \
                  every step"
             );
         }
         if self.model.dropout > 0.0 {
             candle_core::bail!(
-                "not captured: the dropout masks' keys change every step and are passed to the \
+                "the dropout masks' keys change every step and are passed to the \
                  kernels by value, so a replay would repeat one step's masks"
             );
         }
@@ -571,7 +572,7 @@ impl std::fmt::Display for StepReport {
         }
         match &self.captured {
             None => {}
-            Some(Err(why)) => writeln!(f, "  captured (CUDA graph)  {why}")?,
+            Some(Err(why)) => writeln!(f, "  captured (CUDA graph)  not captured: {why}")?,
             Some(Ok(c)) => {
                 let n = c.nodes;
                 writeln!(
