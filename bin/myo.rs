@@ -261,6 +261,7 @@ fn run(cli: Cli, given: Vec<String>, world: Arc<World>) -> Result<()> {
             let exec = Exec {
                 log_every: args.log_every,
                 save_every: args.save_every,
+                cuda_graph: args.cuda_graph,
                 ..Exec::for_process(&device, a.threads)?
                     .in_world(world.clone())
                     .started_by(origin)

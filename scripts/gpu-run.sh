@@ -10,6 +10,13 @@
 # `myo train --device cuda` runs of every model on generated ListOps and synthetic digits with
 # the same runs' steps/s on the CPU, and the kernel benchmarks. Writes REPORT_DIR/report.md,
 # REPORT_DIR/bench.jsonl and raw logs (default: ./gpu-report).
+#
+# To fit a short lease (run-within.sh uses these): MYO_GPU_WORK=DIR unpacks the bundle into DIR
+# once and keeps it, so that several runners can share it; MYO_GPU_DEADLINE=SECONDS (since the
+# epoch) skips every run that would start after it, with a line in the report, so that the report
+# is always written; MYO_GPU_PROFILES and MYO_GPU_TRAIN (extended regular expressions) keep the
+# profile rows whose "model|size" and the training rows whose "model|task" they match, and
+# MYO_GPU_BENCH (e.g. 'copy|heads|step') the benchmarks of the ops it names.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
@@ -147,10 +154,10 @@ last_train() { grep '"split":"train"' "$1/metrics.jsonl" | tail -1; }
 field() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1"; }
 want train && {
   echo
-  echo "## Training (myo train: 2 epochs of 3,200 samples, batch 32 = 200 steps on CUDA; 20 steps on the CPU)"
+  echo "## Training (myo train: 2 epochs of 3,200 samples, batch 32 = 200 steps on CUDA, with the steps captured as CUDA graphs and without; 20 steps on the CPU)"
   echo
-  echo "| model | task | CUDA: loss epoch 1 → 2, val acc | CUDA steps/s | CPU steps/s | CUDA samples/s |"
-  echo "|---|---|---|---|---|---|"
+  echo "| model | task | CUDA: loss epoch 1 → 2, val acc | CUDA steps/s captured | eager (its losses) | CPU steps/s | CUDA samples/s captured |"
+  echo "|---|---|---|---|---|---|---|"
 } >>"$report/report.md"
 runs=(
   "s5|listops|--model s5"
@@ -165,6 +172,7 @@ runs=(
 )
 want train && for r in "${runs[@]}"; do
   IFS='|' read -r model task flags <<<"$r"
+  [[ "$model|$task" =~ ${MYO_GPU_TRAIN:-.} ]] || continue
   in_time "train $model $task" || continue
   tag=$(echo "$model-$task" | tr -c 'a-z0-9=\n' '_')
   out=$work/runs/$tag
@@ -172,12 +180,16 @@ want train && for r in "${runs[@]}"; do
   timeout 100 "$myo" train $flags --device cuda --epochs 2 --max-train-samples 3200 \
     --max-eval-samples 500 --out "$out" --overwrite >"$report/train-$tag.log" 2>&1
   rc=$?
+  # The same run with every step eager: its speed, and whether its losses are the captured run's.
+  # shellcheck disable=SC2086
+  timeout 100 "$myo" train $flags --device cuda --epochs 2 --max-train-samples 3200 \
+    --max-eval-samples 500 --out "$out-eager" --overwrite --cuda-graph false >"$report/train-$tag-eager.log" 2>&1
   # shellcheck disable=SC2086
   timeout 60 "$myo" train $flags --device cpu --epochs 1 --max-train-samples 640 \
     --max-eval-samples 32 --out "$out-cpu" --overwrite >"$report/train-$tag-cpu.log" 2>&1
   if [ $rc -ne 0 ] || [ ! -f "$out/metrics.jsonl" ]; then
     status=1
-    echo "| $model | $task | failed (exit $rc): $(tail -1 "$report/train-$tag.log") | | | |" >>"$report/report.md"
+    echo "| $model | $task | failed (exit $rc): $(tail -1 "$report/train-$tag.log") | | | | |" >>"$report/report.md"
     continue
   fi
   cp "$out/metrics.jsonl" "$report/metrics-$tag.jsonl"
@@ -187,11 +199,22 @@ want train && for r in "${runs[@]}"; do
   acc=$(field "$(grep '"split":"val"' "$out/metrics.jsonl" | tail -1)" accuracy)
   gpu_sps=$(awk -v s="$(field "$t" step)" -v t="$(field "$t" seconds)" 'BEGIN { printf "%.1f", s / t }')
   gpu_xps=$(awk -v s="$(field "$t" step)" -v t="$(field "$t" seconds)" 'BEGIN { printf "%.0f", 32 * s / t }')
+  e=$(last_train "$out-eager" 2>/dev/null)
+  eager_sps=$( [ -n "$e" ] && awk -v s="$(field "$e" step)" -v t="$(field "$e" seconds)" 'BEGIN { printf "%.1f", s / t }')
+  losses() { grep '"split":"\(train\|val\)"' "$1/metrics.jsonl" 2>/dev/null | sed 's/.*"loss":\([^,]*\).*/\1/'; }
+  if [ -z "$e" ]; then
+    same="failed"
+  elif [ "$(losses "$out")" = "$(losses "$out-eager")" ]; then
+    same="the same"
+  else
+    same="DIFFERENT"
+    status=1
+  fi
   c=$(last_train "$out-cpu" 2>/dev/null)
   cpu_sps=$( [ -n "$c" ] && awk -v s="$(field "$c" step)" -v t="$(field "$c" seconds)" 'BEGIN { printf "%.2f", s / t }')
   falling=$(awk -v a="$l1" -v b="$l2" 'BEGIN { print (b < a) ? "falling" : "NOT FALLING" }')
   [ "$falling" = falling ] || status=1
-  echo "| $model | $task | $l1 → $l2 ($falling), $acc | $gpu_sps | ${cpu_sps:-failed} | $gpu_xps |" >>"$report/report.md"
+  echo "| $model | $task | $l1 → $l2 ($falling), $acc | $gpu_sps | ${eager_sps:-failed} ($same) | ${cpu_sps:-failed} | $gpu_xps |" >>"$report/report.md"
 done
 
 if want bench; then

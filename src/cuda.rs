@@ -133,6 +133,12 @@ struct DeviceState {
     /// The status words every launch with a status argument reports to (zeros: no error);
     /// read and cleared by [`take_status`].
     status: CudaSlice<i32>,
+    /// The training step that launches with [`KernelArg::Step`] read, written by
+    /// [`set_dropout_step`].
+    step: CudaSlice<u64>,
+    /// Counts the times memory that launches point to (the workspace, the tables) was freed:
+    /// a captured CUDA graph made before the last one must not be replayed ([`generation`]).
+    generation: u64,
 }
 
 /// Tables cached per device before the cache is cleared (a sweep over many tree shapes).
@@ -155,6 +161,8 @@ fn with_state<R>(dev: &CudaDevice, f: impl FnOnce(&mut DeviceState) -> Result<R>
             tables: HashMap::new(),
             workspace: None,
             status: dev.alloc_zeros::<i32>(2)?,
+            step: dev.alloc_zeros::<u64>(1)?,
+            generation: 0,
         }),
     };
     f(state)
@@ -228,6 +236,24 @@ pub fn take_status(dev: &CudaDevice) -> Result<(i32, i32)> {
     })?;
     let words = dev.clone_dtoh(&snapshot)?;
     Ok((words[0], words[1]))
+}
+
+/// Writes `step` into the device's step word, in stream order (after every launch so far, before
+/// every later one): the dropout masks of the launches that read it ([`KernelArg::Step`]; see
+/// [`crate::ops::epilogue::Dropout::step_word`]) are then those of this step. Outside a captured
+/// CUDA graph, so that each replay reads the step written before it.
+pub fn set_dropout_step(dev: &CudaDevice, step: u64) -> Result<()> {
+    with_state(dev, |s| {
+        dev.cuda_stream().memcpy_htod(&[step], &mut s.step).w()?;
+        Ok(())
+    })
+}
+
+/// How many times the device's launches have had memory they pointed to freed: the workspace
+/// replaced by a larger one, the tables cleared. A CUDA graph captured before the count changed
+/// may point to freed memory and must be captured again.
+pub fn generation(dev: &CudaDevice) -> Result<u64> {
+    with_state(dev, |s| Ok(s.generation))
 }
 
 /// Launches of our kernels so far, on every device (candle's own kernels are not counted).
@@ -350,6 +376,7 @@ fn run<T: CudaElem>(
         }
         if state.tables.len() + plan.tables.len() > MAX_TABLES {
             state.tables.clear();
+            state.generation += 1;
         }
         for t in &plan.tables {
             if !state.tables.contains_key(t) {
@@ -360,11 +387,13 @@ fn run<T: CudaElem>(
         if plan.workspace_bytes > have {
             state.workspace = None; // freed in stream order before the larger one is made
             state.workspace = Some(unsafe { dev.alloc::<u8>(plan.workspace_bytes) }?);
+            state.generation += 1;
         }
         let DeviceState {
             tables,
             workspace,
             status,
+            step,
             ..
         } = state;
         let null = 0usize;
@@ -425,6 +454,7 @@ fn run<T: CudaElem>(
                 },
                 KernelArg::Null => b.arg(&null),
                 KernelArg::Status => b.arg(&*status),
+                KernelArg::Step => b.arg(&*step),
                 KernelArg::I32(v) => b.arg(v),
                 KernelArg::U64(v) => b.arg(v),
                 KernelArg::Struct(_) => b.arg(structs.next().expect("packed above")),

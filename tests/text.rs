@@ -301,6 +301,7 @@ fn the_pair_head_reads_both_documents() {
                 seed: 0,
                 step: 0,
                 first_row: 0,
+                step_on_device: false,
             },
             None,
             None,

@@ -35,10 +35,6 @@ pub struct StepArgs {
     /// pause, for a profiler (scripts/cupti-summary.py).
     #[arg(long, default_value_t = 0)]
     pub profile_steps: usize,
-    /// On CUDA, also capture the step as a CUDA graph and time its replays (false: eager
-    /// only).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub cuda_graph: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -84,7 +80,7 @@ impl StepArgs {
             warmup: self.warmup,
             repeats: self.repeats,
             profile_steps: self.profile_steps,
-            cuda_graph: self.cuda_graph,
+            cuda_graph: self.run.cuda_graph,
         };
         Ok(bench.run(&device)?)
     }
@@ -255,6 +251,8 @@ struct Setup {
     opt: Optimizer,
     batch: Batch,
     step: u64,
+    /// The dropout kernels read the step from the device's step word (a captured step).
+    step_on_device: bool,
     /// The gradients the layers compute by hand (see [`Mode::Train`]).
     sink: GradSink,
 }
@@ -266,6 +264,7 @@ impl Setup {
             seed: 0,
             step: self.step,
             first_row: 0,
+            step_on_device: self.step_on_device,
         };
         let mode = Mode::Train(key, None, Some(&self.sink));
         let objective = score(&self.model, &self.batch, mode)?.objective;
@@ -356,6 +355,7 @@ impl StepBench {
             opt,
             batch,
             step: 0,
+            step_on_device: false,
             sink: GradSink::new(),
         };
         Ok((s, vars))
@@ -453,27 +453,29 @@ impl StepBench {
                  every step"
             );
         }
-        if self.model.dropout > 0.0 {
-            candle_core::bail!(
-                "the dropout masks' keys change every step and are passed to the \
-                 kernels by value, so a replay would repeat one step's masks"
-            );
-        }
         let (mut eager, from) = self.setup(device)?;
         let (mut replayed, to) = self.setup(device)?;
         for (name, v) in &to {
             v.set(from[name].as_tensor())?;
         }
         replayed.batch = eager.batch.clone();
-        // The capture's eager run is the first step.
-        replayed.opt.prepare()?;
+        // The replays' dropout reads the step from the device (the eager steps' take it by
+        // value); the capture's eager run is step 1, each replay the next.
+        replayed.step_on_device = true;
+        let mut at = 1;
+        let prepare = |s: &mut Setup, step: u64| {
+            s.opt.prepare()?;
+            crate::cuda::set_dropout_step(dev, step)
+        };
+        prepare(&mut replayed, at)?;
         let graph = StepGraph::capture(dev, || replayed.body())?;
         let compared = 5;
         for _ in 0..=compared {
             eager.step()?;
         }
         for _ in 0..compared {
-            replayed.opt.prepare()?;
+            at += 1;
+            prepare(&mut replayed, at)?;
             graph.replay()?;
         }
         let mut max_difference = 0f64;
@@ -487,7 +489,8 @@ impl StepBench {
             max_difference = max_difference.max(d);
         }
         let step = time_median(device, self.warmup, self.repeats, || {
-            replayed.opt.prepare()?;
+            at += 1;
+            prepare(&mut replayed, at)?;
             graph.replay()
         })?;
         Ok(Captured {

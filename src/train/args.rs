@@ -241,6 +241,12 @@ pub struct RunArgs {
         hide_default_value = true
     )]
     pub save_every: usize,
+    /// On CUDA, capture the training step as a CUDA graph (one per batch shape) and replay it,
+    /// so that the GPU does not wait on the host between kernels; the same steps to the bit.
+    /// Steps with f16, --accumulate or several ranks run eagerly. false: every step eagerly.
+    /// (`myo bench step` times the captured step beside the eager one.)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub cuda_graph: bool,
 }
 
 /// Run flags parsed alone; a flag given twice takes its last value (an earlier run's flags come

@@ -120,6 +120,11 @@ pub struct Optimizer {
     log_every: usize,
     /// The last step, if kept: its learning rate and gradient norm (on the device).
     logged: Option<(f64, Tensor)>,
+    /// Compute the gradient norm at every step when steps are kept at all, not only at the
+    /// kept ones: a step captured as a CUDA graph does the same work each time it is replayed.
+    norm_every_step: bool,
+    /// The last step's gradient norm, where it was computed.
+    last_norm: Option<Tensor>,
     /// The regular learning rate of the step [`Optimizer::prepare`] began.
     step_lr: f64,
     /// The hyper-parameter rows of the step, a (groups, 7) table per parameter dtype, written
@@ -173,6 +178,8 @@ impl Optimizer {
             step: 0,
             log_every: 0,
             logged: None,
+            norm_every_step: false,
+            last_norm: None,
             step_lr: 0.0,
             tables: Vec::new(),
             buffers: None,
@@ -253,6 +260,26 @@ impl Optimizer {
     /// step, if it was one to keep.
     pub fn take_logged(&mut self) -> Option<(f64, Tensor)> {
         self.logged.take()
+    }
+
+    /// Computes the gradient norm at every step, when some steps are kept
+    /// ([`Optimizer::log_every`]), so that every step does the same work (a captured CUDA
+    /// graph); [`Optimizer::take_last_norm`] gives it.
+    pub fn norm_every_step(&mut self, on: bool) {
+        self.norm_every_step = on;
+    }
+
+    /// The gradient norm of the last step (before clipping), where it was computed: with
+    /// clipping, at kept steps, and under [`Optimizer::norm_every_step`].
+    pub fn take_last_norm(&mut self) -> Option<Tensor> {
+        self.last_norm.take()
+    }
+
+    /// The regular learning rate of the step [`Optimizer::prepare`] began, if it is one to
+    /// keep ([`Optimizer::log_every`]).
+    pub fn kept_rate(&self) -> Option<f64> {
+        let kept = self.log_every > 0 && self.step.is_multiple_of(self.log_every);
+        kept.then_some(self.step_lr)
     }
 
     /// Steps taken so far.
@@ -503,9 +530,10 @@ impl Optimizer {
     }
 
     fn launch(&mut self, grads: &[Option<Tensor>]) -> Result<()> {
-        let kept = self.log_every > 0 && self.step.is_multiple_of(self.log_every);
+        let kept = self.kept_rate().is_some();
+        let every = self.norm_every_step && self.log_every > 0;
         let unscale = self.unscale.take();
-        let norm = match (self.cfg.clip, kept) {
+        let norm = match (self.cfg.clip, kept || every) {
             (None, false) => None,
             _ => Some(self.norm_of(grads)?),
         }
@@ -529,6 +557,7 @@ impl Optimizer {
             },
             (s, None) => s,
         };
+        self.last_norm = norm.clone();
         self.logged = match (kept, norm) {
             (true, Some(norm)) => Some((self.step_lr, norm)),
             _ => None,

@@ -145,6 +145,8 @@ pub struct Exec {
     /// Optimiser steps between mid-epoch checkpoints (`last.safetensors`, resumable as those
     /// at the ends of epochs; 0: none).
     pub save_every: usize,
+    /// On CUDA, replay training steps captured as CUDA graphs ([`Epoch::cuda_graph`]).
+    pub cuda_graph: bool,
 }
 
 /// The command line a run was started from: the whole of it, and the run flags it gave (with
@@ -166,6 +168,7 @@ impl Exec {
             origin: Origin::default(),
             log_every: 0,
             save_every: 0,
+            cuda_graph: false,
         }
     }
 
@@ -207,6 +210,7 @@ impl Exec {
             origin: Origin::default(),
             log_every: 0,
             save_every: 0,
+            cuda_graph: false,
         })
     }
 
@@ -427,6 +431,7 @@ pub fn train(
                 device,
                 report_every: report_interval(device),
                 world: &exec.world,
+                cuda_graph: exec.cuda_graph,
             };
             let until = to_next.map_or(usize::MAX, |n| r.progress.within.batches + n);
             part.train(&mut r.opt, &mut r.progress.within, until, |b| {

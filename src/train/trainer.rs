@@ -153,6 +153,7 @@ fn train_batch(
                 seed,
                 step,
                 first_row: (mine.start + at) as u64,
+                step_on_device: false,
             };
             let sink = GradSink::new();
             let s = score(model, &batch, Mode::Train(key, shards, Some(&sink)))?;
@@ -239,6 +240,33 @@ fn sum_parts(parts: Vec<(Tensor, Tensor, GradStore)>) -> Result<(Tensor, Tensor,
         grads.extend(g)?;
     }
     Ok((value, right, grads))
+}
+
+/// A step's mean loss and correct count on the device, and at the steps the optimiser keeps
+/// its learning rate and gradient norm.
+type StepOut = (Tensor, Tensor, Option<(f64, Tensor)>);
+
+/// The steps of an epoch captured as CUDA graphs, where `cuda_graph` asks for them and they can
+/// be replayed as they are: on CUDA, one process, one micro-batch per step, not f16.
+#[cfg(feature = "cuda")]
+fn captured_steps(
+    cuda_graph: bool,
+    device: &Device,
+    batching: Batching,
+    world: &World,
+    opt: &mut Optimizer,
+) -> Option<super::captured::CapturedSteps> {
+    match device {
+        Device::Cuda(dev)
+            if cuda_graph
+                && world.size() == 1
+                && batching.accumulate <= 1
+                && opt.scaler().is_none() =>
+        {
+            Some(super::captured::CapturedSteps::new(dev, opt))
+        }
+        _ => None,
+    }
 }
 
 /// Shards are host threads, and on CUDA candle gives each host thread its own stream: our
@@ -457,6 +485,7 @@ pub fn train_epoch(
         device,
         report_every,
         world,
+        cuda_graph: false,
     };
     let mut so_far = EpochSoFar::default();
     epoch.train(opt, &mut so_far, epoch.batches(), on_batch)?;
@@ -495,6 +524,9 @@ pub struct Epoch<'a> {
     /// Batches between read-backs of the losses ([`report_interval`]).
     pub report_every: usize,
     pub world: &'a Arc<World>,
+    /// On CUDA, replay the steps captured as CUDA graphs where they can be (see
+    /// `src/train/captured.rs`): one process, one micro-batch, not f16, whole batches.
+    pub cuda_graph: bool,
 }
 
 impl Epoch<'_> {
@@ -521,6 +553,7 @@ impl Epoch<'_> {
             device,
             report_every,
             world,
+            cuda_graph,
         } = *self;
         one_shard_on_cuda(device, batching)?;
         // Ranks sum BatchNorm's statistics in the forward pass: each must hold part of every
@@ -579,9 +612,30 @@ impl Epoch<'_> {
             .enumerate()
             .take(until)
             .skip(so_far.batches);
+        #[cfg(feature = "cuda")]
+        let mut captured = captured_steps(cuda_graph, device, batching, world, opt);
+        #[cfg(not(feature = "cuda"))]
+        let _ = cuda_graph;
         for (b, idx) in batches {
-            let step_result = train_batch(model, opt, data, batching, seed, device, world, idx);
-            let (value, right) = match step_result {
+            // A whole batch's step replayed from its captured graph, where there is one.
+            #[cfg(feature = "cuda")]
+            let replayed: Option<Result<StepOut>> = match &mut captured {
+                Some(c) if idx.len() == batching.batch_size => {
+                    let pad = data.padding(idx, batching.pad_to);
+                    c.step(model, opt, data, pad, seed, idx)
+                        .transpose()
+                        .map(|r| r.map(|r| (r.loss, r.correct, r.logged)))
+                }
+                _ => None,
+            };
+            #[cfg(not(feature = "cuda"))]
+            let replayed: Option<Result<StepOut>> = None;
+            let step_result = match replayed {
+                Some(r) => r,
+                None => train_batch(model, opt, data, batching, seed, device, world, idx)
+                    .map(|(value, right)| (value, right, opt.take_logged())),
+            };
+            let (value, right, logged) = match step_result {
                 Ok(r) => r,
                 // A step that fails after a non-finite loss (a singular pivot from the diverged
                 // parameters, say) is reported as that loss.
@@ -591,7 +645,7 @@ impl Epoch<'_> {
                 }
             };
             pending.push(opt.step_count(), idx.len(), &value, &right);
-            if let Some((lr, norm)) = opt.take_logged() {
+            if let Some((lr, norm)) = logged {
                 pending.log(lr, norm);
             }
             pending.scaled(opt.scaler());

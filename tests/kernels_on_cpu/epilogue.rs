@@ -8,7 +8,7 @@ use myosotis::ops::dropout_keep;
 use myosotis::ops::epilogue::{cuda, epilogue, Activation, Dropout, Epilogue};
 
 use crate::common::{rel_err, seeded_rng, tensor, to_vec, uniform};
-use crate::exec::{round_to, run_in_every_order};
+use crate::exec::{dropout_from_step_word, round_to, run_in_every_order};
 use crate::{assert_same, DTYPES};
 
 /// (samples, length, features): one element, odd sizes, a feature width above a warp, and more
@@ -42,18 +42,25 @@ fn epilogue_kernels_match_the_reference_and_the_cpu_twin() {
             let y = round_to(&uniform(&mut rng, n, -4.0, 4.0), dtype);
             let r = round_to(&uniform(&mut rng, n, -1.0, 1.0), dtype);
             let g = round_to(&uniform(&mut rng, n, -1.0, 1.0), dtype);
-            for (act, residual, p) in [
-                (Activation::Gelu, true, 0.0),
-                (Activation::Gelu, false, 0.3),
-                (Activation::Identity, true, 0.5),
-                (Activation::Gelu, true, 0.1),
+            // The last: the site hash made by the kernels from the step word.
+            for (act, residual, p, word) in [
+                (Activation::Gelu, true, 0.0, false),
+                (Activation::Gelu, false, 0.3, false),
+                (Activation::Identity, true, 0.5, false),
+                (Activation::Gelu, true, 0.1, true),
             ] {
-                let what =
-                    format!("{dtype:?} {b} x {l} x {h}, {act:?}, residual {residual}, p {p}");
-                let drop = Dropout {
-                    site_hash: 0x5eed ^ (k as u64),
-                    first_row: 3,
-                    p,
+                let what = format!(
+                    "{dtype:?} {b} x {l} x {h}, {act:?}, residual {residual}, p {p}, step word \
+                     {word}"
+                );
+                let drop = match word {
+                    true => dropout_from_step_word(0x5eed, 2 + k as u64, 7 + k as u64, 3, p),
+                    false => Dropout {
+                        site_hash: 0x5eed ^ (k as u64),
+                        first_row: 3,
+                        p,
+                        step_word: None,
+                    },
                 };
                 let e = Epilogue {
                     samples: b,

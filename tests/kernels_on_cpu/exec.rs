@@ -9,6 +9,8 @@ use std::ffi::c_void;
 use candle_core::DType;
 use half::{bf16, f16};
 use kernels_on_cpu::{launch, Arg, Launch, Order};
+use myosotis::ops::dropout::absorb;
+use myosotis::ops::epilogue::{Dropout, StepWord};
 use myosotis::ops::plan::{pack_struct, KernelArg, LaunchPlan};
 
 /// Bytes of canary on each side of a buffer (a multiple of the 16-byte alignment).
@@ -116,6 +118,35 @@ pub struct HostRun {
     pub status_head: i32,
 }
 
+thread_local! {
+    /// What [`KernelArg::Step`] points to in this thread's launches.
+    static STEP_WORD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Sets the device's step word of this thread's launches (`myosotis::cuda::set_dropout_step`).
+pub fn set_step_word(step: u64) {
+    STEP_WORD.set(step);
+}
+
+/// A dropout of rate `p` whose kernels make the site hash from the step word, set here to
+/// `step`; its `site_hash`, what the host makes from the same (seed hash, step, site), keys the
+/// reference and the CPU twin.
+pub fn dropout_from_step_word(
+    seed_hash: u64,
+    site: u64,
+    step: u64,
+    first_row: u64,
+    p: f64,
+) -> Dropout {
+    set_step_word(step);
+    Dropout {
+        site_hash: absorb(absorb(seed_hash, step), site),
+        first_row,
+        p,
+        step_word: Some(StepWord { seed_hash, site }),
+    }
+}
+
 /// Runs `plan` in `dtype` on `inputs` (converted to `dtype`) in thread order `order`.
 pub fn run(
     plan: &LaunchPlan,
@@ -155,6 +186,7 @@ fn execute(
     let mut tables: Vec<Guarded> = table_bytes.iter().map(|b| Guarded::with(b)).collect();
     let mut workspace = Guarded::filled(plan.workspace_bytes, POISON);
     let mut status = Guarded::filled(8, 0);
+    let mut step = Guarded::with(&STEP_WORD.get().to_le_bytes());
     let missing = |what: &str, i: usize| format!("{}: no {what} {i}", plan.kernel);
     // The structs passed by value, packed first: the argument list borrows them.
     let mut structs: Vec<Vec<u64>> = Vec::new();
@@ -202,6 +234,7 @@ fn execute(
             KernelArg::Workspace => Arg::Ptr(workspace.ptr()),
             KernelArg::Null => Arg::Ptr(std::ptr::null_mut()),
             KernelArg::Status => Arg::Ptr(status.ptr()),
+            KernelArg::Step => Arg::Ptr(step.ptr()),
             KernelArg::I32(v) => Arg::I32(*v),
             KernelArg::U64(v) => Arg::U64(*v),
             KernelArg::Struct(_) => Arg::Struct(packed.next().expect("packed above")),
@@ -227,6 +260,10 @@ fn execute(
     named("table", &tables)?;
     named("the workspace", std::slice::from_ref(&workspace))?;
     named("the status word", std::slice::from_ref(&status))?;
+    named("the step word", std::slice::from_ref(&step))?;
+    if step.data() != STEP_WORD.get().to_le_bytes() {
+        return Err(format!("{}: changed the step word", plan.kernel));
+    }
     named("target", &targets)?;
     for (i, (g, b)) in ins.iter().zip(&input_bytes).enumerate() {
         if g.data() != b.as_slice() {

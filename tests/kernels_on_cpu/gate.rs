@@ -8,7 +8,7 @@ use myosotis::ops::epilogue::{cuda, gate, gate_backward, Activation, Dropout, Ep
 
 use crate::assert_same;
 use crate::common::{rel_err, seeded_rng, tensor, to_vec, uniform};
-use crate::exec::{round_to, run_in_every_order};
+use crate::exec::{dropout_from_step_word, round_to, run_in_every_order};
 
 /// (samples, length, features): one element, odd sizes, more elements than the grid's threads.
 const SHAPES: [(usize, usize, usize); 4] = [(1, 1, 1), (2, 3, 5), (3, 7, 33), (4, 300, 100)];
@@ -22,12 +22,20 @@ fn gate_kernels_match_the_reference_and_the_cpu_twin() {
             let [f, z, r, g] =
                 [2.0, 6.0, 1.0, 1.0].map(|a| round_to(&uniform(&mut rng, n, -a, a), dtype));
             let bias = round_to(&uniform(&mut rng, h, -1.0, 1.0), dtype);
-            for (residual, p) in [(true, 0.0), (false, 0.3), (true, 0.5)] {
-                let what = format!("{dtype:?} {b} x {l} x {h}, residual {residual}, p {p}");
-                let drop = Dropout {
-                    site_hash: 0x9a7e ^ (k as u64),
-                    first_row: 5,
-                    p,
+            // The last: the site hash made by the kernels from the step word.
+            for (residual, p, word) in [(true, 0.0, false), (false, 0.3, false), (true, 0.5, true)]
+            {
+                let what = format!(
+                    "{dtype:?} {b} x {l} x {h}, residual {residual}, p {p}, step word {word}"
+                );
+                let drop = match word {
+                    true => dropout_from_step_word(0x9a7e, 1 + k as u64, 11 + k as u64, 5, p),
+                    false => Dropout {
+                        site_hash: 0x9a7e ^ (k as u64),
+                        first_row: 5,
+                        p,
+                        step_word: None,
+                    },
                 };
                 let dropout = (p > 0.0).then_some(drop);
                 let e = Epilogue {

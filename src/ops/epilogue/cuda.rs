@@ -54,16 +54,23 @@ pub fn gate_backward_plan(e: &Epilogue, dtype: DType) -> Result<LaunchPlan> {
     elementwise("gate_bwd", e, args, 2, dtype)
 }
 
-/// The size, sample size and feature count, then the dropout's switch and key.
+/// The size, sample size and feature count, then the dropout's switch, key and rate.
 fn shape_args(e: &Epilogue) -> Result<Vec<KernelArg>> {
     let int = |what, v| int_arg("epilogue", what, v).map(KernelArg::I32);
     let drop = e.dropout.unwrap_or_default();
+    // The site hash, or what the kernel makes it from with the step in the device's word.
+    let (hash, step, site) = match drop.step_word {
+        Some(w) => (w.seed_hash, KernelArg::Step, w.site),
+        None => (drop.site_hash, KernelArg::Null, 0),
+    };
     Ok(vec![
         int("size", e.samples * e.per_sample)?,
         int("sample size", e.per_sample)?,
         int("features", e.features)?,
         KernelArg::I32(e.dropout.is_some() as i32),
-        KernelArg::U64(drop.site_hash),
+        KernelArg::U64(hash),
+        step,
+        KernelArg::U64(site),
         KernelArg::U64(drop.first_row),
         KernelArg::U64(drop.threshold()),
         KernelArg::U64(drop.scale().to_bits()),

@@ -41,6 +41,19 @@ pub struct Dropout {
     pub site_hash: u64,
     pub first_row: u64,
     pub p: f64,
+    /// On CUDA, the kernels make the site hash themselves from the training step in the
+    /// device's step word (`crate::cuda::set_dropout_step`), so that a step captured in a CUDA
+    /// graph masks each replay with its own step; the word must hold the step `site_hash` was
+    /// made from. The CPU takes `site_hash`.
+    pub step_word: Option<StepWord>,
+}
+
+/// What a kernel makes a dropout call's site hash from, with the step from the device's step
+/// word: the hash of the seed, and the call's site (see `DropoutKey` in `crate::nn`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepWord {
+    pub seed_hash: u64,
+    pub site: u64,
 }
 
 impl Dropout {
