@@ -13,7 +13,8 @@
 //! freed (our kernels' workspace replaced by a larger one: [`crate::cuda::generation`]) is
 //! captured again. Steps that cannot be replayed the same way every
 //! time run eagerly: f16's (its loss scaler decides on the host whether to step), several
-//! micro-batches or ranks, and a batch of another size (an epoch's last).
+//! micro-batches or ranks, and a batch of another size (an epoch's last). A capture that fails
+//! (out of device memory, say) leaves its eager step taken and every later step eager.
 
 use candle_core::{CudaDevice, DType, Result, Tensor};
 
@@ -33,6 +34,8 @@ pub(crate) struct CapturedSteps {
     graphs: Vec<Captured>,
     /// The device's [`crate::cuda::generation`] when the graphs were captured.
     generation: u64,
+    /// A capture failed (out of memory, say): every later step is eager.
+    failed: bool,
 }
 
 /// One batch shape's captured step.
@@ -64,6 +67,7 @@ impl CapturedSteps {
             dev: dev.clone(),
             graphs: Vec::new(),
             generation: 0,
+            failed: false,
         }
     }
 
@@ -105,7 +109,7 @@ impl CapturedSteps {
                 logged,
             }));
         }
-        if self.graphs.len() == MAX_GRAPHS {
+        if self.failed || self.graphs.len() == MAX_GRAPHS {
             return Ok(None);
         }
         opt.prepare()?;
@@ -113,7 +117,7 @@ impl CapturedSteps {
         // The capture runs the step twice: eagerly (this batch's step), then under capture.
         let mut eager: Option<Vec<Tensor>> = None;
         let mut results: Vec<Tensor> = Vec::new();
-        let graph = StepGraph::capture(&self.dev, || {
+        let captured = StepGraph::capture(&self.dev, || {
             let out = body(model, opt, &batch, seed, step)?;
             match &eager {
                 None => {
@@ -127,9 +131,26 @@ impl CapturedSteps {
                 }
             }
             Ok(())
-        })?;
+        });
+        // A step that failed eagerly is the step's error; one whose capture failed after its
+        // eager run was taken, and the steps after it run eagerly.
         let Some(out) = eager else {
-            candle_core::bail!("internal error: the captured step did not run eagerly first");
+            return Err(captured.err().unwrap_or_else(|| {
+                candle_core::Error::Msg("internal error: a step captured without running".into())
+            }));
+        };
+        let graph = match captured {
+            Ok(graph) => Some(graph),
+            Err(e) => {
+                eprintln!(
+                    "note: the training step could not be captured as a CUDA graph, so every \
+                     step runs eagerly: {}",
+                    crate::fail::message(&e.into())
+                );
+                self.failed = true;
+                self.graphs.clear();
+                None
+            }
         };
         let logged = match (opt.kept_rate(), out.get(2)) {
             (Some(lr), Some(norm)) => Some((lr, norm.reshape(())?)),
@@ -140,18 +161,20 @@ impl CapturedSteps {
             correct: out[1].reshape(())?,
             logged,
         };
-        // The capture's eager run may have grown the workspace: the older graphs go then.
-        let now = crate::cuda::generation(&self.dev)?;
-        if now != self.generation {
-            self.graphs.clear();
-            self.generation = now;
+        if let Some(graph) = graph {
+            // The capture's eager run may have grown the workspace: the older graphs go then.
+            let now = crate::cuda::generation(&self.dev)?;
+            if now != self.generation {
+                self.graphs.clear();
+                self.generation = now;
+            }
+            self.graphs.push(Captured {
+                shape,
+                graph,
+                batch,
+                results,
+            });
         }
-        self.graphs.push(Captured {
-            shape,
-            graph,
-            batch,
-            results,
-        });
         Ok(Some(results_of_step))
     }
 }
