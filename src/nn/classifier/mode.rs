@@ -38,7 +38,7 @@ pub struct DropoutKey {
     /// Row of this forward's first sample in the whole batch (a shard's offset).
     pub first_row: u64,
     /// On CUDA, the kernels read the step from the device's step word, which the caller writes
-    /// before the step ([`crate::cuda::set_dropout_step`]), in place of taking `step` by value:
+    /// before the step (`crate::cuda::set_dropout_step`), in place of taking `step` by value:
     /// a step captured as a CUDA graph then masks each replay with its own step.
     pub step_on_device: bool,
 }
