@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the bundle's checks within a time limit on the GPU machine, for a short lease:
+# Runs the bundle's checks within a time limit on the GPU machine, for a GPU lent for minutes:
 #   bash gpu-bundle/run-within.sh SECONDS REPORT_DIR
 # First the checks of correctness side by side (their timings are not reported): the CUDA tests
 # of the sm_90 build in three groups, the V100 build's section, and compute-sanitizer over the

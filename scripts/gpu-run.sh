@@ -2,7 +2,7 @@
 # Runner packed into gpu-bundle/ by scripts/gpu-bundle.sh; runs on the GPU machine:
 #   bash gpu-bundle/run.sh [REPORT_DIR [SECTIONS]]
 # SECTIONS: a comma-separated subset of tests,sanitizer,train,bench,profile,precision,v100 (default: all of
-# them; a device call that cannot fit them all runs them in two calls with two report
+# them; a run that cannot fit them all in its time splits them over two runs with two report
 # directories).
 # Unpacks the binaries, finds the CUDA 13 libraries, and checks and records in one call: the
 # CUDA tests (kernels against the CPU twin and f64, CPU–CUDA parity of one training step of
@@ -11,7 +11,7 @@
 # the same runs' steps/s on the CPU, and the kernel benchmarks. Writes REPORT_DIR/report.md,
 # REPORT_DIR/bench.jsonl and raw logs (default: ./gpu-report).
 #
-# To fit a short lease (run-within.sh uses these): MYO_GPU_WORK=DIR unpacks the bundle into DIR
+# To fit a GPU lent for minutes (run-within.sh uses these): MYO_GPU_WORK=DIR unpacks the bundle into DIR
 # once and keeps it, so that several runners can share it; MYO_GPU_DEADLINE=SECONDS (since the
 # epoch) skips every run that would start after it, with a line in the report, so that the report
 # is always written; MYO_GPU_PROFILES and MYO_GPU_TRAIN (extended regular expressions) keep the
