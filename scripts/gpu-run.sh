@@ -151,6 +151,8 @@ fi
 data=$work/data
 { want train || want precision; } && "$myo" data strokes --out "$data/strokes" --train 3200 --test 500 >/dev/null
 last_train() { grep '"split":"train"' "$1/metrics.jsonl" | tail -1; }
+# The training and validation losses of a run, one per line.
+losses() { grep '"split":"\(train\|val\)"' "$1/metrics.jsonl" 2>/dev/null | sed 's/.*"loss":\([^,]*\).*/\1/'; }
 field() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1"; }
 want train && {
   echo
@@ -201,7 +203,6 @@ want train && for r in "${runs[@]}"; do
   gpu_xps=$(awk -v s="$(field "$t" step)" -v t="$(field "$t" seconds)" 'BEGIN { printf "%.0f", 32 * s / t }')
   e=$(last_train "$out-eager" 2>/dev/null)
   eager_sps=$( [ -n "$e" ] && awk -v s="$(field "$e" step)" -v t="$(field "$e" seconds)" 'BEGIN { printf "%.1f", s / t }')
-  losses() { grep '"split":"\(train\|val\)"' "$1/metrics.jsonl" 2>/dev/null | sed 's/.*"loss":\([^,]*\).*/\1/'; }
   if [ -z "$e" ]; then
     same="failed"
   elif [ "$(losses "$out")" = "$(losses "$out-eager")" ]; then

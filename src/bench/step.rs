@@ -446,7 +446,7 @@ impl StepBench {
     /// parameters and inputs.
     #[cfg(feature = "cuda")]
     fn captured(&self, device: &Device, dev: &candle_core::CudaDevice) -> Result<Captured> {
-        use crate::cuda::graph::StepGraph;
+        use crate::cuda::graph::{prepare_step, StepGraph};
         if self.precision == Precision::F16 {
             candle_core::bail!(
                 "f16's loss scaling reads back whether the gradients are finite \
@@ -463,11 +463,7 @@ impl StepBench {
         // value); the capture's eager run is step 1, each replay the next.
         replayed.step_on_device = true;
         let mut at = 1;
-        let prepare = |s: &mut Setup, step: u64| {
-            s.opt.prepare()?;
-            crate::cuda::set_dropout_step(dev, step)
-        };
-        prepare(&mut replayed, at)?;
+        prepare_step(dev, &mut replayed.opt, at)?;
         let graph = StepGraph::capture(dev, || replayed.body())?;
         let compared = 5;
         for _ in 0..=compared {
@@ -475,7 +471,7 @@ impl StepBench {
         }
         for _ in 0..compared {
             at += 1;
-            prepare(&mut replayed, at)?;
+            prepare_step(dev, &mut replayed.opt, at)?;
             graph.replay()?;
         }
         let mut max_difference = 0f64;
@@ -490,7 +486,7 @@ impl StepBench {
         }
         let step = time_median(device, self.warmup, self.repeats, || {
             at += 1;
-            prepare(&mut replayed, at)?;
+            prepare_step(dev, &mut replayed.opt, at)?;
             graph.replay()
         })?;
         Ok(Captured {

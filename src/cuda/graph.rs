@@ -15,6 +15,8 @@ use candle_core::cuda_backend::cudarc::driver::CudaGraph;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, Result};
 
+use crate::train::optim::Optimizer;
+
 pub use crate::bench::GraphNodes;
 
 /// A step captured as a CUDA graph.
@@ -55,6 +57,14 @@ impl StepGraph {
     pub fn replay(&self) -> Result<()> {
         self.graph.launch().w()
     }
+}
+
+/// The host's part of a step whose device part is captured (or being captured): AdamW's rows
+/// ([`Optimizer::prepare`]) and the step that keys its dropout masks, written to the device's
+/// step word ([`crate::cuda::set_dropout_step`]).
+pub fn prepare_step(dev: &CudaDevice, opt: &mut Optimizer, dropout_step: u64) -> Result<()> {
+    opt.prepare()?;
+    crate::cuda::set_dropout_step(dev, dropout_step)
 }
 
 /// The graph's nodes by kind.

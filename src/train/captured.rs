@@ -20,7 +20,7 @@ use candle_core::{CudaDevice, DType, Result, Tensor};
 
 use super::optim::Optimizer;
 use super::trainer::score;
-use crate::cuda::graph::StepGraph;
+use crate::cuda::graph::{prepare_step, StepGraph};
 use crate::data::dataset::{Batch, Dataset, Target};
 use crate::nn::{DropoutKey, GradSink, Mode, SequenceClassifier};
 
@@ -95,8 +95,7 @@ impl CapturedSteps {
         }
         if let Some(c) = self.graphs.iter().find(|c| c.shape == shape) {
             overwrite(&c.batch, &batch)?;
-            opt.prepare()?;
-            crate::cuda::set_dropout_step(&self.dev, step)?;
+            prepare_step(&self.dev, opt, step)?;
             c.graph.replay()?;
             let out = |i: usize| c.results[i].copy()?.reshape(());
             let logged = match (opt.kept_rate(), c.results.get(2)) {
@@ -112,8 +111,7 @@ impl CapturedSteps {
         if self.failed || self.graphs.len() == MAX_GRAPHS {
             return Ok(None);
         }
-        opt.prepare()?;
-        crate::cuda::set_dropout_step(&self.dev, step)?;
+        prepare_step(&self.dev, opt, step)?;
         // The capture runs the step twice: eagerly (this batch's step), then under capture.
         let mut eager: Option<Vec<Tensor>> = None;
         let mut results: Vec<Tensor> = Vec::new();
@@ -217,13 +215,10 @@ fn body(
 
 /// The shapes of a batch's tensors (which of them it has included).
 fn shapes(b: &Batch) -> Vec<Vec<usize>> {
-    let target = match &b.target {
-        Target::Labels(y) | Target::Values(y) => y,
-    };
     let mut out = vec![
         b.x.dims().to_vec(),
         b.lengths.dims().to_vec(),
-        target.dims().to_vec(),
+        target(b).dims().to_vec(),
     ];
     out.extend(b.dt.as_ref().map(|t| t.dims().to_vec()));
     out
@@ -246,6 +241,7 @@ fn overwrite(to: &Batch, from: &Batch) -> Result<()> {
     Ok(())
 }
 
+/// The batch's labels or values.
 fn target(b: &Batch) -> &Tensor {
     match &b.target {
         Target::Labels(y) | Target::Values(y) => y,

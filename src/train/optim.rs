@@ -123,7 +123,7 @@ pub struct Optimizer {
     /// Compute the gradient norm at every step when steps are kept at all, not only at the
     /// kept ones: a step captured as a CUDA graph does the same work each time it is replayed.
     norm_every_step: bool,
-    /// The last step's gradient norm, where it was computed.
+    /// Under `norm_every_step`, the last step's gradient norm, where it was computed.
     last_norm: Option<Tensor>,
     /// The regular learning rate of the step [`Optimizer::prepare`] began.
     step_lr: f64,
@@ -269,8 +269,8 @@ impl Optimizer {
         self.norm_every_step = on;
     }
 
-    /// The gradient norm of the last step (before clipping), where it was computed: with
-    /// clipping, at kept steps, and under [`Optimizer::norm_every_step`].
+    /// Under [`Optimizer::norm_every_step`], the gradient norm of the last step (before
+    /// clipping), where it was computed.
     pub fn take_last_norm(&mut self) -> Option<Tensor> {
         self.last_norm.take()
     }
@@ -557,7 +557,9 @@ impl Optimizer {
             },
             (s, None) => s,
         };
-        self.last_norm = norm.clone();
+        if self.norm_every_step {
+            self.last_norm = norm.clone();
+        }
         self.logged = match (kept, norm) {
             (true, Some(norm)) => Some((self.step_lr, norm)),
             _ => None,

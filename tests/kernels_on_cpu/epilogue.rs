@@ -5,10 +5,10 @@
 
 use candle_core::{DType, Device, Var};
 use myosotis::ops::dropout_keep;
-use myosotis::ops::epilogue::{cuda, epilogue, Activation, Dropout, Epilogue};
+use myosotis::ops::epilogue::{cuda, epilogue, Activation, Epilogue};
 
 use crate::common::{rel_err, seeded_rng, tensor, to_vec, uniform};
-use crate::exec::{dropout_from_step_word, round_to, run_in_every_order};
+use crate::exec::{round_to, run_in_every_order, test_dropout};
 use crate::{assert_same, DTYPES};
 
 /// (samples, length, features): one element, odd sizes, a feature width above a warp, and more
@@ -53,15 +53,7 @@ fn epilogue_kernels_match_the_reference_and_the_cpu_twin() {
                     "{dtype:?} {b} x {l} x {h}, {act:?}, residual {residual}, p {p}, step word \
                      {word}"
                 );
-                let drop = match word {
-                    true => dropout_from_step_word(0x5eed, 2 + k as u64, 7 + k as u64, 3, p),
-                    false => Dropout {
-                        site_hash: 0x5eed ^ (k as u64),
-                        first_row: 3,
-                        p,
-                        step_word: None,
-                    },
-                };
+                let drop = test_dropout(word, 0x5eed, k as u64, 3, p);
                 let e = Epilogue {
                     samples: b,
                     per_sample: l * h,

@@ -128,22 +128,27 @@ pub fn set_step_word(step: u64) {
     STEP_WORD.set(step);
 }
 
-/// A dropout of rate `p` whose kernels make the site hash from the step word, set here to
-/// `step`; its `site_hash`, what the host makes from the same (seed hash, step, site), keys the
-/// reference and the CPU twin.
-pub fn dropout_from_step_word(
-    seed_hash: u64,
-    site: u64,
-    step: u64,
-    first_row: u64,
-    p: f64,
-) -> Dropout {
-    set_step_word(step);
+/// A dropout of rate `p` for case `k` of a test: keyed by the site hash `hash ^ k`, or with
+/// `word`, by the step word (set here to 7 + k) from which the kernels make the site hash of
+/// seed hash `hash` and site 1 + k; its `site_hash`, what the host makes from the same, keys
+/// the reference and the CPU twin.
+pub fn test_dropout(word: bool, hash: u64, k: u64, first_row: u64, p: f64) -> Dropout {
+    let (step, site) = (7 + k, 1 + k);
+    let step_word = word.then(|| {
+        set_step_word(step);
+        StepWord {
+            seed_hash: hash,
+            site,
+        }
+    });
     Dropout {
-        site_hash: absorb(absorb(seed_hash, step), site),
+        site_hash: match word {
+            true => absorb(absorb(hash, step), site),
+            false => hash ^ k,
+        },
         first_row,
         p,
-        step_word: Some(StepWord { seed_hash, site }),
+        step_word,
     }
 }
 

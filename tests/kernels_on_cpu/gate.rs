@@ -4,11 +4,11 @@
 
 use candle_core::{DType, Device};
 use myosotis::ops::dropout_keep;
-use myosotis::ops::epilogue::{cuda, gate, gate_backward, Activation, Dropout, Epilogue};
+use myosotis::ops::epilogue::{cuda, gate, gate_backward, Activation, Epilogue};
 
 use crate::assert_same;
 use crate::common::{rel_err, seeded_rng, tensor, to_vec, uniform};
-use crate::exec::{dropout_from_step_word, round_to, run_in_every_order};
+use crate::exec::{round_to, run_in_every_order, test_dropout};
 
 /// (samples, length, features): one element, odd sizes, more elements than the grid's threads.
 const SHAPES: [(usize, usize, usize); 4] = [(1, 1, 1), (2, 3, 5), (3, 7, 33), (4, 300, 100)];
@@ -28,15 +28,7 @@ fn gate_kernels_match_the_reference_and_the_cpu_twin() {
                 let what = format!(
                     "{dtype:?} {b} x {l} x {h}, residual {residual}, p {p}, step word {word}"
                 );
-                let drop = match word {
-                    true => dropout_from_step_word(0x9a7e, 1 + k as u64, 11 + k as u64, 5, p),
-                    false => Dropout {
-                        site_hash: 0x9a7e ^ (k as u64),
-                        first_row: 5,
-                        p,
-                        step_word: None,
-                    },
-                };
+                let drop = test_dropout(word, 0x9a7e, k as u64, 5, p);
                 let dropout = (p > 0.0).then_some(drop);
                 let e = Epilogue {
                     samples: b,
