@@ -9,8 +9,8 @@ mod common;
 use candle_core::{DType, Device, Tensor, Var};
 use common::{rel_err, seeded_rng, tensor, to_vec};
 use myosotis::ops::{
-    channel_add, channel_mul, gelu, layer_norm, layer_norm_composed, s5_discretize,
-    s5_discretize_reference, s5_readout, swap_dims12, S5Discretization,
+    channel_add, channel_add_backward, channel_mul, gelu, layer_norm, layer_norm_composed,
+    s5_discretize, s5_discretize_reference, s5_readout, swap_dims12, S5Discretization,
 };
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -203,6 +203,16 @@ fn channel_ops_match_broadcasts_and_finite_differences() {
                 assert_eq!(mul[r * h + i], x[r * h + i] * p[i]);
             }
         }
+        // ∂b of channel_add on its own: the column sums of ∂y (given as (2, rows, h) here).
+        let g = randn(&mut rng, 2 * rows * h);
+        let db = to_vec(&channel_add_backward(&pt, &t(&g, &[2, rows, h])).unwrap());
+        for i in 0..h {
+            let want: f64 = (0..2 * rows).map(|r| g[r * h + i]).sum();
+            assert!(
+                (db[i] - want).abs() <= 1e-12 * (1.0 + want.abs()),
+                "∂b[{i}]"
+            );
+        }
         if rows * h <= 600 {
             let inputs = [(x.clone(), vec![rows, h]), (p.clone(), vec![h])];
             check_fd(
@@ -224,6 +234,10 @@ fn channel_ops_match_broadcasts_and_finite_differences() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("(4)"), "{e}");
+    let e = channel_add_backward(&Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap(), &x)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("[3]"), "{e}");
 }
 
 #[test]

@@ -25,7 +25,7 @@ pub mod tree_solve;
 mod value;
 
 pub use adamw::{adamw_step, in_place_updates, AdamwHyper, AdamwParam};
-pub use channel::{channel_add, channel_mul, channel_mul_backward};
+pub use channel::{channel_add, channel_add_backward, channel_mul, channel_mul_backward};
 pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
 pub use dropout::dropout_keep;
 pub use epilogue::{epilogue, epilogue_backward};

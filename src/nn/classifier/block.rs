@@ -21,7 +21,7 @@ use crate::nn::S5;
 use crate::ops::epilogue::{
     epilogue, epilogue_backward, gate, gate_backward, Activation as EpilogueAct, Dropout,
 };
-use crate::ops::{channel_add, gemm, layer_norm, layer_norm_backward, Mat};
+use crate::ops::{channel_add, channel_add_backward, gemm, layer_norm, layer_norm_backward, Mat};
 
 /// A dense layer's parameters (the gradients' keys) and their values detached once (aliases
 /// that the optimiser's in-place steps update too).
@@ -80,8 +80,7 @@ impl Dense {
         let [w, b] = &self.vars;
         let (n_out, n_in) = w.dims2()?;
         params.push((w.clone(), gemm(&dym.clone().t(), &xm, (n_out, n_in))?));
-        let all_but_last: Vec<usize> = (0..dy.rank() - 1).collect();
-        params.push((b.clone(), dy.sum(all_but_last)?));
+        params.push((b.clone(), channel_add_backward(self.bias()?, dy)?));
         gemm(&dym, &Mat::rows(self.detached.weight())?, x.dims())
     }
 }

@@ -140,6 +140,12 @@ impl SequenceClassifier {
             // The lengths in h's dtype once, for the forward and the backward.
             let pool = match pool {
                 Pool::Mean(lengths) => Pool::Mean(lengths.to_dtype(x.dtype())?),
+                // The mean over all positions: the fused op, one kernel each way.
+                Pool::Nodes { first: 0 } => {
+                    let (b, n, _) = x.dims3()?;
+                    let all = Tensor::full(n as f32, b, x.device())?;
+                    Pool::Mean(all.to_dtype(x.dtype())?)
+                }
                 pool => pool.clone(),
             };
             let pooled = pool.apply(&x)?;

@@ -40,14 +40,8 @@ pub fn channel_mul(x: &Tensor, d: &Tensor) -> Result<Tensor> {
 /// The backward of [`channel_mul`] on its own, for layers that compute gradients by hand:
 /// (∂x, ∂d) from ∂y = `g`.
 pub fn channel_mul_backward(x: &Tensor, d: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
-    let h = x.dim(D::Minus1)?;
-    let fused = d.dtype() == x.dtype()
-        && match x.device() {
-            Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
-            Device::Cuda(_) => cuda::supports(h, x.dtype()),
-            _ => false,
-        };
-    if !fused {
+    if !fused(x, d)? {
+        let h = x.dim(D::Minus1)?;
         let rows = x.elem_count() / h.max(1);
         let dd = (g * x)?.reshape((rows, h))?.sum(0)?;
         return Ok((g.broadcast_mul(d)?, dd));
@@ -56,6 +50,39 @@ pub fn channel_mul_backward(x: &Tensor, d: &Tensor, g: &Tensor) -> Result<(Tenso
         (Some(dx), Some(dd)) => Ok((dx, dd)),
         _ => bail!("channel_mul backward: a gradient is missing"),
     }
+}
+
+/// The backward of [`channel_add`] on its own: ∂b = Σ_rows `g` (∂x is `g` itself), the sum over
+/// every dimension of ∂y but the last. One op where a candle sum is a reduction and a reshape.
+pub fn channel_add_backward(b: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let h = g.dim(D::Minus1)?;
+    if b.dims() != [h] {
+        bail!(
+            "channel_add backward: parameter of shape {:?} for ∂y of shape {:?}",
+            b.dims(),
+            g.dims()
+        );
+    }
+    if !fused(g, b)? {
+        return g.reshape((g.elem_count() / h.max(1), h))?.sum(0);
+    }
+    let g = g.contiguous()?;
+    match ChannelOp(Kind::Add).bwd(&g, b, &g, &g)? {
+        (_, Some(db)) => Ok(db),
+        _ => bail!("channel_add backward: a gradient is missing"),
+    }
+}
+
+/// Whether the channel ops on `x` with the parameter `p` are the fused op (else candle's).
+fn fused(x: &Tensor, p: &Tensor) -> Result<bool> {
+    let h = x.dim(D::Minus1)?;
+    Ok(p.dtype() == x.dtype()
+        && p.device().same_device(x.device())
+        && match x.device() {
+            Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
+            Device::Cuda(_) => cuda::supports(h, x.dtype()),
+            _ => false,
+        })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,14 +99,7 @@ fn apply(x: &Tensor, p: &Tensor, kind: Kind) -> Result<Tensor> {
             p.dims()
         );
     }
-    let fused = p.dtype() == x.dtype()
-        && p.device().same_device(x.device())
-        && match x.device() {
-            Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
-            Device::Cuda(_) => cuda::supports(h, x.dtype()),
-            _ => false,
-        };
-    match (fused, kind) {
+    match (fused(x, p)?, kind) {
         (true, _) => x.contiguous()?.apply_op2(&p.contiguous()?, ChannelOp(kind)),
         (false, Kind::Add) => x.broadcast_add(p),
         (false, Kind::Mul) => x.broadcast_mul(p),

@@ -131,15 +131,14 @@ impl LayerNormOp {
         y
     }
 
-    /// (∂x, ∂w, ∂b) packed as rows × H, then ∂w and ∂b as two more rows.
-    fn bwd_t<F: WithDType + Float + NumAssign>(&self, x: &[F], w: &[F], g: &[F]) -> Vec<F> {
+    /// (∂x, ∂w, ∂b).
+    fn bwd_t<F: WithDType + Float + NumAssign>(&self, x: &[F], w: &[F], g: &[F]) -> [Vec<F>; 3] {
         let h = w.len();
         let rows = x.len() / h.max(1);
         let eps = F::from(self.eps).expect("eps");
         let hf = F::from(h).expect("h");
-        let mut out = vec![F::zero(); x.len() + 2 * h];
-        let (dx, tail) = out.split_at_mut(x.len());
-        let sums = column_sums(rows, h, 2 * h, dx, |r, dxr, acc| {
+        let mut dx = vec![F::zero(); x.len()];
+        let mut dw = column_sums(rows, h, 2 * h, &mut dx, |r, dxr, acc| {
             let (xr, gr) = (&x[r * h..(r + 1) * h], &g[r * h..(r + 1) * h]);
             let (mean, rstd) = moments(xr, eps);
             let (dw, db) = acc.split_at_mut(h);
@@ -157,8 +156,8 @@ impl LayerNormOp {
                 dxr[i] = (gr[i] * w[i] - mg - (xr[i] - mean) * rstd * mgx) * rstd;
             }
         });
-        tail.copy_from_slice(&sums);
-        out
+        let db = dw.split_off(h);
+        [dx, dw, db]
     }
 }
 
@@ -220,10 +219,10 @@ impl CustomOp3 for LayerNormOp {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let h = w.dim(0)?;
-        let rows = x.elem_count() / h.max(1);
         #[cfg(feature = "cuda")]
         if x.device().is_cuda() {
             use crate::cuda::{launch_tensors, LAYER_NORM};
+            let rows = x.elem_count() / h.max(1);
             let [rows_plan, sums] = cuda::backward_plans(rows, h, self.eps, x.dtype())?;
             let g = g.to_dtype(x.dtype())?;
             let part_shape = [rows_plan.outputs[1]];
@@ -245,32 +244,36 @@ impl CustomOp3 for LayerNormOp {
         let (Storage::Cpu(sx), Storage::Cpu(sw), Storage::Cpu(sg)) = (&*sx, &*sw, &*sg) else {
             bail!("layer_norm backward: tensors are not all on the CPU")
         };
-        let shape = (rows + 2, h);
-        let packed = match x.dtype() {
-            DType::F32 => Tensor::from_vec(
+        // Three tensors, not one packed buffer and views of it: each view is an op of the step.
+        fn tensors<F: WithDType>(parts: [Vec<F>; 3], x: &Tensor, h: usize) -> Result<[Tensor; 3]> {
+            let [dx, dw, db] = parts;
+            Ok([
+                Tensor::from_vec(dx, x.shape(), &Device::Cpu)?,
+                Tensor::from_vec(dw, h, &Device::Cpu)?,
+                Tensor::from_vec(db, h, &Device::Cpu)?,
+            ])
+        }
+        let [dx, dw, db] = match x.dtype() {
+            DType::F32 => tensors(
                 self.bwd_t::<f32>(
                     contiguous(sx, lx)?,
                     contiguous(sw, lw)?,
                     contiguous(sg, lg)?,
                 ),
-                shape,
-                &Device::Cpu,
+                x,
+                h,
             )?,
-            DType::F64 => Tensor::from_vec(
+            DType::F64 => tensors(
                 self.bwd_t::<f64>(
                     contiguous(sx, lx)?,
                     contiguous(sw, lw)?,
                     contiguous(sg, lg)?,
                 ),
-                shape,
-                &Device::Cpu,
+                x,
+                h,
             )?,
             dt => bail!("layer_norm backward: dtype {dt:?} is not fused on the CPU"),
         };
-        Ok((
-            Some(packed.narrow(0, 0, rows)?.reshape(x.shape())?),
-            Some(packed.narrow(0, rows, 1)?.reshape(h)?),
-            Some(packed.narrow(0, rows + 1, 1)?.reshape(h)?),
-        ))
+        Ok((Some(dx), Some(dw), Some(db)))
     }
 }
