@@ -75,6 +75,12 @@ pub const LAYER_NORM: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),
 };
 
+/// `kernels/batch_norm.cu`.
+pub const BATCH_NORM: Module = Module {
+    name: "myosotis_batch_norm",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/batch_norm.ptx")),
+};
+
 /// `kernels/channel.cu`.
 pub const CHANNEL: Module = Module {
     name: "myosotis_channel",

@@ -1,10 +1,8 @@
-//! The fused GELU, LayerNorm, channel, block epilogue, GLU gate, loss and S5 discretisation ops
-//! and the strided products (`gemm`)
-//! on CUDA against
-//! their CPU twins (f32 and f64, up to the GPU's fused multiply-adds) and in f16/bf16 (GELU)
-//! against the f32 CPU op, forward and gradients, on awkward shapes. Compiled with `--features
-//! cuda` (CI compiles them); each test prints why it is skipped when no CUDA device can be
-//! opened.
+//! The fused GELU, LayerNorm, BatchNorm, channel, block epilogue, GLU gate, loss and S5
+//! discretisation ops and the strided products (`gemm`) on CUDA against their CPU twins (f32
+//! and f64, up to the GPU's fused multiply-adds) and in f16/bf16 (GELU) against the f32 CPU op,
+//! forward and gradients, on awkward shapes. Compiled with `--features cuda` (CI compiles
+//! them); each test prints why it is skipped when no CUDA device can be opened.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -12,7 +10,8 @@ mod common;
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
 use myosotis::ops::{
-    channel_add, channel_mul, gelu, gemm, gemm_relaid, layer_norm, s5_discretize, s5_readout, Mat,
+    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, channel_add, channel_mul,
+    column_stats, gelu, gemm, gemm_relaid, layer_norm, s5_discretize, s5_readout, Mat,
     S5Discretization,
 };
 
@@ -122,6 +121,54 @@ fn cuda_channel_ops() {
         &|t| channel_mul(&t[0], &t[1]).unwrap(),
         &|r, h| vec![vec![r, h], vec![h]],
     );
+}
+
+/// BatchNorm's fused training ops (no autograd: the backward is their own), the statistics
+/// chained as the layer chains them.
+#[test]
+fn cuda_batch_norm() {
+    let Some(gpu) = gpu("cuda_batch_norm") else {
+        return;
+    };
+    let (mut rng, _) = seeded_rng("cuda_batch_norm", 37);
+    let eps = 1e-5;
+    for (rows, h) in SHAPES {
+        let x = uniform(&mut rng, rows * h, 1.0, 4.0);
+        let (w, b) = (
+            uniform(&mut rng, h, 0.5, 1.5),
+            uniform(&mut rng, h, -1.0, 1.0),
+        );
+        let g = uniform(&mut rng, rows * h, -1.0, 1.0);
+        let run = |dev: &Device, dtype: DType| -> Vec<Vec<f64>> {
+            let t = |v: &[f64], s: &[usize]| tensor(v, s, dtype, dev);
+            let (x, g, w, b) = (
+                t(&x, &[rows, h]),
+                t(&g, &[rows, h]),
+                t(&w, &[h]),
+                t(&b, &[h]),
+            );
+            let n = t(&[rows as f64], &[1]);
+            let mean = column_stats(&x, None).unwrap().broadcast_div(&n).unwrap();
+            let var = column_stats(&x, Some(&mean))
+                .unwrap()
+                .broadcast_div(&n)
+                .unwrap();
+            let y = batch_norm_apply(&x, &mean, &var, &w, &b, eps).unwrap();
+            let [dw, db] = batch_norm_backward_stats(&x, &mean, &var, &g, eps).unwrap();
+            let dx = batch_norm_backward(&x, &mean, &var, &w, &g, &dw, &db, &n, eps).unwrap();
+            [mean, var, y, dw, db, dx].iter().map(to_vec).collect()
+        };
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let (want, got) = (run(&Device::Cpu, dtype), run(&gpu, dtype));
+            for (k, name) in ["μ", "σ²", "y", "∂γ", "∂β", "∂x"].iter().enumerate() {
+                let e = rel_err(&got[k], &want[k]);
+                assert!(
+                    e < tol,
+                    "batch_norm {dtype:?} {rows} x {h}: {name} differs by {e:e}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -18,7 +18,10 @@ use candle_core::{
 };
 use candle_nn::{Init, VarBuilder};
 
-use crate::ops::{channel_add, channel_mul, channel_mul_backward};
+use crate::ops::{
+    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, channel_add, channel_mul,
+    column_stats,
+};
 
 /// The sum over every data-parallel shard of a batch of a tensor each shard computes: the same
 /// bits on every shard, whatever the shard.
@@ -79,33 +82,53 @@ impl BatchNorm {
             // overflow f16, and their count need not be exact in it.
             let f32 = |t: &Tensor| t.to_dtype(DType::F32);
             let params = [&f32(&self.weight)?, &f32(&self.bias)?];
-            return self
-                .train(&f32(x)?, shards, params, true)?
-                .y
-                .to_dtype(x.dtype());
+            return self.train(&f32(x)?, shards, params)?.to_dtype(x.dtype());
         }
-        Ok(self.train(x, shards, [&self.weight, &self.bias], true)?.y)
+        self.train(x, shards, [&self.weight, &self.bias])
     }
 
     /// [`Self::forward_train`] on a detached `x` and parameters, with its backward by hand
-    /// ([`BatchNormBackward`]).
+    /// ([`BatchNormBackward`]): the fused ops of [`crate::ops::batch_norm`], the statistics
+    /// summed over the shards between them.
     pub(crate) fn forward_by_hand(
         &self,
         x: &Tensor,
         shards: Option<&Shards>,
     ) -> Result<(Tensor, BatchNormBackward)> {
+        let h = x.dim(candle_core::D::Minus1)?;
+        let rows = x.elem_count() / h.max(1);
+        // The rows stay a tensor (reading them would make a GPU step wait for the host), summed
+        // over the shards with Σx in one collective.
+        let count = Tensor::full(rows as f32, 1, x.device())?.to_dtype(x.dtype())?;
+        let (sum, n) = match shards {
+            Some(s) => {
+                let both = s.sum(&Tensor::cat(&[&column_stats(x, None)?, &count], 0)?)?;
+                (both.narrow(0, 0, h)?, both.narrow(0, h, 1)?)
+            }
+            None => (column_stats(x, None)?, count),
+        };
+        let across = |t: Tensor| match shards {
+            Some(s) => s.sum(&t),
+            None => Ok(t),
+        };
+        let mean = sum.broadcast_div(&n)?;
+        let var = across(column_stats(x, Some(&mean))?)?.broadcast_div(&n)?;
+        if shards.is_none_or(|s| s.leads()) {
+            self.update_running(&mean, &var, &n)?;
+        }
         let [w, b] = self.detached.clone();
-        let pass = self.train(x, shards, [&w, &b], false)?;
+        let y = batch_norm_apply(x, &mean, &var, &w, &b, self.eps)?;
         let back = BatchNormBackward {
             vars: [self.weight.clone(), self.bias.clone()],
             weight: w,
-            centred: pass.centred,
-            scale: pass.scale,
-            kg: pass.kg,
-            n: pass.n,
+            x: x.clone(),
+            mean,
+            var,
+            n,
+            eps: self.eps,
             shards: shards.cloned(),
         };
-        Ok((pass.y, back))
+        Ok((y, back))
     }
 
     /// The parameter that anchors a block by hand in candle's graph.
@@ -113,25 +136,37 @@ impl BatchNorm {
         &self.weight
     }
 
-    /// The training forward with the parameters `[weight, bias]`; `summed_op`: the shards'
-    /// sums are the [`Summed`] op, whose backward sums the gradients over the shards (for
-    /// candle's autograd), else plain values.
+    /// running = m · running + (1 − m) · batch for the mean and the variance (candle-nn's
+    /// unbiased one: n / (n − 1) times the batch's), n the batch's rows.
+    fn update_running(&self, mean: &Tensor, var: &Tensor, n: &Tensor) -> Result<()> {
+        let m = self.decay;
+        let unbiased = (n / n.affine(1.0, -1.0)?)?;
+        let update = |running: &Var, batch: Tensor| -> Result<()> {
+            let old = running.as_tensor().to_dtype(batch.dtype())?;
+            let next = ((old * m)? + (batch.detach() * (1.0 - m))?)?;
+            running.set(&next.to_dtype(running.dtype())?)
+        };
+        update(&self.running_mean, mean.clone())?;
+        update(&self.running_var, var.broadcast_mul(&unbiased)?)
+    }
+
+    /// The training forward with the parameters `[weight, bias]` in candle ops, for its
+    /// autograd: the shards' sums are the [`Summed`] op, whose backward sums the gradients
+    /// over the shards.
     fn train(
         &self,
         x: &Tensor,
         shards: Option<&Shards>,
         [weight, bias]: [&Tensor; 2],
-        summed_op: bool,
-    ) -> Result<TrainPass> {
+    ) -> Result<Tensor> {
         let h = x.dim(candle_core::D::Minus1)?;
         let rows = x.elem_count() / h.max(1);
         let xf = x.reshape((rows, h))?;
         let across = |t: Tensor| match shards {
-            Some(s) if summed_op => {
+            Some(s) => {
                 let total = s.sum(&t.detach())?;
                 t.apply_op2(&total, Summed(s.clone()))
             }
-            Some(s) => s.sum(&t),
             None => Ok(t),
         };
         // Σx and the row count, summed over the shards in one collective; the count stays a
@@ -146,53 +181,27 @@ impl BatchNorm {
         let centred = channel_add(&xf, &mean.neg()?)?;
         let var = across(column_sums(&centred.sqr()?)?)?.broadcast_div(&n)?;
         if shards.is_none_or(|s| s.leads()) {
-            let m = self.decay;
-            // candle-nn's unbiased running variance: n / (n − 1) times the batch's.
-            let unbiased = (&n / n.affine(1.0, -1.0)?)?;
-            let update = |running: &Var, batch: Tensor| -> Result<()> {
-                let old = running.as_tensor().to_dtype(batch.dtype())?;
-                let next = ((old * m)? + (batch.detach() * (1.0 - m))?)?;
-                running.set(&next.to_dtype(running.dtype())?)
-            };
-            update(&self.running_mean, mean.clone())?;
-            update(&self.running_var, var.broadcast_mul(&unbiased)?)?;
+            self.update_running(&mean, &var, &n)?;
         }
-        let scale = (var + self.eps)?.sqrt()?.recip()?;
-        let kg = (&scale * weight)?;
-        let y = channel_add(&channel_mul(&centred, &kg)?, bias)?.reshape(x.shape())?;
-        Ok(TrainPass {
-            y,
-            centred,
-            scale,
-            kg,
-            n,
-        })
+        let kg = ((var + self.eps)?.sqrt()?.recip()? * weight)?;
+        channel_add(&channel_mul(&centred, &kg)?, bias)?.reshape(x.shape())
     }
 }
 
-/// What the training forward computed: y = c ⊙ kγ + β with c = x − μ (rows, H), k = 1/σ.
-struct TrainPass {
-    y: Tensor,
-    centred: Tensor,
-    scale: Tensor,
-    kg: Tensor,
-    /// The rows over all shards, (1).
-    n: Tensor,
-}
-
-/// The backward of [`BatchNorm::forward_by_hand`]: from ∂y, with ∂(kγ) = Σ_rows ∂y ⊙ c,
-/// ∂β = Σ_rows ∂y, ∂γ = k ⊙ ∂(kγ); then σ² = S₂/n with S₂ = Σ_all c² gives
-/// ∂S₂ = −½ k³ γ ⊙ ∂(kγ) / n, μ = S₁/n with S₁ = Σ_all x gives ∂S₁ = −Σ_rows ∂c / n, where
-/// ∂c = ∂y ⊙ kγ + 2c ⊙ ∂S₂, and ∂x = ∂c + ∂S₁. ∂S₂ and ∂S₁ are summed over the shards (every
-/// shard's loss depends on the sums), as the forward summed S₂ and S₁.
+/// The backward of [`BatchNorm::forward_by_hand`], with μ and σ² the whole batch's and
+/// x̂ = (x − μ) / √(σ² + ε): this shard's ∂γ = Σ_rows ∂y ⊙ x̂ and ∂β = Σ_rows ∂y are the
+/// parameters' gradients; summed over the shards (every shard's loss depends on every row
+/// through μ and σ²) they give ∂x ([`batch_norm_backward`]).
 pub(crate) struct BatchNormBackward {
     vars: [Tensor; 2],
     /// γ, detached.
     weight: Tensor,
-    centred: Tensor,
-    scale: Tensor,
-    kg: Tensor,
+    x: Tensor,
+    mean: Tensor,
+    var: Tensor,
+    /// The rows over all shards, (1).
     n: Tensor,
+    eps: f64,
     shards: Option<Shards>,
 }
 
@@ -203,24 +212,16 @@ impl BatchNormBackward {
         dy: &Tensor,
         params: &mut Vec<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
-        let across = |t: Tensor| match &self.shards {
-            Some(s) => s.sum(&t),
-            None => Ok(t),
-        };
-        let dy2 = dy.reshape(self.centred.shape())?;
-        let (dc, dkg) = channel_mul_backward(&self.centred, &self.kg, &dy2)?;
+        let (x, mean, var) = (&self.x, &self.mean, &self.var);
+        let [dw, db] = batch_norm_backward_stats(x, mean, var, dy, self.eps)?;
         let [w, b] = &self.vars;
-        params.push((w.clone(), (&dkg * &self.scale)?));
-        params.push((b.clone(), dy2.sum(0)?));
-        let k3 = (self.scale.sqr()? * &self.scale)?;
-        let ds2 = across(
-            ((dkg * &self.weight)? * k3)?
-                .affine(-0.5, 0.0)?
-                .broadcast_div(&self.n)?,
-        )?;
-        let dc = (dc + channel_mul(&self.centred, &ds2.affine(2.0, 0.0)?)?)?;
-        let ds1 = across(dc.sum(0)?.neg()?.broadcast_div(&self.n)?)?;
-        channel_add(&dc, &ds1)?.reshape(dy.shape())
+        params.push((w.clone(), dw.clone()));
+        params.push((b.clone(), db.clone()));
+        let (dw, db) = match &self.shards {
+            Some(s) => (s.sum(&dw)?, s.sum(&db)?),
+            None => (dw, db),
+        };
+        batch_norm_backward(x, mean, var, &self.weight, dy, &dw, &db, &self.n, self.eps)
     }
 }
 

@@ -1,10 +1,11 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
 //! `head_solve/`, `dropout/`, `epilogue/`, `masked_mean/`, `cross_entropy/`, `adamw/`, `gelu/`,
-//! `layer_norm/`, `channel/`, `s5_discretize/`, `s5_readout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch
-//! plans); `rows` is the row layout LayerNorm and the channel ops share; the CPU-only transpose
-//! is one file.
+//! `layer_norm/`, `batch_norm/`, `channel/`, `s5_discretize/`, `s5_readout/`: the candle
+//! `CustomOp` glue, the CPU twin of the CUDA kernel, the launch plans); `rows` is the row
+//! layout LayerNorm, BatchNorm and the channel ops share; the CPU-only transpose is one file.
 
 pub mod adamw;
+pub mod batch_norm;
 pub mod channel;
 pub mod cross_entropy;
 pub mod dropout;
@@ -25,6 +26,9 @@ pub mod tree_solve;
 mod value;
 
 pub use adamw::{adamw_step, in_place_updates, AdamwHyper, AdamwParam};
+pub use batch_norm::{
+    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, column_stats,
+};
 pub use channel::{channel_add, channel_add_backward, channel_mul, channel_mul_backward};
 pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
 pub use dropout::dropout_keep;

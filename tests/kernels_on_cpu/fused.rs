@@ -12,7 +12,7 @@ use crate::{assert_same, DTYPES};
 
 /// (rows, h): one row, widths below, at and above a warp of lanes, more rows than the grid's
 /// blocks (each block takes several groups of rows), a ragged last block.
-const SHAPES: [(usize, usize); 7] = [
+pub const SHAPES: [(usize, usize); 7] = [
     (1, 1),
     (3, 5),
     (7, 32),

@@ -4,10 +4,11 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|gate|masked_mean|cross_entropy|layer_norm|channel|s5]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|gate|masked_mean|cross_entropy|layer_norm|channel|batch_norm|s5]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 mod adamw;
+mod batch_norm;
 #[path = "../common/mod.rs"]
 mod common;
 mod cross_entropy;
@@ -84,6 +85,12 @@ fn every_kernel_entry_point_is_tested() {
         ("channel_fwd", real, &wide),
         ("channel_bwd", real, &wide),
         ("channel_sums", real, &wide),
+        ("batch_norm_stats", real, &wide),
+        ("batch_norm_sums", real, &wide),
+        ("batch_norm_apply", real, &wide),
+        ("batch_norm_bwd_stats", real, &wide),
+        ("batch_norm_pair", real, &wide),
+        ("batch_norm_bwd", real, &wide),
         ("s5_discretize_fwd", real, &wide),
         ("s5_discretize_bwd", real, &wide),
         ("s5_readout_fwd", real, &wide),

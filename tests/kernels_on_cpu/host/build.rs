@@ -21,6 +21,7 @@ fn main() {
             "src/gelu.cpp",
             "src/layer_norm.cpp",
             "src/channel.cpp",
+            "src/batch_norm.cpp",
             "src/s5_discretize.cpp",
             "src/s5_readout.cpp",
             "src/epilogue.cpp",

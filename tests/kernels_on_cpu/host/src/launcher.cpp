@@ -49,6 +49,7 @@ const KernelEntry *adamw_kernels(size_t *n);
 const KernelEntry *gelu_kernels(size_t *n);
 const KernelEntry *layer_norm_kernels(size_t *n);
 const KernelEntry *channel_kernels(size_t *n);
+const KernelEntry *batch_norm_kernels(size_t *n);
 const KernelEntry *s5_discretize_kernels(size_t *n);
 const KernelEntry *s5_readout_kernels(size_t *n);
 const KernelEntry *epilogue_kernels(size_t *n);
@@ -59,8 +60,8 @@ static std::vector<const KernelEntry *> registry() {
     std::vector<const KernelEntry *> all;
     for (auto list : {scan_kernels, tree_solve_kernels, head_solve_kernels, dropout_kernels,
                       adamw_kernels, gelu_kernels, layer_norm_kernels, channel_kernels,
-                      s5_discretize_kernels, s5_readout_kernels, epilogue_kernels,
-                      masked_mean_kernels, cross_entropy_kernels}) {
+                      batch_norm_kernels, s5_discretize_kernels, s5_readout_kernels,
+                      epilogue_kernels, masked_mean_kernels, cross_entropy_kernels}) {
         size_t n = 0;
         const KernelEntry *e = list(&n);
         for (size_t i = 0; i < n; ++i) all.push_back(e + i);

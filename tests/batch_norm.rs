@@ -1,0 +1,257 @@
+//! BatchNorm's fused training ops (`myosotis::ops::batch_norm`) against f64 loops, candle's
+//! autograd through the same norm in candle ops, and central differences of the ops
+//! themselves; the statistics of a batch cut into shards; the candle-op path (f16 on the CPU);
+//! bad operands.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use common::{rel_err, seeded_rng, tensor, to_vec, uniform};
+use myosotis::ops::{
+    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, column_stats,
+};
+
+const EPS: f64 = 1e-5;
+
+/// The whole batch's (μ, σ²) of rows of h, and y of the norm, as f64 loops.
+fn reference(x: &[f64], w: &[f64], b: &[f64], h: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let rows = x.len() / h;
+    let mut mean = vec![0.0; h];
+    let mut var = vec![0.0; h];
+    for e in 0..x.len() {
+        mean[e % h] += x[e] / rows as f64;
+    }
+    for e in 0..x.len() {
+        var[e % h] += (x[e] - mean[e % h]).powi(2) / rows as f64;
+    }
+    let y = (0..x.len())
+        .map(|e| {
+            let i = e % h;
+            (x[e] - mean[i]) / (var[i] + EPS).sqrt() * w[i] + b[i]
+        })
+        .collect();
+    (mean, var, y)
+}
+
+/// The fused forward on `x` (3-D, rows of its last dimension): (μ, σ², y, n).
+fn forward(x: &Tensor, w: &Tensor, b: &Tensor) -> [Tensor; 4] {
+    let rows = x.elem_count() / x.dim(D::Minus1).unwrap();
+    let n = Tensor::full(rows as f64, 1, x.device())
+        .unwrap()
+        .to_dtype(x.dtype())
+        .unwrap();
+    let mean = column_stats(x, None).unwrap().broadcast_div(&n).unwrap();
+    let var = column_stats(x, Some(&mean))
+        .unwrap()
+        .broadcast_div(&n)
+        .unwrap();
+    let y = batch_norm_apply(x, &mean, &var, w, b, EPS).unwrap();
+    [mean, var, y, n]
+}
+
+/// (∂x, ∂γ, ∂β) of Σ g ⊙ y from the fused backward.
+fn backward(x: &Tensor, w: &Tensor, g: &Tensor) -> [Tensor; 3] {
+    let b = w.zeros_like().unwrap();
+    let [mean, var, _, n] = forward(x, w, &b);
+    let [dw, db] = batch_norm_backward_stats(x, &mean, &var, g, EPS).unwrap();
+    let dx = batch_norm_backward(x, &mean, &var, w, g, &dw, &db, &n, EPS).unwrap();
+    [dx, dw, db]
+}
+
+#[test]
+fn batch_norm_ops_match_loops_autograd_and_finite_differences() {
+    let (mut rng, seed) = seeded_rng("batch_norm_ops", 141);
+    // (batch, length, h): one row, widths below and above a warp, more rows than a block.
+    for &(bs, len, h) in &[(1, 1, 1), (2, 3, 5), (4, 33, 3), (3, 7, 40), (2, 1100, 4)] {
+        let what = format!("({bs}, {len}, {h}) seed {seed}");
+        let n = bs * len * h;
+        // Far from zero mean: the statistics are taken around μ.
+        let x = uniform(&mut rng, n, 2.0, 6.0);
+        let (w, b) = (
+            uniform(&mut rng, h, -1.5, 1.5),
+            uniform(&mut rng, h, -1.0, 1.0),
+        );
+        let g = uniform(&mut rng, n, -1.0, 1.0);
+        let t = |v: &[f64], s: &[usize]| tensor(v, s, DType::F64, &Device::Cpu);
+        let (xt, wt, bt, gt) = (
+            t(&x, &[bs, len, h]),
+            t(&w, &[h]),
+            t(&b, &[h]),
+            t(&g, &[bs, len, h]),
+        );
+        let (mean, var, y) = reference(&x, &w, &b, h);
+        let [m, v, yt, _] = forward(&xt, &wt, &bt);
+        assert!(rel_err(&to_vec(&m), &mean) < 1e-13, "{what}: mean");
+        assert!(rel_err(&to_vec(&v), &var) < 1e-12, "{what}: variance");
+        assert!(rel_err(&to_vec(&yt), &y) < 1e-12, "{what}: y");
+
+        // Gradients: candle's autograd through the norm in candle ops.
+        let vars = [
+            Var::from_tensor(&xt).unwrap(),
+            Var::from_tensor(&wt).unwrap(),
+            Var::from_tensor(&bt).unwrap(),
+        ];
+        let [xv, wv, bv] = vars.each_ref().map(|v| v.as_tensor());
+        let xc = xv
+            .broadcast_sub(&xv.mean_keepdim(0).unwrap().mean_keepdim(1).unwrap())
+            .unwrap();
+        let var_c = xc
+            .sqr()
+            .unwrap()
+            .mean_keepdim(0)
+            .unwrap()
+            .mean_keepdim(1)
+            .unwrap();
+        let yc = xc
+            .broadcast_div(&(var_c + EPS).unwrap().sqrt().unwrap())
+            .unwrap()
+            .broadcast_mul(wv)
+            .unwrap()
+            .broadcast_add(bv)
+            .unwrap();
+        assert!(
+            rel_err(&to_vec(&yc), &y) < 1e-12,
+            "{what}: the candle-op norm"
+        );
+        let grads = (yc * &gt).unwrap().sum_all().unwrap().backward().unwrap();
+        let want: Vec<Vec<f64>> = vars
+            .iter()
+            .map(|v| to_vec(grads.get(v.as_tensor()).unwrap()))
+            .collect();
+        let got = backward(&xt, &wt, &gt);
+        for (k, name) in ["∂x", "∂γ", "∂β"].iter().enumerate() {
+            let e = rel_err(&to_vec(&got[k]), &want[k]);
+            assert!(e < 1e-10, "{what}: {name} vs autograd: {e:e}");
+        }
+
+        // Central differences of the fused forward (x moves μ and σ² too).
+        if n <= 120 {
+            let loss = |x: &[f64]| -> f64 {
+                let y = to_vec(&forward(&t(x, &[bs, len, h]), &wt, &bt)[2]);
+                y.iter().zip(&g).map(|(y, g)| y * g).sum()
+            };
+            let fd: Vec<f64> = (0..n)
+                .map(|e| {
+                    let at = |d: f64| {
+                        let mut xs = x.clone();
+                        xs[e] += d;
+                        loss(&xs)
+                    };
+                    (at(1e-6) - at(-1e-6)) / 2e-6
+                })
+                .collect();
+            let e = rel_err(&to_vec(&got[0]), &fd);
+            assert!(e < 1e-6, "{what}: ∂x vs finite differences: {e:e}");
+        }
+    }
+}
+
+/// A batch cut into two shards (uneven): each shard's sums added give the whole batch's, and
+/// each shard's ∂x, from the whole batch's ∂γ and ∂β, is the whole batch's ∂x on its rows.
+#[test]
+fn batch_norm_over_shards_is_the_whole_batch() {
+    let (mut rng, seed) = seeded_rng("batch_norm_shards", 142);
+    let (bs, len, h) = (5, 9, 7);
+    let x = uniform(&mut rng, bs * len * h, -3.0, 5.0);
+    let (w, g) = (
+        uniform(&mut rng, h, 0.5, 2.0),
+        uniform(&mut rng, bs * len * h, -1.0, 1.0),
+    );
+    let t = |v: &[f64], s: &[usize]| tensor(v, s, DType::F64, &Device::Cpu);
+    let whole = t(&x, &[bs, len, h]);
+    let (wt, gt) = (t(&w, &[h]), t(&g, &[bs, len, h]));
+    let [dx_whole, dw_whole, db_whole] = backward(&whole, &wt, &gt);
+    let [mean, var, _, n] = forward(&whole, &wt, &wt.zeros_like().unwrap());
+    let parts = [(0, 2), (2, 3)];
+    let shard = |t: &Tensor, (at, k): (usize, usize)| t.narrow(0, at, k).unwrap();
+    let add = |f: &dyn Fn((usize, usize)) -> Tensor| (f(parts[0]) + f(parts[1])).unwrap();
+    let sum = add(&|p| column_stats(&shard(&whole, p), None).unwrap());
+    assert!(
+        rel_err(&to_vec(&sum.broadcast_div(&n).unwrap()), &to_vec(&mean)) < 1e-13,
+        "Σx (seed {seed})"
+    );
+    let sq = add(&|p| column_stats(&shard(&whole, p), Some(&mean)).unwrap());
+    assert!(
+        rel_err(&to_vec(&sq.broadcast_div(&n).unwrap()), &to_vec(&var)) < 1e-13,
+        "Σ(x − μ)²"
+    );
+    let stats =
+        |p| batch_norm_backward_stats(&shard(&whole, p), &mean, &var, &shard(&gt, p), EPS).unwrap();
+    let dw = add(&|p| stats(p)[0].clone());
+    let db = add(&|p| stats(p)[1].clone());
+    assert!(rel_err(&to_vec(&dw), &to_vec(&dw_whole)) < 1e-13, "∂γ");
+    assert!(rel_err(&to_vec(&db), &to_vec(&db_whole)) < 1e-13, "∂β");
+    for p in parts {
+        let dx = batch_norm_backward(
+            &shard(&whole, p),
+            &mean,
+            &var,
+            &wt,
+            &shard(&gt, p),
+            &dw,
+            &db,
+            &n,
+            EPS,
+        )
+        .unwrap();
+        assert!(
+            rel_err(&to_vec(&dx), &to_vec(&shard(&dx_whole, p))) < 1e-12,
+            "∂x of {p:?}"
+        );
+    }
+}
+
+/// Where the kernels do not apply (here f16 on the CPU) the ops are the same formulas in candle
+/// ops.
+#[test]
+fn batch_norm_ops_in_candle_ops_agree() {
+    let (mut rng, _) = seeded_rng("batch_norm_f16", 143);
+    let (rows, h) = (64, 6);
+    let (x, w, g) = (
+        uniform(&mut rng, rows * h, -2.0, 2.0),
+        uniform(&mut rng, h, 0.5, 1.5),
+        uniform(&mut rng, rows * h, -1.0, 1.0),
+    );
+    let run = |dtype: DType| -> Vec<Vec<f64>> {
+        let t = |v: &[f64], s: &[usize]| tensor(v, s, dtype, &Device::Cpu);
+        let (xt, wt, gt) = (t(&x, &[1, rows, h]), t(&w, &[h]), t(&g, &[1, rows, h]));
+        let y = forward(&xt, &wt, &wt.zeros_like().unwrap())[2].clone();
+        std::iter::once(y)
+            .chain(backward(&xt, &wt, &gt))
+            .map(|t| to_vec(&t))
+            .collect()
+    };
+    let (half, full) = (run(DType::F16), run(DType::F64));
+    for (k, name) in ["y", "∂x", "∂γ", "∂β"].iter().enumerate() {
+        let e = rel_err(&half[k], &full[k]);
+        assert!(e < 2e-2, "{name}: f16 against f64: {e:e}");
+    }
+}
+
+#[test]
+fn batch_norm_ops_name_a_bad_operand() {
+    let x = Tensor::zeros((2, 3, 4), DType::F32, &Device::Cpu).unwrap();
+    let c = |n: usize| Tensor::ones(n, DType::F32, &Device::Cpu).unwrap();
+    let e = column_stats(&x, Some(&c(3))).unwrap_err().to_string();
+    assert!(e.contains("the mean has shape [3], expected (4)"), "{e}");
+    let e = batch_norm_apply(&x, &c(4), &c(4), &c(5), &c(4), EPS)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the weight has shape [5]"), "{e}");
+    let e = batch_norm_backward_stats(&x, &c(4), &c(4), &x.narrow(1, 0, 2).unwrap(), EPS)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("∂y"), "{e}");
+    let e = batch_norm_backward(&x, &c(4), &c(4), &c(4), &x, &c(4), &c(4), &c(2), EPS)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("row count"), "{e}");
+    let f64s = Tensor::ones(4, DType::F64, &Device::Cpu).unwrap();
+    let e = batch_norm_apply(&x, &c(4), &f64s, &c(4), &c(4), EPS)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the variance is not of the input's dtype"),
+        "{e}"
+    );
+}
