@@ -100,12 +100,13 @@ impl BatchNorm {
         // The rows stay a tensor (reading them would make a GPU step wait for the host), summed
         // over the shards with Σx in one collective.
         let count = Tensor::full(rows as f32, 1, x.device())?.to_dtype(x.dtype())?;
+        let sum = column_stats(x, None)?;
         let (sum, n) = match shards {
             Some(s) => {
-                let both = s.sum(&Tensor::cat(&[&column_stats(x, None)?, &count], 0)?)?;
+                let both = s.sum(&Tensor::cat(&[&sum, &count], 0)?)?;
                 (both.narrow(0, 0, h)?, both.narrow(0, h, 1)?)
             }
-            None => (column_stats(x, None)?, count),
+            None => (sum, count),
         };
         let across = |t: Tensor| match shards {
             Some(s) => s.sum(&t),

@@ -10,7 +10,7 @@ use num_traits::Float;
 use rayon::prelude::*;
 
 use super::plan::{int_arg, kernel_name, KernelArg, LaunchPlan};
-use candle_core::{DType, Result};
+use candle_core::{DType, Device, Result, Tensor, D};
 
 /// Threads per block (ROWS_THREADS in `kernels/rows.cuh`).
 pub const THREADS: u32 = 256;
@@ -100,6 +100,18 @@ pub fn column_sums<F: Float + Send + Sync>(
     (0..n)
         .map(|i| partials.iter().fold(F::zero(), |t, p| t + p[i]))
         .collect()
+}
+
+/// Whether a row op's fused kernels take `x`: f32 or f64 on the CPU (the CPU twins), on CUDA
+/// what the op's `cuda_supports(h, dtype)` says of rows of `x`'s last dimension; elsewhere the
+/// ops fall back to candle's.
+pub fn fused_rows(x: &Tensor, cuda_supports: fn(usize, DType) -> bool) -> Result<bool> {
+    let h = x.dim(D::Minus1)?;
+    Ok(match x.device() {
+        Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
+        Device::Cuda(_) => cuda_supports(h, x.dtype()),
+        _ => false,
+    })
 }
 
 /// Grid size of an element-wise kernel over `n` elements (grid-strided above 4,096 blocks).

@@ -39,29 +39,15 @@ fn batch_norm_kernels_match_the_cpu_twin_and_the_reference() {
             let b = round_to(&uniform(&mut rng, h, -1.0, 1.0), dtype);
             let g = round_to(&uniform(&mut rng, n, -1.0, 1.0), dtype);
 
-            // Σx, then Σ(x − μ)² around the kernels' own μ.
-            let sum = stats(
-                &cuda::stats_plans(rows, h, false, dtype).unwrap(),
-                dtype,
-                &[&x],
-                seed,
-            )
-            .remove(0);
-            let mean = round_to(
-                &sum.iter().map(|s| s / rows as f64).collect::<Vec<_>>(),
-                dtype,
-            );
-            let sq = stats(
-                &cuda::stats_plans(rows, h, true, dtype).unwrap(),
-                dtype,
-                &[&x, &mean],
-                seed,
-            )
-            .remove(0);
-            let var = round_to(
-                &sq.iter().map(|s| s / rows as f64).collect::<Vec<_>>(),
-                dtype,
-            );
+            // Σx, then Σ(x − μ)² around the kernels' own μ; each over the rows, rounded.
+            let moment = |inputs: &[&[f64]]| {
+                let plans = cuda::stats_plans(rows, h, inputs.len() == 2, dtype).unwrap();
+                let sums = stats(&plans, dtype, inputs, seed).remove(0);
+                let per_row: Vec<f64> = sums.iter().map(|s| s / rows as f64).collect();
+                (sums, round_to(&per_row, dtype))
+            };
+            let (sum, mean) = moment(&[&x]);
+            let (sq, var) = moment(&[&x, &mean]);
             let y = run_in_every_order(
                 &cuda::apply_plan(n, h, EPS, dtype).unwrap(),
                 dtype,

@@ -31,12 +31,7 @@ const PER_TASK: usize = 1 << 14;
 
 /// Whether the fused ops take `x`: f32 or f64 on the CPU, and on CUDA rows the kernels take.
 pub fn fused(x: &Tensor) -> Result<bool> {
-    let h = x.dim(D::Minus1)?;
-    Ok(match x.device() {
-        Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
-        Device::Cuda(_) => cuda::supports(h, x.dtype()),
-        _ => false,
-    })
+    super::rows::fused_rows(x, cuda::supports)
 }
 
 /// The width H of `x`'s rows, after checking that every per-column tensor is (H) and that

@@ -75,14 +75,9 @@ pub fn channel_add_backward(b: &Tensor, g: &Tensor) -> Result<Tensor> {
 
 /// Whether the channel ops on `x` with the parameter `p` are the fused op (else candle's).
 fn fused(x: &Tensor, p: &Tensor) -> Result<bool> {
-    let h = x.dim(D::Minus1)?;
     Ok(p.dtype() == x.dtype()
         && p.device().same_device(x.device())
-        && match x.device() {
-            Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
-            Device::Cuda(_) => cuda::supports(h, x.dtype()),
-            _ => false,
-        })
+        && super::rows::fused_rows(x, cuda::supports)?)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -61,12 +61,7 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
 
 /// Whether [`layer_norm`] on `x` is the fused op (else candle ops).
 pub fn fused(x: &Tensor) -> Result<bool> {
-    let h = x.dim(D::Minus1)?;
-    Ok(match x.device() {
-        Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
-        Device::Cuda(_) => cuda::supports(h, x.dtype()),
-        _ => false,
-    })
+    super::rows::fused_rows(x, cuda::supports)
 }
 
 /// The backward of the fused [`layer_norm`] on its own, for layers that compute gradients by
