@@ -45,6 +45,12 @@ pub const TREE_SOLVE: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/tree_solve.ptx")),
 };
 
+/// `kernels/tree_lanes.cu`.
+pub const TREE_LANES: Module = Module {
+    name: "myosotis_tree_lanes",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/tree_lanes.ptx")),
+};
+
 /// `kernels/head_solve.cu`.
 pub const HEAD_SOLVE: Module = Module {
     name: "myosotis_head_solve",

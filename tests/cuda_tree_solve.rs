@@ -7,17 +7,18 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
-use myosotis::ops::{check_pivots, tree_solve, TreeSolveOptions};
+use myosotis::ops::{check_pivots, tree_solve, TreeLayout, TreeSolveOptions};
 use myosotis::tree::Tree;
 use rand::Rng;
 
-/// x and the gradients of Σ w ⊙ x with respect to (u, a, b, c), on `dev` in `dtype`.
+/// x and the gradients of Σ w ⊙ x with respect to (u, a, b, c), on `dev` in `dtype`, the
+/// CUDA kernels in `layout`.
 fn forward_backward(
     tree: &Tree,
     case: &TreeCase,
     x: &TreeInputs,
     w: &[f64],
-    dev: &Device,
+    (dev, layout): (&Device, TreeLayout),
     dtype: DType,
 ) -> [Vec<f64>; 5] {
     let n = tree.len();
@@ -30,6 +31,7 @@ fn forward_backward(
     );
     let opts = TreeSolveOptions {
         complex: case.complex,
+        layout,
     };
     let out = tree_solve(
         tree,
@@ -50,8 +52,8 @@ fn forward_backward(
     [to_vec(&out), g(&u), g(&a), g(&b), g(&c)]
 }
 
-/// Every tree × case in f32 and f64: x against the dense solve (the f64 CPU twin for large
-/// systems), x and every gradient against the CPU twin.
+/// Every tree × case in f32 and f64, scalar blocks in both layouts: x against the dense solve
+/// (the f64 CPU twin for large systems), x and every gradient against the CPU twin.
 fn check(gpu: &Device, cases: &[TreeCase], rng_of: (&str, u64)) {
     let (mut rng, seed) = seeded_rng(rng_of.0, rng_of.1);
     let trees = [
@@ -72,22 +74,27 @@ fn check(gpu: &Device, cases: &[TreeCase], rng_of: (&str, u64)) {
             // is the CPU twin in f64, which the CPU suite checks against the dense solve.
             let want = match tree.len() * case.d <= 4096 {
                 true => dense_tree_solve(tree, case, &x),
-                false => forward_backward(tree, case, &x, &w, &Device::Cpu, DType::F64)[0].clone(),
+                false => {
+                    let cpu = (&Device::Cpu, TreeLayout::Auto);
+                    forward_backward(tree, case, &x, &w, cpu, DType::F64)[0].clone()
+                }
+            };
+            let layouts: &[TreeLayout] = match case.d {
+                1 => &[TreeLayout::Tree, TreeLayout::Lanes],
+                _ => &[TreeLayout::Tree],
             };
             for (dtype, tol) in [(DType::F32, 2e-5), (DType::F64, 1e-12)] {
-                let cuda = forward_backward(tree, case, &x, &w, gpu, dtype);
-                let cpu = forward_backward(tree, case, &x, &w, &Device::Cpu, dtype);
-                let e = rel_err(&cuda[0], &want);
-                assert!(
-                    e < tol,
-                    "{dtype:?} x vs dense: {e:e}, {name}, {case:?} (seed {seed})"
-                );
-                for (k, what) in ["x", "du", "da", "db", "dc"].iter().enumerate() {
-                    let e = rel_err(&cuda[k], &cpu[k]);
-                    assert!(
-                        e < 20.0 * tol,
-                        "{dtype:?} {what} CUDA vs CPU {e:e}, {name}, {case:?} (seed {seed})"
-                    );
+                let cpu =
+                    forward_backward(tree, case, &x, &w, (&Device::Cpu, TreeLayout::Auto), dtype);
+                for &layout in layouts {
+                    let cuda = forward_backward(tree, case, &x, &w, (gpu, layout), dtype);
+                    let e = rel_err(&cuda[0], &want);
+                    let what = format!("{layout:?}, {name}, {case:?} (seed {seed})");
+                    assert!(e < tol, "{dtype:?} x vs dense: {e:e}, {what}");
+                    for (k, grad) in ["x", "du", "da", "db", "dc"].iter().enumerate() {
+                        let e = rel_err(&cuda[k], &cpu[k]);
+                        assert!(e < 20.0 * tol, "{dtype:?} {grad} CUDA vs CPU {e:e}, {what}");
+                    }
                 }
             }
         }
@@ -158,8 +165,10 @@ fn cuda_large_trees_in_shared_and_global_workspace() {
         let w: Vec<f64> = (0..x.u.len())
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
-        let cuda = forward_backward(&tree, &case, &x, &w, &gpu, DType::F32);
-        let cpu = forward_backward(&tree, &case, &x, &w, &Device::Cpu, DType::F64);
+        // Auto: trees across lanes for the first (two fit in shared memory), not the second.
+        let cuda = forward_backward(&tree, &case, &x, &w, (&gpu, TreeLayout::Auto), DType::F32);
+        let cpu = (&Device::Cpu, TreeLayout::Auto);
+        let cpu = forward_backward(&tree, &case, &x, &w, cpu, DType::F64);
         for (k, what) in ["x", "du", "da", "db", "dc"].iter().enumerate() {
             let e = rel_err(&cuda[k], &cpu[k]);
             assert!(
@@ -225,7 +234,10 @@ fn cuda_public_backward_equals_the_cpu() {
     let g: Vec<f64> = (0..x.u.len())
         .map(|_| rng.random_range(-1.0..1.0))
         .collect();
-    let opts = TreeSolveOptions { complex: true };
+    let opts = TreeSolveOptions {
+        complex: true,
+        ..Default::default()
+    };
     let grads = |dev: &Device| {
         let t = |v: &[f64], s: Vec<usize>| tensor(v, &s, DType::F64, dev);
         let (a, b, c) = (

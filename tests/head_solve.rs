@@ -220,7 +220,10 @@ fn head_solve_equals_the_general_tree_solve() {
         &t(&g.b, &[h, n, 1, 1, 2]),
         &t(&g.c, &[h, n, 1, 1, 2]),
         &t(&g.u, &[2, h, n, 1, 1, 2]),
-        TreeSolveOptions { complex: true },
+        TreeSolveOptions {
+            complex: true,
+            ..Default::default()
+        },
     )
     .unwrap();
     let want = to_model_layout(&to_vec(&want), 2, h, n);

@@ -33,6 +33,7 @@ fn vars(tree: &Tree, case: &TreeCase, x: &TreeInputs, dtype: DType) -> Vars {
 fn opts(case: &TreeCase) -> TreeSolveOptions {
     TreeSolveOptions {
         complex: case.complex,
+        ..Default::default()
     }
 }
 
@@ -420,7 +421,10 @@ fn singular_pivots_and_bad_shapes_are_errors() {
                 &ones,
                 &ones,
                 &u,
-                TreeSolveOptions { complex: true },
+                TreeSolveOptions {
+                    complex: true,
+                    ..Default::default()
+                },
             ),
         ),
     ];
@@ -450,7 +454,10 @@ fn public_backward_equals_autograd_and_takes_half_precision() {
         .map(|_| rng.random_range(-1.0..1.0))
         .collect();
     let [sol, gu, ga, gb, gc] = grads_with(tree_solve, &tree, &case, &x, &w);
-    let opts = TreeSolveOptions { complex: true };
+    let opts = TreeSolveOptions {
+        complex: true,
+        ..Default::default()
+    };
     let public = |dtype: DType| {
         let t = |v: &[f64], s: Vec<usize>| tensor(v, &s, dtype, &Device::Cpu);
         let (a, b, c) = (

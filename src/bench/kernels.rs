@@ -177,6 +177,10 @@ pub struct TreeBench {
     /// Coefficients per sample (batch, heads, ...) instead of shared (heads, ...).
     #[arg(long)]
     pub per_sample: bool,
+    /// The CUDA kernels' layout: trees across lanes where they fit (auto), a block per tree
+    /// (tree), or trees across lanes (lanes, scalar blocks only).
+    #[arg(long, value_enum, default_value_t = TreeLayout::Auto)]
+    pub layout: TreeLayout,
     #[command(flatten)]
     #[serde(flatten)]
     pub timing: TimingArgs,
@@ -253,6 +257,7 @@ impl TreeBench {
         let [a, b, c, u] = self.inputs(tree.len(), device)?;
         let opts = TreeSolveOptions {
             complex: self.complex,
+            layout: self.layout,
         };
         let g = Tensor::rand(-1f32, 1f32, u.shape(), device)?.to_dtype(self.timing.dtype)?;
         let ours = time_median(device, self.timing.warmup, self.timing.repeats, || {
@@ -292,9 +297,9 @@ impl TreeBench {
             })?;
             (Some(ms), None)
         };
-        let shape =
-            format!(
-            "(batch {}, heads {}, {} leaves, {}-ary, {} nodes, d {}, r {}) {} {}, coefficients {}",
+        let shape = format!(
+            "(batch {}, heads {}, {} leaves, {}-ary, {} nodes, d {}, r {}) {} {}, coefficients {}, \
+             layout {:?}",
             self.batch,
             self.heads,
             self.leaves,
@@ -305,6 +310,7 @@ impl TreeBench {
             self.timing.dtype.as_str(),
             if self.complex { "complex" } else { "real" },
             if self.per_sample { "per sample" } else { "shared" },
+            self.layout,
         );
         let m = Measured {
             ours,
@@ -414,7 +420,10 @@ impl HeadBench {
                     2,
                 )?
                 .reshape((b, h, n, 1, 1, 2))?;
-                let opts = TreeSolveOptions { complex: true };
+                let opts = TreeSolveOptions {
+                    complex: true,
+                    ..Default::default()
+                };
                 let x = tree_solve(
                     &tree,
                     &a,

@@ -17,7 +17,7 @@ use crate::nn::{ClassifierConfig, DropoutKey, EncoderConfig, Mode, SequenceClass
 use crate::ops::{
     head_solve_skew, head_solve_skew_backward, linear_scan, linear_scan_backward,
     linear_scan_reference, tree_solve, tree_solve_backward, tree_solve_reference, ScanOptions,
-    TreeSolveOptions,
+    TreeLayout, TreeSolveOptions,
 };
 use crate::train::progress::significant;
 use crate::tree::Tree;

@@ -51,6 +51,6 @@ pub use scan::{
 };
 pub use transpose::swap_dims12;
 pub use tree_solve::{
-    check_pivots, tree_solve, tree_solve_backward, tree_solve_reference, TreeSolveGrads,
-    TreeSolveOptions,
+    check_pivots, tree_solve, tree_solve_backward, tree_solve_reference, TreeLayout,
+    TreeSolveGrads, TreeSolveOptions,
 };

@@ -64,6 +64,8 @@ fn every_kernel_entry_point_is_tested() {
         ("tree_bwd", both, &all),
         ("tree_block_fwd", both, &all),
         ("tree_block_bwd", both, &all),
+        ("tree_lanes_fwd", both, &all),
+        ("tree_lanes_bwd", both, &all),
         ("head_pivots", complex, &wide),
         ("head_sweep", complex, &wide),
         ("head_reduce", complex, &wide),
@@ -130,6 +132,11 @@ fn kernel_constants_match_the_plans() {
             &tree,
             "TREE_THREADS",
             myosotis::ops::tree_solve::cuda::THREADS as usize,
+        ),
+        (
+            &read("tree_lanes.cu"),
+            "LANE_THREADS",
+            myosotis::ops::tree_solve::cuda::LANE_THREADS as usize,
         ),
         (
             &read("head_solve.cu"),

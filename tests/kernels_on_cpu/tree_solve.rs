@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 use myosotis::ops::plan::DeviceLimits;
 use myosotis::ops::tree_solve::cuda::{backward_plan, forward_plan, lu_slots};
-use myosotis::ops::{tree_solve, tree_solve_backward, TreeSolveOptions};
+use myosotis::ops::{tree_solve, tree_solve_backward, TreeLayout, TreeSolveOptions};
 use myosotis::tree::Tree;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -54,10 +54,43 @@ fn cases() -> [TreeCase; 4] {
     ]
 }
 
+/// The options of a case with a block of threads per tree.
 fn opts(case: &TreeCase) -> TreeSolveOptions {
+    opts_in(case, TreeLayout::Tree)
+}
+
+fn opts_in(case: &TreeCase, layout: TreeLayout) -> TreeSolveOptions {
     TreeSolveOptions {
         complex: case.complex,
+        layout,
     }
+}
+
+/// A device whose grid is never too small: the lanes layout takes its widest width that fits.
+const FEW_SMS: DeviceLimits = DeviceLimits {
+    sms: 0,
+    ..DeviceLimits::H100
+};
+
+/// Reference gradients of shared coefficients, (3, batch, heads, n·w) per sample, summed over
+/// the samples of each block of `lanes`: (3, groups, heads, n·w), as the lanes kernels write.
+fn group_sums(per_sample: &[f64], case: &TreeCase, lanes: usize) -> Vec<f64> {
+    let (batch, heads) = (case.batch, case.heads);
+    let row = per_sample.len() / (3 * batch * heads);
+    let groups = batch.div_ceil(lanes);
+    let mut out = vec![0.0; 3 * groups * heads * row];
+    for k in 0..3 {
+        for b in 0..batch {
+            for h in 0..heads {
+                let src = ((k * batch + b) * heads + h) * row;
+                let dst = ((k * groups + b / lanes) * heads + h) * row;
+                for e in 0..row {
+                    out[dst + e] += per_sample[src + e];
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The f64 reference of the backward: λ = T_G⁻ᴴ g by a dense solve of the adjoint matrix
@@ -232,15 +265,25 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                     shared_per_block: staged - 1,
                     ..DeviceLimits::H100
                 };
-                let mut paths = vec![("shared", DeviceLimits::H100), ("global", NO_SHARED)];
+                let tree_layout = TreeLayout::Tree;
+                let mut paths = vec![
+                    ("shared", DeviceLimits::H100, tree_layout),
+                    ("global", NO_SHARED, tree_layout),
+                ];
                 if case.d == 1 {
-                    paths.push(("shared, unstaged", unstaged));
+                    paths.push(("shared, unstaged", unstaged, tree_layout));
+                    // Trees across lanes, the most blocks (two lanes here) and the widest.
+                    paths.push(("lanes", DeviceLimits::H100, TreeLayout::Lanes));
+                    paths.push(("lanes, wide", FEW_SMS, TreeLayout::Lanes));
                 }
-                for (path, shared) in paths {
+                for (path, shared, layout) in paths {
                     let what = format!("{name}, {case:?}, {dtype:?}, {path} (seed {seed})");
-                    let plan = forward_plan(tree, &a, &b, &c, &u, opts(case), shared).unwrap();
+                    let o = opts_in(case, layout);
+                    let plan = forward_plan(tree, &a, &b, &c, &u, o, shared).unwrap();
+                    let lanes = plan.kernel.starts_with("tree_lanes_");
+                    assert_eq!(lanes, layout == TreeLayout::Lanes, "{what}");
                     assert_eq!(plan.workspace_bytes > 0, path == "global", "{what}");
-                    if case.d == 1 {
+                    if case.d == 1 && !lanes {
                         let want = KernelArg::I32((path == "shared") as i32);
                         assert_eq!(plan.args[12], want, "staged, {what}");
                     }
@@ -253,12 +296,18 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                     assert_same(sol, &twin_x, &format!("x, {what}"));
 
                     let x_t = tensor(sol, &case.u_shape(tree.len()), dtype, &Device::Cpu);
-                    let plan = backward_plan(tree, &a, &b, &c, &x_t, opts(case), shared).unwrap();
+                    let plan = backward_plan(tree, &a, &b, &c, &x_t, o, shared).unwrap();
+                    let width = plan.block[0] as usize;
                     let run = run_in_every_order(&plan, dtype, &[&g, &coef, sol], seed);
                     assert_eq!(run.status, 0, "{what}");
                     let (du, dcoef) = (&run.outputs[0], &run.outputs[1]);
                     let e = rel_err(du, &want_lam);
                     assert!(e < tol, "∂u vs dense adjoint solve: {e:e}, {what}");
+                    // Shared coefficients in lanes: one gradient row per block of samples.
+                    let want_dcoef = match lanes && case.shared {
+                        true => group_sums(&want_dcoef, case, width),
+                        false => want_dcoef.clone(),
+                    };
                     let e = rel_err(dcoef, &want_dcoef);
                     assert!(e < 4.0 * tol, "∂coef vs f64 reference: {e:e}, {what}");
 
@@ -338,9 +387,14 @@ fn check_large_tree(name: &str, tree: &Tree, d: usize, dtype: DType, rng_of: (&s
     let [a, b, c, u] = tensors(tree, &case, &x, dtype);
     let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
     let twin = to_vec(&tree_solve(tree, &a, &b, &c, &u, opts(&case)).unwrap());
-    for shared in [DeviceLimits::H100, NO_SHARED] {
-        let what = format!("{name}, d = {d}, {shared:?} (seed {seed})");
-        let plan = forward_plan(tree, &a, &b, &c, &u, opts(&case), shared).unwrap();
+    // Auto: trees across lanes where two fit in shared memory (H100), else a block per tree.
+    for (shared, layout) in [
+        (DeviceLimits::H100, TreeLayout::Tree),
+        (NO_SHARED, TreeLayout::Tree),
+        (DeviceLimits::H100, TreeLayout::Auto),
+    ] {
+        let what = format!("{name}, d = {d}, {shared:?}, {layout:?} (seed {seed})");
+        let plan = forward_plan(tree, &a, &b, &c, &u, opts_in(&case, layout), shared).unwrap();
         let run = run_in_every_order(&plan, dtype, &[&x.u, &coef], seed);
         assert_same(&run.outputs[0], &twin, &what);
     }
@@ -382,8 +436,11 @@ fn block_kernels_on_large_trees_in_shared_and_global_memory() {
 /// the couplings and child table staged, n·(3 + r)·(4 or 8)·(1 or 2) + (n + 1)·4.
 #[test]
 fn tree_plans_place_the_workspace_by_the_device_limit() {
-    let o = TreeSolveOptions::default();
-    let oc = TreeSolveOptions { complex: true };
+    let o = TreeSolveOptions {
+        layout: TreeLayout::Tree,
+        ..TreeSolveOptions::default()
+    };
+    let oc = TreeSolveOptions { complex: true, ..o };
     let plan = |leaves: usize, complex: bool, dtype: DType, shared: DeviceLimits| {
         let tree = Tree::perfect(leaves, 2).unwrap();
         let n = tree.len();
@@ -435,6 +492,80 @@ fn tree_plans_place_the_workspace_by_the_device_limit() {
     assert!(!p.opts_in_to_shared() && staged(&p));
 }
 
+/// The lanes layout's width per launch: the widest that fits in shared memory and gives every
+/// multiprocessor two blocks, else the narrowest that fits; a block per tree where two trees do
+/// not fit, for d > 1, or when asked.
+#[test]
+fn lanes_plans_choose_their_width_by_shared_memory_and_grid() {
+    let plan = |batch, heads, tree: &Tree, shared: bool, dtype, layout, limits| {
+        let n = tree.len();
+        let z = |s: &[usize]| Tensor::zeros(s, dtype, &Device::Cpu).unwrap();
+        let coef = match shared {
+            true => z(&[heads, n, 1, 1]),
+            false => z(&[batch, heads, n, 1, 1]),
+        };
+        let u = z(&[batch, heads, n, 1, 1]);
+        let o = TreeSolveOptions {
+            layout,
+            ..TreeSolveOptions::default()
+        };
+        forward_plan(tree, &coef, &coef, &coef, &u, o, limits)
+    };
+    let auto = TreeLayout::Auto;
+    let h100 = DeviceLimits::H100;
+    // 1,024 leaves, 4-ary: 1,365 nodes; a block of L samples sharing a head holds
+    // (4 · 1,365 + L · 1,365) f32 values.
+    let quad = Tree::perfect(1024, 4).unwrap();
+    let p = plan(16, 256, &quad, true, DType::F32, auto, h100).unwrap();
+    // 16 lanes would give 256 blocks for 132 SMs: 8 lanes, 512 blocks.
+    assert_eq!(p.kernel, "tree_lanes_fwd_f32");
+    assert_eq!((p.grid, p.block), ([512, 1, 1], [8, 32, 1]));
+    assert_eq!(p.shared_bytes, (4 * 1365 + 8 * 1365) * 4);
+    // At (16, 64) no width gives 264 blocks: the narrowest, two lanes, 512 blocks.
+    let p = plan(16, 64, &quad, true, DType::F32, auto, h100).unwrap();
+    assert_eq!((p.grid, p.block), ([512, 1, 1], [2, 128, 1]));
+    // Per-sample coefficients, f64: a pivot set per lane, 5 · 1,365 values per lane; four
+    // lanes (218,400 bytes) fit in 227 KiB but give 256 blocks: two lanes, 512 blocks.
+    let p = plan(16, 64, &quad, false, DType::F64, auto, h100).unwrap();
+    assert_eq!((p.grid, p.block), ([512, 1, 1], [2, 128, 1]));
+    assert_eq!(p.shared_bytes, (4 * 2 * 1365 + 2 * 1365) * 8);
+    // The lanes never outnumber the batch's power of two (shared coefficients).
+    let few_sms = DeviceLimits { sms: 0, ..h100 };
+    let p = plan(3, 64, &quad, true, DType::F32, auto, few_sms).unwrap();
+    assert_eq!(p.block, [4, 64, 1]);
+    assert_eq!(p.grid, [64, 1, 1]);
+    // One sample: no block of two; Path-X's 32,767 nodes: two do not fit; d > 1: not lanes.
+    let p = plan(1, 64, &quad, true, DType::F32, auto, h100).unwrap();
+    assert_eq!(p.kernel, "tree_fwd_f32");
+    let path_x = Tree::perfect(16384, 2).unwrap();
+    let p = plan(16, 8, &path_x, true, DType::F32, auto, h100).unwrap();
+    assert_eq!(p.kernel, "tree_fwd_f32");
+    let err = plan(16, 8, &path_x, true, DType::F32, TreeLayout::Lanes, h100).unwrap_err();
+    assert!(
+        err.to_string().contains("lanes layout needs two trees"),
+        "{err}"
+    );
+    let p = plan(16, 8, &quad, true, DType::F32, TreeLayout::Tree, h100).unwrap();
+    assert_eq!(p.kernel, "tree_fwd_f32");
+    let n = quad.len();
+    let z = |s: &[usize]| Tensor::zeros(s, DType::F32, &Device::Cpu).unwrap();
+    let (coef, u) = (z(&[4, n, 2, 2]), z(&[8, 4, n, 2, 1]));
+    let p = forward_plan(&quad, &coef, &coef, &coef, &u, opts_real(), h100).unwrap();
+    assert_eq!(p.kernel, "tree_block_fwd_f32");
+    let lanes = TreeSolveOptions {
+        layout: TreeLayout::Lanes,
+        ..opts_real()
+    };
+    let err = forward_plan(&quad, &coef, &coef, &coef, &u, lanes, h100).unwrap_err();
+    assert!(err.to_string().contains("scalar blocks (d = 1)"), "{err}");
+    // The backward of shared coefficients writes a gradient row per block of samples.
+    let (coef, x) = (z(&[64, n, 1, 1]), z(&[16, 64, n, 1, 1]));
+    let o = TreeSolveOptions::default();
+    let p = backward_plan(&quad, &coef, &coef, &coef, &x, o, h100).unwrap();
+    assert_eq!(p.block, [2, 128, 1]);
+    assert_eq!(p.outputs, vec![16 * 64 * n, 3 * 8 * 64 * n]);
+}
+
 /// A singular pivot: the status word names the node (1 + node), forward and backward, in the
 /// shared-memory and the global path.
 fn check_singular_pivot(d: usize, rng_of: (&str, u64)) {
@@ -460,9 +591,18 @@ fn check_singular_pivot(d: usize, rng_of: (&str, u64)) {
         }
         let [a, b, c, u] = tensors(&tree, &case, &x, DType::F32);
         let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
-        for shared in [DeviceLimits::H100, NO_SHARED] {
-            let what = format!("{n} nodes, d = {d}, node {node}, {shared:?} (seed {seed})");
-            let plan = forward_plan(&tree, &a, &b, &c, &u, opts(&case), shared).unwrap();
+        let mut paths = vec![
+            (DeviceLimits::H100, TreeLayout::Tree),
+            (NO_SHARED, TreeLayout::Tree),
+        ];
+        if d == 1 {
+            paths.push((DeviceLimits::H100, TreeLayout::Lanes));
+        }
+        for (shared, layout) in paths {
+            let what =
+                format!("{n} nodes, d = {d}, node {node}, {shared:?}, {layout:?} (seed {seed})");
+            let o = opts_in(&case, layout);
+            let plan = forward_plan(&tree, &a, &b, &c, &u, o, shared).unwrap();
             let fwd = run(
                 &plan,
                 DType::F32,
@@ -470,7 +610,7 @@ fn check_singular_pivot(d: usize, rng_of: (&str, u64)) {
                 kernels_on_cpu::Order::Ascending,
             );
             assert_eq!(fwd.unwrap().status, 1 + node as i32, "forward, {what}");
-            let plan = backward_plan(&tree, &a, &b, &c, &u, opts(&case), shared).unwrap();
+            let plan = backward_plan(&tree, &a, &b, &c, &u, o, shared).unwrap();
             let bwd = run(
                 &plan,
                 DType::F32,
@@ -549,7 +689,10 @@ fn block_plans_place_the_workspace_by_the_device_limit() {
 }
 
 fn opts_real() -> TreeSolveOptions {
-    TreeSolveOptions::default()
+    TreeSolveOptions {
+        layout: TreeLayout::Tree,
+        ..TreeSolveOptions::default()
+    }
 }
 
 /// A workspace budget smaller than one slice per tree: the grid shrinks to what the budget

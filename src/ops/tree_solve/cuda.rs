@@ -12,10 +12,17 @@
 //!   levels' loops then read no global memory);
 //! * d × d blocks (`tree_block_fwd`, `tree_block_bwd`): n·d·(d + r) values plus one d × d LU
 //!   scratch block per thread that can own a parent at once ([`lu_slots`]).
+//!
+//! Trees across lanes (`tree_lanes_fwd`, `tree_lanes_bwd`, `kernels/tree_lanes.cu`), for scalar
+//! blocks: a block of [`LANE_THREADS`] threads holds `lanes` trees × `LANE_THREADS / lanes`
+//! rows, all its state in shared memory: per pivot lane (one for coefficients shared by the
+//! batch, whose lanes are then samples of one head; else one per lane) A', B', B̂ and C'
+//! (n values each), and per lane n·r right-hand sides, each lane's array at an odd stride.
+//! [`TreeLayout::Auto`] takes it when two trees or more fit ([`lane_choice`]).
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{bail, DType, Result, Tensor};
 
-use super::{check_args, Dims, TreeSolveOp, TreeSolveOptions};
+use super::{check_args, Dims, TreeLayout, TreeSolveOp, TreeSolveOptions};
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
 use crate::tree::Tree;
 
@@ -29,6 +36,32 @@ pub const THREADS: u32 = 256;
 pub const SMALL_TREE_THREADS: u32 = 64;
 /// See [`SMALL_TREE_THREADS`].
 pub const SMALL_TREE_BYTES: usize = 48 * 1024;
+
+/// Threads per block of the lanes layout (LANE_THREADS in `kernels/tree_lanes.cu`).
+pub const LANE_THREADS: u32 = 256;
+/// Trees per block the lanes layout may take, widest first.
+pub const LANE_WIDTHS: [u32; 4] = [16, 8, 4, 2];
+
+/// The lanes per block of the lanes layout, given how many trees can share a block (`cap`: the
+/// batch for shared coefficients, else all) and, per width, the blocks of the grid and the
+/// shared memory of a block: the widest that fits and still gives every multiprocessor two
+/// blocks, else the narrowest that fits (the most blocks); None when no width of two or more
+/// fits.
+pub fn lane_choice(
+    limits: DeviceLimits,
+    cap: usize,
+    blocks: impl Fn(u32) -> usize,
+    bytes: impl Fn(u32) -> usize,
+) -> Option<u32> {
+    let fits: Vec<u32> = LANE_WIDTHS
+        .into_iter()
+        .filter(|&l| l as usize <= cap.next_power_of_two() && limits.fits_shared(bytes(l)))
+        .collect();
+    fits.iter()
+        .copied()
+        .find(|&l| blocks(l) >= 2 * limits.sms)
+        .or(fits.last().copied())
+}
 
 /// The LU scratch blocks a d × d block solve of `tree` needs: one per thread that owns a
 /// parent in the widest level (at most [`THREADS`]), and one for the root.
@@ -62,6 +95,130 @@ impl TreeSolveOp {
         (d == 1).then(|| self.workspace_per_tree(dtype) + 2 * nodes * acc * w + (nodes + 1) * 4)
     }
 
+    /// Bytes of shared memory a block of `lanes` trees needs in the lanes layout.
+    fn lanes_bytes(&self, dtype: DType, lanes: u32) -> usize {
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        let w = if self.opts.complex { 2 } else { 1 };
+        let Dims {
+            nodes, r, shared, ..
+        } = self.dims;
+        let pivot_lanes = if shared { 1 } else { lanes as usize };
+        let odd = |n: usize| n | 1;
+        (4 * pivot_lanes * odd(nodes) + lanes as usize * odd(nodes * r)) * acc * w
+    }
+
+    /// Blocks of the lanes layout's grid with `lanes` trees each: per head, the batch in
+    /// blocks, for shared coefficients; else all trees in blocks.
+    fn lane_blocks(&self, lanes: u32) -> usize {
+        let Dims {
+            batch,
+            heads,
+            shared,
+            ..
+        } = self.dims;
+        match shared {
+            true => heads * batch.div_ceil(lanes as usize),
+            false => (batch * heads).div_ceil(lanes as usize),
+        }
+    }
+
+    /// The lanes per block when this solve runs in the lanes layout, None for a block per tree.
+    fn lanes(&self, dtype: DType, limits: DeviceLimits) -> Result<Option<u32>> {
+        let Dims {
+            batch,
+            heads,
+            d,
+            shared,
+            ..
+        } = self.dims;
+        let layout = self.opts.layout;
+        if d > 1 || layout == TreeLayout::Tree {
+            if layout == TreeLayout::Lanes {
+                bail!("tree_solve: the lanes layout takes scalar blocks (d = 1), not d = {d}");
+            }
+            return Ok(None);
+        }
+        let cap = if shared { batch } else { batch * heads };
+        let lanes = lane_choice(
+            limits,
+            cap,
+            |l| self.lane_blocks(l),
+            |l| self.lanes_bytes(dtype, l),
+        );
+        if lanes.is_none() && layout == TreeLayout::Lanes {
+            bail!(
+                "tree_solve: the lanes layout needs two trees in a block's shared memory, {} bytes \
+                 here, but the device grants {}",
+                self.lanes_bytes(dtype, 2),
+                limits.shared_per_block
+            );
+        }
+        Ok(lanes)
+    }
+
+    /// Coefficient-gradient rows the backward writes per head: one per sample, or for shared
+    /// coefficients in the lanes layout one per block of samples.
+    fn gradient_rows(&self, lanes: Option<u32>) -> usize {
+        match (lanes, self.dims.shared) {
+            (Some(l), true) => self.dims.batch.div_ceil(l as usize),
+            _ => self.dims.batch,
+        }
+    }
+
+    /// The lanes-layout launch of `pass` ("fwd" or "bwd").
+    fn lanes_plan(
+        &self,
+        pass: &str,
+        dtype: DType,
+        lanes: u32,
+        inputs: usize,
+        outputs: Vec<usize>,
+    ) -> Result<LaunchPlan> {
+        let Dims {
+            batch,
+            heads,
+            nodes,
+            r,
+            shared,
+            ..
+        } = self.dims;
+        let op = "tree_solve";
+        let tree = &self.tree;
+        // Tree indices are ints in the kernel.
+        int_arg(op, "batch × heads", batch * heads)?;
+        let mut args: Vec<KernelArg> = (0..inputs)
+            .map(KernelArg::Input)
+            .chain((0..outputs.len()).map(KernelArg::Output))
+            .chain((0..3).map(KernelArg::Table))
+            .collect();
+        for (what, v) in [
+            ("levels", tree.levels()),
+            ("nodes", nodes),
+            ("r", r),
+            ("batch", batch),
+            ("heads", heads),
+        ] {
+            args.push(KernelArg::I32(int_arg(op, what, v)?));
+        }
+        args.push(KernelArg::I32(shared as i32));
+        args.push(KernelArg::Status);
+        let table = |v: &[usize]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
+        Ok(LaunchPlan {
+            kernel: kernel_name(&format!("tree_lanes_{pass}"), dtype, self.opts.complex)?,
+            grid: [int_arg(op, "blocks", self.lane_blocks(lanes))? as u32, 1, 1],
+            block: [lanes, LANE_THREADS / lanes, 1],
+            shared_bytes: self.lanes_bytes(dtype, lanes),
+            args,
+            outputs,
+            tables: vec![
+                table(tree.level_starts()),
+                table(tree.child_starts()),
+                table(tree.parents()),
+            ],
+            workspace_bytes: 0,
+        })
+    }
+
     /// The launch of `pass` ("fwd" or "bwd": `tree_fwd`, or `tree_block_fwd` for d > 1) with
     /// `inputs` tensor arguments and the outputs that follow them.
     fn plan(
@@ -80,6 +237,9 @@ impl TreeSolveOp {
             r,
             shared: shared_coef,
         } = self.dims;
+        if let Some(lanes) = self.lanes(dtype, limits)? {
+            return self.lanes_plan(pass, dtype, lanes, inputs, outputs);
+        }
         let op = "tree_solve";
         let trees = int_arg(op, "batch × heads", batch * heads)?;
         let staged_bytes = self
@@ -161,18 +321,16 @@ impl TreeSolveOp {
         self.plan("fwd", dtype, limits, 2, vec![self.rhs_len()])
     }
 
-    /// `tree_bwd`: inputs (∂x, coef, x), outputs ∂u and the per-tree coefficient gradients
-    /// (3, batch, heads, nodes, d, d[, 2]).
+    /// `tree_bwd`: inputs (∂x, coef, x), outputs ∂u and the coefficient gradients
+    /// (3, rows, heads, nodes, d, d[, 2]), a row per sample or ([`Self::gradient_rows`]) per
+    /// block of samples.
     fn backward_plan(&self, dtype: DType, limits: DeviceLimits) -> Result<LaunchPlan> {
         let Dims {
-            batch,
-            heads,
-            nodes,
-            d,
-            ..
+            heads, nodes, d, ..
         } = self.dims;
         let w = if self.opts.complex { 2 } else { 1 };
-        let dcoef = 3 * batch * heads * nodes * d * d * w;
+        let rows = self.gradient_rows(self.lanes(dtype, limits)?);
+        let dcoef = 3 * rows * heads * nodes * d * d * w;
         self.plan("bwd", dtype, limits, 3, vec![self.rhs_len(), dcoef])
     }
 }
@@ -194,8 +352,9 @@ pub fn forward_plan(
 }
 
 /// The launch of the backward of `tree_solve` on a GPU with `limits`. Its inputs are
-/// (∂x, coef, x); its outputs ∂u and the coefficient gradients per tree, (3, batch, heads,
-/// nodes, d, d[, 2]) (the op sums them over the batch for shared coefficients).
+/// (∂x, coef, x); its outputs ∂u and the coefficient gradients, (3, rows, heads, nodes, d,
+/// d[, 2]) with a row per sample, or for shared coefficients in the lanes layout per block of
+/// samples (the op sums the rows for shared coefficients).
 pub fn backward_plan(
     tree: &Tree,
     a: &Tensor,
@@ -219,7 +378,16 @@ mod launch {
     use candle_core::{bail, CudaStorage, Layout, Result, Storage, Tensor};
 
     use super::super::TreeSolveOp;
-    use crate::cuda::{self, TREE_SOLVE};
+    use crate::cuda::{self, Module, TREE_LANES, TREE_SOLVE};
+    use crate::ops::plan::LaunchPlan;
+
+    /// The module of a plan's kernel: `kernels/tree_lanes.cu` or `kernels/tree_solve.cu`.
+    fn module(plan: &LaunchPlan) -> Module {
+        match plan.kernel.starts_with("tree_lanes_") {
+            true => TREE_LANES,
+            false => TREE_SOLVE,
+        }
+    }
 
     pub(in crate::ops::tree_solve) fn forward(
         op: &TreeSolveOp,
@@ -228,7 +396,7 @@ mod launch {
     ) -> Result<CudaStorage> {
         let dev = u.0.device();
         let plan = op.forward_plan(u.0.dtype(), cuda::limits(dev)?)?;
-        let mut out = cuda::launch(dev, TREE_SOLVE, &plan, u.0.dtype(), &[u, coef])?;
+        let mut out = cuda::launch(dev, module(&plan), &plan, u.0.dtype(), &[u, coef])?;
         Ok(out.remove(0))
     }
 
@@ -249,23 +417,21 @@ mod launch {
         }
         let dev = inputs[0].0.device().clone();
         let plan = op.backward_plan(g.dtype(), cuda::limits(&dev)?)?;
-        let out = cuda::launch(&dev, TREE_SOLVE, &plan, g.dtype(), &inputs)?;
+        let out = cuda::launch(&dev, module(&plan), &plan, g.dtype(), &inputs)?;
         let dims = op.dims;
         let tail: &[usize] = if op.opts.complex { &[2] } else { &[] };
+        let w = if op.opts.complex { 2 } else { 1 };
+        let rows = plan.outputs[1] / (3 * dims.heads * dims.nodes * dims.d * dims.d * w);
         let shapes = [
             g.dims().to_vec(),
-            [
-                &[3, dims.batch, dims.heads, dims.nodes, dims.d, dims.d][..],
-                tail,
-            ]
-            .concat(),
+            [&[3, rows, dims.heads, dims.nodes, dims.d, dims.d][..], tail].concat(),
         ];
         let mut wrapped = out.into_iter().zip(shapes).map(|(s, shape)| {
             Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false)
         });
         let du = wrapped.next().expect("two outputs");
         let dcoef = wrapped.next().expect("two outputs");
-        // Per-tree gradients; shared coefficients sum them over the batch.
+        // Shared coefficients sum the gradient rows (samples, or blocks of samples).
         let dcoef = if dims.shared { dcoef.sum(1)? } else { dcoef };
         Ok((du, dcoef))
     }

@@ -50,6 +50,22 @@ pub use reference::tree_solve_reference;
 pub struct TreeSolveOptions {
     /// Complex values: every tensor has a trailing dimension of 2 (re, im).
     pub complex: bool,
+    /// How the CUDA kernels lay the trees out (the CPU ignores it).
+    pub layout: TreeLayout,
+}
+
+/// The work layout of the CUDA tree solve (see [`cuda`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TreeLayout {
+    /// Trees across lanes for scalar blocks whose state fits in shared memory for two trees
+    /// or more, else a block per tree.
+    #[default]
+    Auto,
+    /// A block of threads per tree (`tree_fwd`, `tree_block_fwd`).
+    Tree,
+    /// Trees across lanes (`tree_lanes_fwd`): d = 1 only; an error where it does not fit.
+    Lanes,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

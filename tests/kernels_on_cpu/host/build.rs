@@ -15,6 +15,7 @@ fn main() {
             "src/launcher.cpp",
             "src/scan.cpp",
             "src/tree_solve.cpp",
+            "src/tree_lanes.cpp",
             "src/head_solve.cpp",
             "src/dropout.cpp",
             "src/adamw.cpp",

@@ -1,0 +1,271 @@
+// The Myo tree solve x = T_G^-1 u for scalar blocks (d = 1) with trees across lanes: the layout
+// `tree_lanes_fwd`/`tree_lanes_bwd`, which src/ops/tree_solve/cuda.rs picks for trees whose
+// state fits in shared memory several times over. The algorithm is that of tree_solve.cu and of
+// the CPU twin src/ops/tree_solve/levels.rs, with the same operations per node in the same order.
+//
+// A block holds blockDim.x trees ("lanes") and blockDim.y rows: thread (lane, row) works on the
+// parents of one level, row by row, for its lane's tree, a barrier between levels. With shared
+// coefficients the lanes are samples of one head (block g * heads + h holds samples g * lanes,
+// ...), which share that head's pivots: the elimination of a child (Â_c^-1, B̂_c) is computed
+// once per block instead of once per sample, and its coefficients are read once. With
+// per-sample coefficients the lanes are consecutive trees, each with its own pivots.
+//
+// Shared memory, lane-major, each lane's array at an odd stride (lanes of a warp then fall in
+// different banks): per pivot lane (one, or one per lane) A' (Â accumulates in place), B', B̂
+// and C' (n values each), and per lane its right-hand sides (n * r: ũ, then û, then x or λ).
+// Global traffic is the minimum: u and each coefficient set read once, x written once; the
+// backward sums the gradients of shared coefficients over the block's lanes, so it writes one
+// gradient row per block, not per sample.
+//
+// A singular or non-finite pivot sets *status to 1 + node (first one wins).
+#include "values.cuh"
+
+// Threads per block (lanes * rows), and resident blocks per SM the kernels are compiled for.
+#define LANE_THREADS 256
+#define LANE_MIN_BLOCKS 2
+
+// The odd stride of a lane's array of n values.
+__device__ __forceinline__ int lane_stride(int n) { return n | 1; }
+
+struct LaneTrees {
+    const int *level_start; // levels + 1
+    const int *child_start; // nodes + 1
+    const int *parent;      // nodes (the root is its own parent)
+    int levels, nodes, r, batch, heads, shared;
+
+    // The tree of lane l in this block (b * heads + h), or -1 past the last one.
+    __device__ __forceinline__ int tree(int l) const {
+        if (shared) {
+            const int b = (blockIdx.x / heads) * blockDim.x + l;
+            return b < batch ? b * heads + (int)blockIdx.x % heads : -1;
+        }
+        const int t = blockIdx.x * blockDim.x + l;
+        return t < batch * heads ? t : -1;
+    }
+    // The coefficient set of lane l's tree (its head, or the tree itself).
+    __device__ __forceinline__ int coef_set(int t) const { return shared ? t % heads : t; }
+    // Pivot lanes: one when the lanes share coefficients.
+    __device__ __forceinline__ int pivot_lanes() const { return shared ? 1 : blockDim.x; }
+};
+
+// Copies, for every live lane l and i < len, load(l, i) to store(l, i, value) with the whole
+// block, each thread issuing up to 32 bytes of loads before its first store (see batched_copy in
+// tree_solve.cu): consecutive threads take consecutive i of one lane, so the loads coalesce.
+template <typename V, typename Load, typename Store>
+__device__ __forceinline__ void lanes_copy(const LaneTrees &g, int lanes, int len, Load load,
+                                           Store store) {
+    constexpr int loads = sizeof(V) >= 16 ? 1 : 32 / sizeof(V);
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int n = lanes * len;
+    for (int base = tid; base < n; base += loads * threads) {
+        V x[loads];
+#pragma unroll
+        for (int q = 0; q < loads; ++q) {
+            const int e = base + q * threads;
+            if (e < n) x[q] = load(e / len, e % len);
+        }
+#pragma unroll
+        for (int q = 0; q < loads; ++q) {
+            const int e = base + q * threads;
+            if (e < n) store(e / len, e % len, x[q]);
+        }
+    }
+}
+
+// The block's solve with T_G (ADJ = false) or its adjoint (A' = conj(A), B' = conj(C),
+// C' = conj(B)); on return uh holds, per lane, x (or λ).
+template <typename T, typename O, bool ADJ>
+__device__ void lanes_solve(const LaneTrees &g, const T *coef, const T *rhs, typename O::V *ws,
+                            int *status) {
+    typedef typename O::V V;
+    const int n = g.nodes, r = g.r, lanes = blockDim.x, pl = g.pivot_lanes();
+    const int sn = lane_stride(n), su = lane_stride(n * r);
+    V *aa = ws, *bin = aa + pl * sn, *bh = bin + pl * sn, *dn = bh + pl * sn;
+    V *uh = dn + pl * sn;
+    const i64 set = (i64)(g.shared ? g.heads : g.batch * g.heads) * n;
+    // Coefficient set of pivot lane p: that of its tree (lane 0's for shared coefficients).
+    auto cs = [&](int p) {
+        const int t = g.tree(p);
+        return t < 0 ? -1 : g.coef_set(t);
+    };
+    lanes_copy<V>(
+        g, pl, 3 * n,
+        [&](int p, int i) {
+            const int s = cs(p);
+            if (s < 0) return O::one();
+            // A', B' (the (v, parent) entry: B, or C for the adjoint), C' (the (parent, v)
+            // entry: C, or B); coef is [A; B; C].
+            const int which = i / n, v = i % n;
+            const int src = which == 0 ? 0 : which == 1 ? (ADJ ? 2 : 1) : (ADJ ? 1 : 2);
+            const V x = O::load(coef, src * set + (i64)s * n + v);
+            return ADJ ? O::conj(x) : x;
+        },
+        [&](int p, int i, V x) {
+            const int which = i / n, v = i % n;
+            (which == 0 ? aa : which == 1 ? bin : dn)[p * sn + v] = x;
+        });
+    lanes_copy<V>(
+        g, lanes, n * r,
+        [&](int l, int i) {
+            const int t = g.tree(l);
+            return t < 0 ? O::zero() : O::load(rhs, (i64)t * n * r + i);
+        },
+        [&](int l, int i, V x) { uh[l * su + i] = x; });
+    __syncthreads();
+
+    const int l = threadIdx.x, t = g.tree(l), p0 = g.shared ? 0 : l;
+    // Every lane inverts its children's pivots; with shared pivots only lane 0 makes and keeps
+    // B̂ and Â_p (the other lanes' would be the same).
+    const bool live = t >= 0, keeps = live && (!g.shared || l == 0);
+    V *a = aa + p0 * sn, *b = bin + p0 * sn, *bo = bh + p0 * sn, *c = dn + p0 * sn;
+    V *u = uh + l * su;
+    // Upward: the parents of level k fold in their children (levels below are final):
+    // B̂_c = (0 - B'_c) Â_c^-1, Â_p += C'_c B̂_c, û_c = ũ_c Â_c^-1, ũ_p -= C'_c û_c.
+    for (int k = 1; k < g.levels; ++k) {
+        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
+             p += blockDim.y) {
+            V ap = keeps ? a[p] : O::zero();
+            for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch) {
+                const V ac = a[ch];
+                if (!pivot_ok(ac)) atomicCAS(status, 0, 1 + ch);
+                const V inv = O::inv(ac);
+                const V cc = c[ch];
+                if (keeps) {
+                    const V bhat = O::mul(O::sub(O::zero(), b[ch]), inv);
+                    bo[ch] = bhat;
+                    ap = O::add(ap, O::mul(cc, bhat));
+                }
+                for (int j = 0; j < r; ++j) {
+                    const V uc = O::mul(u[ch * r + j], inv);
+                    u[ch * r + j] = uc;
+                    u[p * r + j] = O::sub(u[p * r + j], O::mul(cc, uc));
+                }
+            }
+            if (keeps) a[p] = ap;
+        }
+        __syncthreads();
+    }
+    const int root = n - 1;
+    if (live && threadIdx.y == 0) {
+        const V ar = a[root];
+        if (!pivot_ok(ar)) atomicCAS(status, 0, 1 + root);
+        const V inv = O::inv(ar);
+        for (int j = 0; j < r; ++j) u[root * r + j] = O::mul(u[root * r + j], inv);
+    }
+    __syncthreads();
+    // Downward: x_c = û_c + B̂_c x_p.
+    for (int k = g.levels - 1; k >= 1; --k) {
+        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
+             p += blockDim.y) {
+            for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch) {
+                for (int j = 0; j < r; ++j)
+                    u[ch * r + j] = O::add(u[ch * r + j], O::mul(bo[ch], u[p * r + j]));
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// The block's workspace: 4 pivot arrays per pivot lane, then the lanes' right-hand sides.
+template <typename V> __device__ __forceinline__ V *lanes_workspace() {
+    extern __shared__ __align__(16) unsigned char smem[];
+    return reinterpret_cast<V *>(smem);
+}
+
+// Writes every live lane's n * r solution values, from the workspace, to out.
+template <typename T, typename O>
+__device__ __forceinline__ void lanes_store(const LaneTrees &g, const typename O::V *uh, T *out) {
+    const int nr = g.nodes * g.r, su = lane_stride(nr);
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    for (int l = 0; l < (int)blockDim.x; ++l) {
+        const int t = g.tree(l);
+        if (t < 0) break;
+        for (int i = tid; i < nr; i += threads) O::store(out, (i64)t * nr + i, uh[l * su + i]);
+    }
+}
+
+template <typename T, typename O>
+__device__ void tree_lanes_fwd(const T *u, const T *coef, T *x, const LaneTrees &g, int *status) {
+    typedef typename O::V V;
+    V *ws = lanes_workspace<V>();
+    lanes_solve<T, O, false>(g, coef, u, ws, status);
+    lanes_store<T, O>(g, ws + 4 * g.pivot_lanes() * lane_stride(g.nodes), x);
+}
+
+// Backward: λ = T_G^-H ∂x by the adjoint solve, ∂u = λ, and the coefficient gradients
+// ∂A_v = -Σ_r λ_v conj(x_v), ∂B_v = -Σ_r λ_v conj(x_parent), ∂C_v = -Σ_r λ_parent conj(x_v)
+// (zero at the root): per tree, (3, trees, nodes), or for shared coefficients summed over the
+// block's lanes in order, (3, groups, heads, nodes) with groups = ceil(batch / lanes).
+template <typename T, typename O>
+__device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
+                               const LaneTrees &g, int *status) {
+    typedef typename O::V V;
+    V *ws = lanes_workspace<V>();
+    lanes_solve<T, O, true>(g, coef, gx, ws, status);
+    const V *lam = ws + 4 * g.pivot_lanes() * lane_stride(g.nodes);
+    lanes_store<T, O>(g, lam, du);
+    const int n = g.nodes, r = g.r, su = lane_stride(n * r), root = n - 1;
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    // Lanes summed per thread: all of them (shared coefficients), else one.
+    const int per = g.shared ? blockDim.x : 1, rows = g.shared ? 1 : blockDim.x;
+    const int groups = (g.batch + blockDim.x - 1) / blockDim.x;
+    const i64 set = (i64)(g.shared ? groups * g.heads : g.batch * g.heads) * n;
+    for (int e = tid; e < rows * n; e += threads) {
+        const int first = e / n, v = e % n, p = g.parent[v];
+        V da = O::zero(), db = O::zero(), dc = O::zero();
+        for (int l = first; l < first + per; ++l) {
+            const int t = g.tree(l);
+            if (t < 0) break;
+            const V *lv = lam + l * su;
+            const i64 x0 = (i64)t * n * r;
+            for (int j = 0; j < r; ++j) {
+                const V xv = O::conj(O::load(x, x0 + v * r + j));
+                da = O::add(da, O::mul(lv[v * r + j], xv));
+                if (v != root) {
+                    db = O::add(db, O::mul(lv[v * r + j], O::conj(O::load(x, x0 + p * r + j))));
+                    dc = O::add(dc, O::mul(lv[p * r + j], xv));
+                }
+            }
+        }
+        const int t = g.tree(first);
+        if (t < 0) continue;
+        // The block's row: its tree, or (group, head) = blockIdx.x for shared coefficients.
+        const i64 d0 = (i64)(g.shared ? (int)blockIdx.x : t) * n + v;
+        O::store(dcoef, d0, O::sub(O::zero(), da));
+        O::store(dcoef, set + d0, O::sub(O::zero(), db));
+        O::store(dcoef, 2 * set + d0, O::sub(O::zero(), dc));
+    }
+}
+
+#define LANE_KERNELS(SUFFIX, T, OPS)                                                            \
+    extern "C" __global__ void __launch_bounds__(LANE_THREADS, LANE_MIN_BLOCKS)                 \
+        tree_lanes_fwd_##SUFFIX(const T *u, const T *coef, T *x, const int *level_start,        \
+                                const int *child_start, const int *parent, int levels,          \
+                                int nodes, int r, int batch, int heads, int shared_coef,        \
+                                int *status) {                                                  \
+        const LaneTrees g{level_start, child_start, parent, levels, nodes,                      \
+                          r,           batch,       heads,  shared_coef};                       \
+        tree_lanes_fwd<T, OPS>(u, coef, x, g, status);                                          \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(LANE_THREADS, LANE_MIN_BLOCKS)                 \
+        tree_lanes_bwd_##SUFFIX(const T *gx, const T *coef, const T *x, T *du, T *dcoef,        \
+                                const int *level_start, const int *child_start,                 \
+                                const int *parent, int levels, int nodes, int r, int batch,     \
+                                int heads, int shared_coef, int *status) {                      \
+        const LaneTrees g{level_start, child_start, parent, levels, nodes,                      \
+                          r,           batch,       heads,  shared_coef};                       \
+        tree_lanes_bwd<T, OPS>(gx, coef, x, du, dcoef, g, status);                              \
+    }
+
+// The instantiations (the host harness in tests/kernels_on_cpu registers the same list).
+#define LANE_DTYPES(X) \
+    X(f32, float, RealOps<float>) \
+    X(f32_c, float, ComplexOps<float>) \
+    X(f64, double, RealOps<double>) \
+    X(f64_c, double, ComplexOps<double>) \
+    X(f16, __half, RealOps<float>) \
+    X(f16_c, __half, ComplexOps<float>) \
+    X(bf16, __nv_bfloat16, RealOps<float>) \
+    X(bf16_c, __nv_bfloat16, ComplexOps<float>)
+
+LANE_DTYPES(LANE_KERNELS)

@@ -1,0 +1,12 @@
+// kernels/tree_lanes.cu compiled as host C++, and its entry points for the launcher.
+#include "../../../../kernels/tree_lanes.cu"
+#include "launcher.h"
+
+#define LANE_ENTRIES(SUFFIX, T, OPS)                                                              \
+    KERNEL_ENTRY(tree_lanes_fwd_##SUFFIX), KERNEL_ENTRY(tree_lanes_bwd_##SUFFIX),
+static const KernelEntry entries[] = {LANE_DTYPES(LANE_ENTRIES)};
+
+const KernelEntry *tree_lanes_kernels(size_t *n) {
+    *n = sizeof(entries) / sizeof(entries[0]);
+    return entries;
+}
