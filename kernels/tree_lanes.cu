@@ -11,13 +11,15 @@
 // per-sample coefficients the lanes are consecutive trees, each with its own pivots.
 //
 // Shared memory, lane-major, each lane's array at an odd stride (lanes of a warp then fall in
-// different banks): per pivot lane (one, or one per lane) A' (Â accumulates in place), B', B̂
-// and C' (n values each), and per lane its right-hand sides (n * r: ũ, then û, then x or λ).
+// different banks): per pivot lane (one, or one per lane) A' (Â accumulates in place), B'
+// (then B̂: only the lane that keeps the pivots reads B') and C' (n values each), and per lane
+// its right-hand sides (n * r: ũ, then û, then x or λ).
 // Global traffic is the minimum: u and each coefficient set read once, x written once; the
 // backward sums the gradients of shared coefficients over the block's lanes, so it writes one
 // gradient row per block, not per sample.
 //
 // A singular or non-finite pivot sets *status to 1 + node (first one wins).
+#include "block_lu.cuh"
 #include "values.cuh"
 
 // Threads per block (lanes * rows), and resident blocks per SM the kernels are compiled for.
@@ -80,8 +82,7 @@ __device__ void lanes_solve(const LaneTrees &g, const T *coef, const T *rhs, typ
     typedef typename O::V V;
     const int n = g.nodes, r = g.r, lanes = blockDim.x, pl = g.pivot_lanes();
     const int sn = lane_stride(n), su = lane_stride(n * r);
-    V *aa = ws, *bin = aa + pl * sn, *bh = bin + pl * sn, *dn = bh + pl * sn;
-    V *uh = dn + pl * sn;
+    V *aa = ws, *bh = aa + pl * sn, *dn = bh + pl * sn, *uh = dn + pl * sn;
     const i64 set = (i64)(g.shared ? g.heads : g.batch * g.heads) * n;
     // Coefficient set of pivot lane p: that of its tree (lane 0's for shared coefficients).
     auto cs = [&](int p) {
@@ -102,7 +103,7 @@ __device__ void lanes_solve(const LaneTrees &g, const T *coef, const T *rhs, typ
         },
         [&](int p, int i, V x) {
             const int which = i / n, v = i % n;
-            (which == 0 ? aa : which == 1 ? bin : dn)[p * sn + v] = x;
+            (which == 0 ? aa : which == 1 ? bh : dn)[p * sn + v] = x;
         });
     lanes_copy<V>(
         g, lanes, n * r,
@@ -117,7 +118,7 @@ __device__ void lanes_solve(const LaneTrees &g, const T *coef, const T *rhs, typ
     // Every lane inverts its children's pivots; with shared pivots only lane 0 makes and keeps
     // B̂ and Â_p (the other lanes' would be the same).
     const bool live = t >= 0, keeps = live && (!g.shared || l == 0);
-    V *a = aa + p0 * sn, *b = bin + p0 * sn, *bo = bh + p0 * sn, *c = dn + p0 * sn;
+    V *a = aa + p0 * sn, *b = bh + p0 * sn, *c = dn + p0 * sn;
     V *u = uh + l * su;
     // Upward: the parents of level k fold in their children (levels below are final):
     // B̂_c = (0 - B'_c) Â_c^-1, Â_p += C'_c B̂_c, û_c = ũ_c Â_c^-1, ũ_p -= C'_c û_c.
@@ -132,7 +133,7 @@ __device__ void lanes_solve(const LaneTrees &g, const T *coef, const T *rhs, typ
                 const V cc = c[ch];
                 if (keeps) {
                     const V bhat = O::mul(O::sub(O::zero(), b[ch]), inv);
-                    bo[ch] = bhat;
+                    b[ch] = bhat;
                     ap = O::add(ap, O::mul(cc, bhat));
                 }
                 for (int j = 0; j < r; ++j) {
@@ -159,14 +160,14 @@ __device__ void lanes_solve(const LaneTrees &g, const T *coef, const T *rhs, typ
              p += blockDim.y) {
             for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch) {
                 for (int j = 0; j < r; ++j)
-                    u[ch * r + j] = O::add(u[ch * r + j], O::mul(bo[ch], u[p * r + j]));
+                    u[ch * r + j] = O::add(u[ch * r + j], O::mul(b[ch], u[p * r + j]));
             }
         }
         __syncthreads();
     }
 }
 
-// The block's workspace: 4 pivot arrays per pivot lane, then the lanes' right-hand sides.
+// The block's workspace: 3 pivot arrays per pivot lane, then the lanes' right-hand sides.
 template <typename V> __device__ __forceinline__ V *lanes_workspace() {
     extern __shared__ __align__(16) unsigned char smem[];
     return reinterpret_cast<V *>(smem);
@@ -189,7 +190,7 @@ __device__ void tree_lanes_fwd(const T *u, const T *coef, T *x, const LaneTrees 
     typedef typename O::V V;
     V *ws = lanes_workspace<V>();
     lanes_solve<T, O, false>(g, coef, u, ws, status);
-    lanes_store<T, O>(g, ws + 4 * g.pivot_lanes() * lane_stride(g.nodes), x);
+    lanes_store<T, O>(g, ws + 3 * g.pivot_lanes() * lane_stride(g.nodes), x);
 }
 
 // Backward: λ = T_G^-H ∂x by the adjoint solve, ∂u = λ, and the coefficient gradients
@@ -202,7 +203,7 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
     typedef typename O::V V;
     V *ws = lanes_workspace<V>();
     lanes_solve<T, O, true>(g, coef, gx, ws, status);
-    const V *lam = ws + 4 * g.pivot_lanes() * lane_stride(g.nodes);
+    const V *lam = ws + 3 * g.pivot_lanes() * lane_stride(g.nodes);
     lanes_store<T, O>(g, lam, du);
     const int n = g.nodes, r = g.r, su = lane_stride(n * r), root = n - 1;
     const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
@@ -237,6 +238,167 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
     }
 }
 
+// ---- d x d blocks (d <= LANE_MAX_D) -------------------------------------------------------
+// The same layout with blocks: per pivot lane A', B' (then B̂) and C' of n d x d row-major
+// blocks, per lane n d x r right-hand sides. Each child's Schur step is tree_solve.cu's LU solve of
+// Â_c [B̂_c | û_c] = [-B'_c | ũ_c] in the CPU twin's order, on a copy of Â_c in the thread's
+// registers: every lane factors Â_c (with shared pivots all lanes pivot alike) and solves for
+// its own û_c; the lane that keeps the pivots also solves for B̂_c and sends Â_p += C'_c B̂_c.
+
+#define LANE_MAX_D 4
+
+template <typename T, typename O, bool ADJ>
+__device__ void lanes_block_solve(const LaneTrees &g, int d, const T *coef, const T *rhs,
+                                  typename O::V *ws, int *status) {
+    typedef typename O::V V;
+    const int n = g.nodes, r = g.r, lanes = blockDim.x, pl = g.pivot_lanes();
+    const int dd = d * d, dr = d * r, sn = lane_stride(n * dd), su = lane_stride(n * dr);
+    V *aa = ws, *bh = aa + pl * sn, *dn = bh + pl * sn, *uh = dn + pl * sn;
+    const i64 set = (i64)(g.shared ? g.heads : g.batch * g.heads) * n * dd;
+    auto cs = [&](int p) {
+        const int t = g.tree(p);
+        return t < 0 ? -1 : g.coef_set(t);
+    };
+    // Entry (i, j) of node v's block of A' (which 0), B' (1) or C' (2): the adjoint reads
+    // A^H, C^H and B^H.
+    lanes_copy<V>(
+        g, pl, 3 * n * dd,
+        [&](int p, int e) {
+            const int s = cs(p);
+            if (s < 0) return O::one();
+            const int which = e / (n * dd), v = e % (n * dd) / dd, i = e % dd / d, j = e % d;
+            const int src = which == 0 ? 0 : which == 1 ? (ADJ ? 2 : 1) : (ADJ ? 1 : 2);
+            const i64 blk = src * set + ((i64)s * n + v) * dd;
+            return ADJ ? O::conj(O::load(coef, blk + j * d + i)) : O::load(coef, blk + i * d + j);
+        },
+        [&](int p, int e, V x) {
+            const int which = e / (n * dd), k = e % (n * dd);
+            (which == 0 ? aa : which == 1 ? bh : dn)[p * sn + k] = x;
+        });
+    lanes_copy<V>(
+        g, lanes, n * dr,
+        [&](int l, int e) {
+            const int t = g.tree(l);
+            return t < 0 ? O::zero() : O::load(rhs, (i64)t * n * dr + e);
+        },
+        [&](int l, int e, V x) { uh[l * su + e] = x; });
+    __syncthreads();
+
+    const int l = threadIdx.x, t = g.tree(l), p0 = g.shared ? 0 : l;
+    const bool live = t >= 0, keeps = live && (!g.shared || l == 0);
+    V *a = aa + p0 * sn, *b = bh + p0 * sn, *c = dn + p0 * sn;
+    V *u = uh + l * su;
+    V m[LANE_MAX_D * LANE_MAX_D];
+    for (int k = 1; k < g.levels; ++k) {
+        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
+             p += blockDim.y) {
+            V *ap = a + p * dd, *up = u + p * dr;
+            for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch) {
+                V *bc = b + ch * dd, *uc = u + ch * dr;
+                const V *cc = c + ch * dd;
+                for (int e = 0; e < dd; ++e) m[e] = a[ch * dd + e];
+                if (keeps)
+                    for (int e = 0; e < dd; ++e) bc[e] = O::sub(O::zero(), bc[e]);
+                if (!lu_solve<O>(m, keeps ? bc : nullptr, keeps ? d : 0, uc, r, d))
+                    atomicCAS(status, 0, 1 + ch);
+                for (int i = 0; i < d; ++i) {
+                    for (int q = 0; q < d; ++q) {
+                        const V ciq = cc[i * d + q];
+                        if (keeps)
+                            for (int j = 0; j < d; ++j)
+                                ap[i * d + j] = O::add(O::mul(ciq, bc[q * d + j]), ap[i * d + j]);
+                        for (int j = 0; j < r; ++j)
+                            up[i * r + j] = O::sub(up[i * r + j], O::mul(ciq, uc[q * r + j]));
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const int root = n - 1;
+    if (live && threadIdx.y == 0) {
+        for (int e = 0; e < dd; ++e) m[e] = a[root * dd + e];
+        if (!lu_solve<O>(m, u + root * dr, r, nullptr, 0, d)) atomicCAS(status, 0, 1 + root);
+    }
+    __syncthreads();
+    for (int k = g.levels - 1; k >= 1; --k) {
+        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
+             p += blockDim.y) {
+            const V *xp = u + p * dr;
+            for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch) {
+                const V *bc = b + ch * dd;
+                V *xc = u + ch * dr;
+                for (int i = 0; i < d; ++i) {
+                    for (int j = 0; j < r; ++j) {
+                        V s = xc[i * r + j];
+                        for (int q = 0; q < d; ++q)
+                            s = O::add(O::mul(bc[i * d + q], xp[q * r + j]), s);
+                        xc[i * r + j] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T, typename O>
+__device__ void tree_lanes_block_fwd(const T *u, const T *coef, T *x, const LaneTrees &g, int d,
+                                     int *status) {
+    typedef typename O::V V;
+    V *ws = lanes_workspace<V>();
+    lanes_block_solve<T, O, false>(g, d, coef, u, ws, status);
+    const LaneTrees rows{g.level_start, g.child_start, g.parent, g.levels,
+                         g.nodes * d,   g.r,           g.batch,  g.heads, g.shared};
+    lanes_store<T, O>(rows, ws + 3 * g.pivot_lanes() * lane_stride(g.nodes * d * d), x);
+}
+
+// Backward: λ = T_G^-H ∂x, ∂u = λ, and the blocks ∂A_v = -Σ_r λ_v x_v^H,
+// ∂B_v = -Σ_r λ_v x_parent^H, ∂C_v = -Σ_r λ_parent x_v^H (zero at the root), laid out as
+// tree_lanes_bwd's rows of n d x d blocks.
+template <typename T, typename O>
+__device__ void tree_lanes_block_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
+                                     const LaneTrees &g, int d, int *status) {
+    typedef typename O::V V;
+    V *ws = lanes_workspace<V>();
+    lanes_block_solve<T, O, true>(g, d, coef, gx, ws, status);
+    const int n = g.nodes, r = g.r, dd = d * d, dr = d * r, root = n - 1;
+    const V *lam = ws + 3 * g.pivot_lanes() * lane_stride(n * dd);
+    const int su = lane_stride(n * dr);
+    const LaneTrees rows{g.level_start, g.child_start, g.parent, g.levels,
+                         n * d,         r,             g.batch,  g.heads, g.shared};
+    lanes_store<T, O>(rows, lam, du);
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int per = g.shared ? blockDim.x : 1, lines = g.shared ? 1 : blockDim.x;
+    const int groups = (g.batch + blockDim.x - 1) / blockDim.x;
+    const i64 set = (i64)(g.shared ? groups * g.heads : g.batch * g.heads) * n * dd;
+    for (int e = tid; e < lines * n * dd; e += threads) {
+        const int first = e / (n * dd), k = e % (n * dd);
+        const int v = k / dd, i = k % dd / d, j = k % d, p = g.parent[v];
+        V da = O::zero(), db = O::zero(), dc = O::zero();
+        for (int l = first; l < first + per; ++l) {
+            const int t = g.tree(l);
+            if (t < 0) break;
+            const V *lv = lam + l * su + (v * d + i) * r, *lp = lam + l * su + (p * d + i) * r;
+            const i64 xv = (i64)t * n * dr + (v * d + j) * r, xp = (i64)t * n * dr + (p * d + j) * r;
+            for (int q = 0; q < r; ++q) {
+                const V xvq = O::conj(O::load(x, xv + q));
+                da = O::add(O::mul(lv[q], xvq), da);
+                if (v != root) {
+                    db = O::add(O::mul(lv[q], O::conj(O::load(x, xp + q))), db);
+                    dc = O::add(O::mul(lp[q], xvq), dc);
+                }
+            }
+        }
+        const int t = g.tree(first);
+        if (t < 0) continue;
+        const i64 d0 = (i64)(g.shared ? (int)blockIdx.x : t) * n * dd + k;
+        O::store(dcoef, d0, O::sub(O::zero(), da));
+        O::store(dcoef, set + d0, O::sub(O::zero(), db));
+        O::store(dcoef, 2 * set + d0, O::sub(O::zero(), dc));
+    }
+}
+
 #define LANE_KERNELS(SUFFIX, T, OPS)                                                            \
     extern "C" __global__ void __launch_bounds__(LANE_THREADS, LANE_MIN_BLOCKS)                 \
         tree_lanes_fwd_##SUFFIX(const T *u, const T *coef, T *x, const int *level_start,        \
@@ -255,6 +417,24 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
         const LaneTrees g{level_start, child_start, parent, levels, nodes,                      \
                           r,           batch,       heads,  shared_coef};                       \
         tree_lanes_bwd<T, OPS>(gx, coef, x, du, dcoef, g, status);                              \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(LANE_THREADS, LANE_MIN_BLOCKS)                 \
+        tree_lanes_block_fwd_##SUFFIX(const T *u, const T *coef, T *x, const int *level_start,  \
+                                      const int *child_start, const int *parent, int levels,    \
+                                      int nodes, int d, int r, int batch, int heads,            \
+                                      int shared_coef, int *status) {                           \
+        const LaneTrees g{level_start, child_start, parent, levels, nodes,                      \
+                          r,           batch,       heads,  shared_coef};                       \
+        tree_lanes_block_fwd<T, OPS>(u, coef, x, g, d, status);                                 \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(LANE_THREADS, LANE_MIN_BLOCKS)                 \
+        tree_lanes_block_bwd_##SUFFIX(const T *gx, const T *coef, const T *x, T *du, T *dcoef,  \
+                                      const int *level_start, const int *child_start,           \
+                                      const int *parent, int levels, int nodes, int d, int r,   \
+                                      int batch, int heads, int shared_coef, int *status) {     \
+        const LaneTrees g{level_start, child_start, parent, levels, nodes,                      \
+                          r,           batch,       heads,  shared_coef};                       \
+        tree_lanes_block_bwd<T, OPS>(gx, coef, x, du, dcoef, g, d, status);                     \
     }
 
 // The instantiations (the host harness in tests/kernels_on_cpu registers the same list).

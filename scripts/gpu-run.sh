@@ -245,14 +245,27 @@ shapes=(
   "--batch 8 --channels 768 --len 4096 --complex --shared-a --backward"
   "--batch 8 --channels 1536 --len 4096 --dtype bf16"
 )
-tree_shapes=(
+# Both CUDA layouts (a block per tree; trees across lanes), then the trees that only the first
+# holds: Path-X's, and 4 x 4 blocks on 1,024 leaves.
+lane_shapes=(
   "--batch 16 --heads 256 --leaves 1024 --arity 4"
   "--batch 16 --heads 256 --leaves 1024 --arity 4 --backward"
-  "--batch 16 --heads 64 --leaves 16384 --arity 2"
-  "--batch 16 --heads 64 --leaves 16384 --arity 2 --backward"
+  "--batch 16 --heads 64 --leaves 1024 --arity 4"
+  "--batch 16 --heads 64 --leaves 1024 --arity 4 --backward"
   "--batch 16 --heads 256 --leaves 1024 --arity 4 --complex"
+  "--batch 16 --heads 256 --leaves 1024 --arity 4 --complex --backward"
+  "--batch 16 --heads 256 --leaves 1024 --arity 4 --per-sample"
+  "--batch 16 --heads 256 --leaves 1024 --arity 4 --per-sample --backward"
   "--batch 16 --heads 64 --leaves 1024 --arity 4 --block 2"
   "--batch 16 --heads 64 --leaves 1024 --arity 4 --block 2 --backward"
+  "--batch 16 --heads 16 --leaves 256 --arity 4 --block 4"
+  "--batch 16 --heads 16 --leaves 256 --arity 4 --block 4 --backward"
+)
+tree_shapes=()
+for s in "${lane_shapes[@]}"; do tree_shapes+=("$s --layout tree" "$s --layout lanes"); done
+tree_shapes+=(
+  "--batch 16 --heads 64 --leaves 16384 --arity 2"
+  "--batch 16 --heads 64 --leaves 16384 --arity 2 --backward"
   "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4"
   "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4 --backward"
 )

@@ -7,6 +7,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
+use myosotis::ops::tree_solve::cuda::LANE_MAX_D;
 use myosotis::ops::{check_pivots, tree_solve, TreeLayout, TreeSolveOptions};
 use myosotis::tree::Tree;
 use rand::Rng;
@@ -52,7 +53,7 @@ fn forward_backward(
     [to_vec(&out), g(&u), g(&a), g(&b), g(&c)]
 }
 
-/// Every tree × case in f32 and f64, scalar blocks in both layouts: x against the dense solve
+/// Every tree × case in f32 and f64, in both layouts where the lanes take the blocks: x against the dense solve
 /// (the f64 CPU twin for large systems), x and every gradient against the CPU twin.
 fn check(gpu: &Device, cases: &[TreeCase], rng_of: (&str, u64)) {
     let (mut rng, seed) = seeded_rng(rng_of.0, rng_of.1);
@@ -79,9 +80,9 @@ fn check(gpu: &Device, cases: &[TreeCase], rng_of: (&str, u64)) {
                     forward_backward(tree, case, &x, &w, cpu, DType::F64)[0].clone()
                 }
             };
-            let layouts: &[TreeLayout] = match case.d {
-                1 => &[TreeLayout::Tree, TreeLayout::Lanes],
-                _ => &[TreeLayout::Tree],
+            let layouts: &[TreeLayout] = match case.d <= LANE_MAX_D {
+                true => &[TreeLayout::Tree, TreeLayout::Lanes],
+                false => &[TreeLayout::Tree],
             };
             for (dtype, tol) in [(DType::F32, 2e-5), (DType::F64, 1e-12)] {
                 let cpu =

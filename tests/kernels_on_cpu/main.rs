@@ -66,6 +66,8 @@ fn every_kernel_entry_point_is_tested() {
         ("tree_block_bwd", both, &all),
         ("tree_lanes_fwd", both, &all),
         ("tree_lanes_bwd", both, &all),
+        ("tree_lanes_block_fwd", both, &all),
+        ("tree_lanes_block_bwd", both, &all),
         ("head_pivots", complex, &wide),
         ("head_sweep", complex, &wide),
         ("head_reduce", complex, &wide),
@@ -137,6 +139,11 @@ fn kernel_constants_match_the_plans() {
             &read("tree_lanes.cu"),
             "LANE_THREADS",
             myosotis::ops::tree_solve::cuda::LANE_THREADS as usize,
+        ),
+        (
+            &read("tree_lanes.cu"),
+            "LANE_MAX_D",
+            myosotis::ops::tree_solve::cuda::LANE_MAX_D,
         ),
         (
             &read("head_solve.cu"),

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use myosotis::ops::plan::DeviceLimits;
-use myosotis::ops::tree_solve::cuda::{backward_plan, forward_plan, lu_slots};
+use myosotis::ops::tree_solve::cuda::{backward_plan, forward_plan, lu_slots, LANE_MAX_D};
 use myosotis::ops::{tree_solve, tree_solve_backward, TreeLayout, TreeSolveOptions};
 use myosotis::tree::Tree;
 use rand::rngs::StdRng;
@@ -272,6 +272,8 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                 ];
                 if case.d == 1 {
                     paths.push(("shared, unstaged", unstaged, tree_layout));
+                }
+                if case.d <= LANE_MAX_D {
                     // Trees across lanes, the most blocks (two lanes here) and the widest.
                     paths.push(("lanes", DeviceLimits::H100, TreeLayout::Lanes));
                     paths.push(("lanes, wide", FEW_SMS, TreeLayout::Lanes));
@@ -287,7 +289,7 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                         let want = KernelArg::I32((path == "shared") as i32);
                         assert_eq!(plan.args[12], want, "staged, {what}");
                     }
-                    assert_eq!(plan.kernel.starts_with("tree_block_"), case.d > 1, "{what}");
+                    assert_eq!(plan.kernel.contains("block_"), case.d > 1, "{what}");
                     let run = run_in_every_order(&plan, dtype, &[&x.u, &coef], seed);
                     assert_eq!(run.status, 0, "{what}");
                     let sol = &run.outputs[0];
@@ -514,21 +516,21 @@ fn lanes_plans_choose_their_width_by_shared_memory_and_grid() {
     let auto = TreeLayout::Auto;
     let h100 = DeviceLimits::H100;
     // 1,024 leaves, 4-ary: 1,365 nodes; a block of L samples sharing a head holds
-    // (4 · 1,365 + L · 1,365) f32 values.
+    // (3 · 1,365 + L · 1,365) f32 values.
     let quad = Tree::perfect(1024, 4).unwrap();
     let p = plan(16, 256, &quad, true, DType::F32, auto, h100).unwrap();
     // 16 lanes would give 256 blocks for 132 SMs: 8 lanes, 512 blocks.
     assert_eq!(p.kernel, "tree_lanes_fwd_f32");
     assert_eq!((p.grid, p.block), ([512, 1, 1], [8, 32, 1]));
-    assert_eq!(p.shared_bytes, (4 * 1365 + 8 * 1365) * 4);
+    assert_eq!(p.shared_bytes, (3 * 1365 + 8 * 1365) * 4);
     // At (16, 64) no width gives 264 blocks: the narrowest, two lanes, 512 blocks.
     let p = plan(16, 64, &quad, true, DType::F32, auto, h100).unwrap();
     assert_eq!((p.grid, p.block), ([512, 1, 1], [2, 128, 1]));
-    // Per-sample coefficients, f64: a pivot set per lane, 5 · 1,365 values per lane; four
-    // lanes (218,400 bytes) fit in 227 KiB but give 256 blocks: two lanes, 512 blocks.
+    // Per-sample coefficients, f64: a pivot set per lane, 4 · 1,365 values per lane; four
+    // lanes (174,720 bytes) fit in 227 KiB but give 256 blocks: two lanes, 512 blocks.
     let p = plan(16, 64, &quad, false, DType::F64, auto, h100).unwrap();
     assert_eq!((p.grid, p.block), ([512, 1, 1], [2, 128, 1]));
-    assert_eq!(p.shared_bytes, (4 * 2 * 1365 + 2 * 1365) * 8);
+    assert_eq!(p.shared_bytes, (3 * 2 * 1365 + 2 * 1365) * 8);
     // The lanes never outnumber the batch's power of two (shared coefficients).
     let few_sms = DeviceLimits { sms: 0, ..h100 };
     let p = plan(3, 64, &quad, true, DType::F32, auto, few_sms).unwrap();
@@ -552,12 +554,23 @@ fn lanes_plans_choose_their_width_by_shared_memory_and_grid() {
     let (coef, u) = (z(&[4, n, 2, 2]), z(&[8, 4, n, 2, 1]));
     let p = forward_plan(&quad, &coef, &coef, &coef, &u, opts_real(), h100).unwrap();
     assert_eq!(p.kernel, "tree_block_fwd_f32");
+    let o = TreeSolveOptions::default();
+    let p = forward_plan(&quad, &coef, &coef, &coef, &u, o, h100).unwrap();
+    assert_eq!(p.kernel, "tree_lanes_block_fwd_f32");
+    // 2 x 2 blocks, 8 samples of 4 heads: (3 · 4 + L · 2) · 1,365 values (odd strides); no
+    // width gives 264 blocks: two lanes, 16 blocks.
+    assert_eq!((p.grid, p.block), ([16, 1, 1], [2, 128, 1]));
+    assert_eq!(
+        p.shared_bytes,
+        (3 * ((4 * 1365) | 1) + 2 * ((2 * 1365) | 1)) * 4
+    );
     let lanes = TreeSolveOptions {
         layout: TreeLayout::Lanes,
         ..opts_real()
     };
+    let (coef, u) = (z(&[4, n, 5, 5]), z(&[8, 4, n, 5, 1]));
     let err = forward_plan(&quad, &coef, &coef, &coef, &u, lanes, h100).unwrap_err();
-    assert!(err.to_string().contains("scalar blocks (d = 1)"), "{err}");
+    assert!(err.to_string().contains("blocks up to d = 4"), "{err}");
     // The backward of shared coefficients writes a gradient row per block of samples.
     let (coef, x) = (z(&[64, n, 1, 1]), z(&[16, 64, n, 1, 1]));
     let o = TreeSolveOptions::default();
@@ -595,7 +608,7 @@ fn check_singular_pivot(d: usize, rng_of: (&str, u64)) {
             (DeviceLimits::H100, TreeLayout::Tree),
             (NO_SHARED, TreeLayout::Tree),
         ];
-        if d == 1 {
+        if d <= LANE_MAX_D {
             paths.push((DeviceLimits::H100, TreeLayout::Lanes));
         }
         for (shared, layout) in paths {

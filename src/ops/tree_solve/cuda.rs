@@ -13,11 +13,12 @@
 //! * d × d blocks (`tree_block_fwd`, `tree_block_bwd`): n·d·(d + r) values plus one d × d LU
 //!   scratch block per thread that can own a parent at once ([`lu_slots`]).
 //!
-//! Trees across lanes (`tree_lanes_fwd`, `tree_lanes_bwd`, `kernels/tree_lanes.cu`), for scalar
-//! blocks: a block of [`LANE_THREADS`] threads holds `lanes` trees × `LANE_THREADS / lanes`
-//! rows, all its state in shared memory: per pivot lane (one for coefficients shared by the
-//! batch, whose lanes are then samples of one head; else one per lane) A', B', B̂ and C'
-//! (n values each), and per lane n·r right-hand sides, each lane's array at an odd stride.
+//! Trees across lanes (`tree_lanes_fwd`, `tree_lanes_block_fwd`, ..., `kernels/tree_lanes.cu`),
+//! for blocks up to [`LANE_MAX_D`]: a block of [`LANE_THREADS`] threads holds `lanes` trees ×
+//! `LANE_THREADS / lanes` rows, all its state in shared memory: per pivot lane (one for
+//! coefficients shared by the batch, whose lanes are then samples of one head; else one per
+//! lane) A', B' (then B̂) and C' (n·d² values each), and per lane n·d·r right-hand sides, each
+//! lane's array at an odd stride.
 //! [`TreeLayout::Auto`] takes it when two trees or more fit ([`lane_choice`]).
 
 use candle_core::{bail, DType, Result, Tensor};
@@ -39,6 +40,8 @@ pub const SMALL_TREE_BYTES: usize = 48 * 1024;
 
 /// Threads per block of the lanes layout (LANE_THREADS in `kernels/tree_lanes.cu`).
 pub const LANE_THREADS: u32 = 256;
+/// The largest blocks the lanes layout takes (LANE_MAX_D in the kernel).
+pub const LANE_MAX_D: usize = 4;
 /// Trees per block the lanes layout may take, widest first.
 pub const LANE_WIDTHS: [u32; 4] = [16, 8, 4, 2];
 
@@ -100,11 +103,15 @@ impl TreeSolveOp {
         let acc = if dtype == DType::F64 { 8 } else { 4 };
         let w = if self.opts.complex { 2 } else { 1 };
         let Dims {
-            nodes, r, shared, ..
+            nodes,
+            d,
+            r,
+            shared,
+            ..
         } = self.dims;
         let pivot_lanes = if shared { 1 } else { lanes as usize };
         let odd = |n: usize| n | 1;
-        (4 * pivot_lanes * odd(nodes) + lanes as usize * odd(nodes * r)) * acc * w
+        (3 * pivot_lanes * odd(nodes * d * d) + lanes as usize * odd(nodes * d * r)) * acc * w
     }
 
     /// Blocks of the lanes layout's grid with `lanes` trees each: per head, the batch in
@@ -132,9 +139,11 @@ impl TreeSolveOp {
             ..
         } = self.dims;
         let layout = self.opts.layout;
-        if d > 1 || layout == TreeLayout::Tree {
+        if d > LANE_MAX_D || layout == TreeLayout::Tree {
             if layout == TreeLayout::Lanes {
-                bail!("tree_solve: the lanes layout takes scalar blocks (d = 1), not d = {d}");
+                bail!(
+                    "tree_solve: the lanes layout takes blocks up to d = {LANE_MAX_D}, not d = {d}"
+                );
             }
             return Ok(None);
         }
@@ -178,9 +187,9 @@ impl TreeSolveOp {
             batch,
             heads,
             nodes,
+            d,
             r,
             shared,
-            ..
         } = self.dims;
         let op = "tree_solve";
         let tree = &self.tree;
@@ -191,20 +200,24 @@ impl TreeSolveOp {
             .chain((0..outputs.len()).map(KernelArg::Output))
             .chain((0..3).map(KernelArg::Table))
             .collect();
-        for (what, v) in [
-            ("levels", tree.levels()),
-            ("nodes", nodes),
-            ("r", r),
-            ("batch", batch),
-            ("heads", heads),
-        ] {
+        args.push(KernelArg::I32(int_arg(op, "levels", tree.levels())?));
+        args.push(KernelArg::I32(int_arg(op, "nodes", nodes)?));
+        if d > 1 {
+            args.push(KernelArg::I32(d as i32));
+        }
+        for (what, v) in [("r", r), ("batch", batch), ("heads", heads)] {
             args.push(KernelArg::I32(int_arg(op, what, v)?));
         }
         args.push(KernelArg::I32(shared as i32));
         args.push(KernelArg::Status);
         let table = |v: &[usize]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
+        let stem = if d > 1 { "block_" } else { "" };
         Ok(LaunchPlan {
-            kernel: kernel_name(&format!("tree_lanes_{pass}"), dtype, self.opts.complex)?,
+            kernel: kernel_name(
+                &format!("tree_lanes_{stem}{pass}"),
+                dtype,
+                self.opts.complex,
+            )?,
             grid: [int_arg(op, "blocks", self.lane_blocks(lanes))? as u32, 1, 1],
             block: [lanes, LANE_THREADS / lanes, 1],
             shared_bytes: self.lanes_bytes(dtype, lanes),

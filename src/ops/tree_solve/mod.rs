@@ -58,13 +58,14 @@ pub struct TreeSolveOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TreeLayout {
-    /// Trees across lanes for scalar blocks whose state fits in shared memory for two trees
-    /// or more, else a block per tree.
+    /// Trees across lanes where two trees' state fits in a block's shared memory (blocks up
+    /// to 4 × 4), else a block per tree.
     #[default]
     Auto,
     /// A block of threads per tree (`tree_fwd`, `tree_block_fwd`).
     Tree,
-    /// Trees across lanes (`tree_lanes_fwd`): d = 1 only; an error where it does not fit.
+    /// Trees across lanes (`tree_lanes_fwd`, `tree_lanes_block_fwd`); an error where it does
+    /// not fit.
     Lanes,
 }
 

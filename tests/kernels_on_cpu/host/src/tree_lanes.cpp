@@ -3,7 +3,8 @@
 #include "launcher.h"
 
 #define LANE_ENTRIES(SUFFIX, T, OPS)                                                              \
-    KERNEL_ENTRY(tree_lanes_fwd_##SUFFIX), KERNEL_ENTRY(tree_lanes_bwd_##SUFFIX),
+    KERNEL_ENTRY(tree_lanes_fwd_##SUFFIX), KERNEL_ENTRY(tree_lanes_bwd_##SUFFIX),                 \
+        KERNEL_ENTRY(tree_lanes_block_fwd_##SUFFIX), KERNEL_ENTRY(tree_lanes_block_bwd_##SUFFIX),
 static const KernelEntry entries[] = {LANE_DTYPES(LANE_ENTRIES)};
 
 const KernelEntry *tree_lanes_kernels(size_t *n) {

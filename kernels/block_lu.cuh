@@ -1,0 +1,49 @@
+// The d x d LU solve with partial pivoting that the block tree solves (tree_solve.cu,
+// tree_lanes.cu) run per Schur step, in the order of operations of the CPU twin
+// (src/ops/tree_solve/blocked.rs).
+#pragma once
+#include "values.cuh"
+
+// Solves m X = [R1 | R2] in place for a d x d `m` (destroyed) and row-major right-hand sides R1
+// (d x k1) and R2 (d x k2, k2 may be 0), by LU with partial pivoting. False, with the solve
+// abandoned, for a pivot that is zero or not finite.
+template <typename O>
+__device__ __forceinline__ bool lu_solve(typename O::V *m, typename O::V *r1, int k1,
+                                         typename O::V *r2, int k2, int d) {
+    typedef typename O::V V;
+    for (int col = 0; col < d; ++col) {
+        int piv = col;
+        for (int i = col + 1; i < d; ++i)
+            if (O::norm2(m[i * d + col]) > O::norm2(m[piv * d + col])) piv = i;
+        if (!pivot_ok(m[piv * d + col])) return false;
+        if (piv != col) {
+            for (int j = 0; j < d; ++j) swap_values(m[col * d + j], m[piv * d + j]);
+            for (int j = 0; j < k1; ++j) swap_values(r1[col * k1 + j], r1[piv * k1 + j]);
+            for (int j = 0; j < k2; ++j) swap_values(r2[col * k2 + j], r2[piv * k2 + j]);
+        }
+        const V inv = O::inv(m[col * d + col]);
+        for (int i = col + 1; i < d; ++i) {
+            const V f = O::mul(m[i * d + col], inv);
+            for (int j = col; j < d; ++j)
+                m[i * d + j] = O::sub(m[i * d + j], O::mul(f, m[col * d + j]));
+            for (int j = 0; j < k1; ++j)
+                r1[i * k1 + j] = O::sub(r1[i * k1 + j], O::mul(f, r1[col * k1 + j]));
+            for (int j = 0; j < k2; ++j)
+                r2[i * k2 + j] = O::sub(r2[i * k2 + j], O::mul(f, r2[col * k2 + j]));
+        }
+    }
+    for (int i = d - 1; i >= 0; --i) {
+        const V inv = O::inv(m[i * d + i]);
+        for (int j = 0; j < k1; ++j) {
+            V s = r1[i * k1 + j];
+            for (int l = i + 1; l < d; ++l) s = O::sub(s, O::mul(m[i * d + l], r1[l * k1 + j]));
+            r1[i * k1 + j] = O::mul(s, inv);
+        }
+        for (int j = 0; j < k2; ++j) {
+            V s = r2[i * k2 + j];
+            for (int l = i + 1; l < d; ++l) s = O::sub(s, O::mul(m[i * d + l], r2[l * k2 + j]));
+            r2[i * k2 + j] = O::mul(s, inv);
+        }
+    }
+    return true;
+}
