@@ -245,8 +245,9 @@ shapes=(
   "--batch 8 --channels 768 --len 4096 --complex --shared-a --backward"
   "--batch 8 --channels 1536 --len 4096 --dtype bf16"
 )
-# Both CUDA layouts (a block per tree; trees across lanes), then the trees that only the first
-# holds: Path-X's, and 4 x 4 blocks on 1,024 leaves.
+# The CUDA layouts side by side: a block per tree, trees across lanes, and (scalar blocks shared
+# by the batch) the sweep; Path-X's trees, which the lanes do not hold; 4 x 4 blocks on 1,024
+# leaves, which only a block per tree holds.
 lane_shapes=(
   "--batch 16 --heads 256 --leaves 1024 --arity 4"
   "--batch 16 --heads 256 --leaves 1024 --arity 4 --backward"
@@ -262,10 +263,14 @@ lane_shapes=(
   "--batch 16 --heads 16 --leaves 256 --arity 4 --block 4 --backward"
 )
 tree_shapes=()
-for s in "${lane_shapes[@]}"; do tree_shapes+=("$s --layout tree" "$s --layout lanes"); done
+for s in "${lane_shapes[@]}"; do
+  tree_shapes+=("$s --layout tree" "$s --layout lanes")
+  case "$s" in *--block*|*--per-sample*) ;; *) tree_shapes+=("$s --layout sweep") ;; esac
+done
+for s in "--batch 16 --heads 64 --leaves 16384 --arity 2" "--batch 16 --heads 64 --leaves 16384 --arity 2 --backward"; do
+  tree_shapes+=("$s --layout tree" "$s --layout sweep")
+done
 tree_shapes+=(
-  "--batch 16 --heads 64 --leaves 16384 --arity 2"
-  "--batch 16 --heads 64 --leaves 16384 --arity 2 --backward"
   "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4"
   "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4 --backward"
 )

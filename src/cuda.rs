@@ -51,6 +51,12 @@ pub const TREE_LANES: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/tree_lanes.ptx")),
 };
 
+/// `kernels/tree_sweep.cu`.
+pub const TREE_SWEEP: Module = Module {
+    name: "myosotis_tree_sweep",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/tree_sweep.ptx")),
+};
+
 /// `kernels/head_solve.cu`.
 pub const HEAD_SOLVE: Module = Module {
     name: "myosotis_head_solve",

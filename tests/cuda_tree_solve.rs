@@ -80,9 +80,10 @@ fn check(gpu: &Device, cases: &[TreeCase], rng_of: (&str, u64)) {
                     forward_backward(tree, case, &x, &w, cpu, DType::F64)[0].clone()
                 }
             };
-            let layouts: &[TreeLayout] = match case.d <= LANE_MAX_D {
-                true => &[TreeLayout::Tree, TreeLayout::Lanes],
-                false => &[TreeLayout::Tree],
+            let layouts: &[TreeLayout] = match case.d {
+                1 => &[TreeLayout::Tree, TreeLayout::Lanes, TreeLayout::Sweep],
+                d if d <= LANE_MAX_D => &[TreeLayout::Tree, TreeLayout::Lanes],
+                _ => &[TreeLayout::Tree],
             };
             for (dtype, tol) in [(DType::F32, 2e-5), (DType::F64, 1e-12)] {
                 let cpu =
@@ -148,8 +149,7 @@ fn cuda_large_trees_in_shared_and_global_workspace() {
         return;
     };
     let (mut rng, seed) = seeded_rng("cuda large trees", 103);
-    // 4,096-leaf 4-ary: the workspace fits in shared memory; 16,384-leaf binary (Path-X):
-    // it does not and goes to global memory.
+    // 4,096-leaf 4-ary and 16,384-leaf binary (Path-X) trees, in every layout that takes them.
     for (name, tree) in [
         ("4-ary 4096", Tree::perfect(4096, 4).unwrap()),
         ("binary 16384", Tree::perfect(16384, 2).unwrap()),
@@ -166,16 +166,23 @@ fn cuda_large_trees_in_shared_and_global_workspace() {
         let w: Vec<f64> = (0..x.u.len())
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
-        // Auto: trees across lanes for the first (two fit in shared memory), not the second.
-        let cuda = forward_backward(&tree, &case, &x, &w, (&gpu, TreeLayout::Auto), DType::F32);
         let cpu = (&Device::Cpu, TreeLayout::Auto);
         let cpu = forward_backward(&tree, &case, &x, &w, cpu, DType::F64);
-        for (k, what) in ["x", "du", "da", "db", "dc"].iter().enumerate() {
-            let e = rel_err(&cuda[k], &cpu[k]);
-            assert!(
-                e < 1e-4,
-                "{what}: CUDA f32 vs CPU f64 {e:e}, {name} (seed {seed})"
-            );
+        // Auto takes trees across lanes for the first (two fit in shared memory) and the sweep
+        // for the second (one tree's right-hand sides fit); the lanes do not take the second.
+        let layouts: &[TreeLayout] = match tree.len() < 10_000 {
+            true => &[TreeLayout::Auto, TreeLayout::Tree, TreeLayout::Sweep],
+            false => &[TreeLayout::Auto, TreeLayout::Tree],
+        };
+        for &layout in layouts {
+            let cuda = forward_backward(&tree, &case, &x, &w, (&gpu, layout), DType::F32);
+            for (k, what) in ["x", "du", "da", "db", "dc"].iter().enumerate() {
+                let e = rel_err(&cuda[k], &cpu[k]);
+                assert!(
+                    e < 1e-4,
+                    "{what}: CUDA f32 vs CPU f64 {e:e}, {name}, {layout:?} (seed {seed})"
+                );
+            }
         }
     }
 }

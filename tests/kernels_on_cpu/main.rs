@@ -68,6 +68,9 @@ fn every_kernel_entry_point_is_tested() {
         ("tree_lanes_bwd", both, &all),
         ("tree_lanes_block_fwd", both, &all),
         ("tree_lanes_block_bwd", both, &all),
+        ("tree_pivots", both, &wide),
+        ("tree_sweep_fwd", both, &wide),
+        ("tree_sweep_bwd", both, &wide),
         ("head_pivots", complex, &wide),
         ("head_sweep", complex, &wide),
         ("head_reduce", complex, &wide),
@@ -144,6 +147,11 @@ fn kernel_constants_match_the_plans() {
             &read("tree_lanes.cu"),
             "LANE_MAX_D",
             myosotis::ops::tree_solve::cuda::LANE_MAX_D,
+        ),
+        (
+            &read("tree_sweep.cu"),
+            "SWEEP_THREADS",
+            myosotis::ops::tree_solve::cuda::SWEEP_THREADS as usize,
         ),
         (
             &read("head_solve.cu"),

@@ -4,7 +4,9 @@
 
 use candle_core::{DType, Device, Tensor};
 use myosotis::ops::plan::DeviceLimits;
-use myosotis::ops::tree_solve::cuda::{backward_plan, forward_plan, lu_slots, LANE_MAX_D};
+use myosotis::ops::tree_solve::cuda::{
+    backward_plan, backward_plans, forward_plan, forward_plans, lu_slots, LANE_MAX_D,
+};
 use myosotis::ops::{tree_solve, tree_solve_backward, TreeLayout, TreeSolveOptions};
 use myosotis::tree::Tree;
 use rand::rngs::StdRng;
@@ -12,8 +14,9 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 
 use crate::common::*;
-use crate::exec::{round_to, run, run_in_every_order};
+use crate::exec::{round_to, run, run_in_every_order, HostRun};
 use crate::{assert_same, DTYPES};
+use kernels_on_cpu::Order;
 use myosotis::ops::plan::{KernelArg, LaunchPlan};
 
 /// A device that grants no shared memory: the plan puts every tree in the global workspace.
@@ -63,6 +66,25 @@ fn opts_in(case: &TreeCase, layout: TreeLayout) -> TreeSolveOptions {
     TreeSolveOptions {
         complex: case.complex,
         layout,
+    }
+}
+
+/// Runs a solve's launches in every order: one, or the sweep layout's two, the first making
+/// the pivots from the coefficients (the inputs' second) and the second taking them in the
+/// coefficients' place. A bad pivot's status comes from the first.
+fn run_launches(plans: &[LaunchPlan], dtype: DType, inputs: &[&[f64]], seed: u64) -> HostRun {
+    match plans {
+        [plan] => run_in_every_order(plan, dtype, inputs, seed),
+        [pivots, sweep] => {
+            let piv = run_in_every_order(pivots, dtype, &[inputs[1]], seed);
+            if piv.status != 0 {
+                return piv;
+            }
+            let mut ins = inputs.to_vec();
+            ins[1] = &piv.outputs[0];
+            run_in_every_order(sweep, dtype, &ins, seed)
+        }
+        _ => panic!("{} launches", plans.len()),
     }
 }
 
@@ -278,19 +300,26 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                     paths.push(("lanes", DeviceLimits::H100, TreeLayout::Lanes));
                     paths.push(("lanes, wide", FEW_SMS, TreeLayout::Lanes));
                 }
+                if case.d == 1 && matches!(dtype, DType::F32 | DType::F64) {
+                    paths.push(("sweep", DeviceLimits::H100, TreeLayout::Sweep));
+                }
                 for (path, shared, layout) in paths {
                     let what = format!("{name}, {case:?}, {dtype:?}, {path} (seed {seed})");
                     let o = opts_in(case, layout);
-                    let plan = forward_plan(tree, &a, &b, &c, &u, o, shared).unwrap();
+                    let plans = forward_plans(tree, &a, &b, &c, &u, o, shared).unwrap();
+                    let plan = plans.last().unwrap();
                     let lanes = plan.kernel.starts_with("tree_lanes_");
                     assert_eq!(lanes, layout == TreeLayout::Lanes, "{what}");
+                    let sweep = plan.kernel.starts_with("tree_sweep_");
+                    assert_eq!(sweep, layout == TreeLayout::Sweep, "{what}");
+                    assert_eq!(plans.len(), 1 + sweep as usize, "{what}");
                     assert_eq!(plan.workspace_bytes > 0, path == "global", "{what}");
-                    if case.d == 1 && !lanes {
+                    if case.d == 1 && layout == TreeLayout::Tree {
                         let want = KernelArg::I32((path == "shared") as i32);
                         assert_eq!(plan.args[12], want, "staged, {what}");
                     }
                     assert_eq!(plan.kernel.contains("block_"), case.d > 1, "{what}");
-                    let run = run_in_every_order(&plan, dtype, &[&x.u, &coef], seed);
+                    let run = run_launches(&plans, dtype, &[&x.u, &coef], seed);
                     assert_eq!(run.status, 0, "{what}");
                     let sol = &run.outputs[0];
                     let e = rel_err(sol, &want_x);
@@ -298,9 +327,9 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                     assert_same(sol, &twin_x, &format!("x, {what}"));
 
                     let x_t = tensor(sol, &case.u_shape(tree.len()), dtype, &Device::Cpu);
-                    let plan = backward_plan(tree, &a, &b, &c, &x_t, o, shared).unwrap();
-                    let width = plan.block[0] as usize;
-                    let run = run_in_every_order(&plan, dtype, &[&g, &coef, sol], seed);
+                    let plans = backward_plans(tree, &a, &b, &c, &x_t, o, shared).unwrap();
+                    let width = plans.last().unwrap().block[0] as usize;
+                    let run = run_launches(&plans, dtype, &[&g, &coef, sol], seed);
                     assert_eq!(run.status, 0, "{what}");
                     let (du, dcoef) = (&run.outputs[0], &run.outputs[1]);
                     let e = rel_err(du, &want_lam);
@@ -494,11 +523,12 @@ fn tree_plans_place_the_workspace_by_the_device_limit() {
     assert!(!p.opts_in_to_shared() && staged(&p));
 }
 
-/// The lanes layout's width per launch: the widest that fits in shared memory and gives every
-/// multiprocessor two blocks, else the narrowest that fits; a block per tree where two trees do
-/// not fit, for d > 1, or when asked.
+/// The layout per launch: trees across lanes at the widest width that fits in shared memory and
+/// gives every multiprocessor two blocks, else the narrowest that fits; where none fits, the
+/// sweep for shared coefficients in f32 and f64, else a block per tree; errors for a layout
+/// asked for that does not take the solve.
 #[test]
-fn lanes_plans_choose_their_width_by_shared_memory_and_grid() {
+fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
     let plan = |batch, heads, tree: &Tree, shared: bool, dtype, layout, limits| {
         let n = tree.len();
         let z = |s: &[usize]| Tensor::zeros(s, dtype, &Device::Cpu).unwrap();
@@ -511,7 +541,11 @@ fn lanes_plans_choose_their_width_by_shared_memory_and_grid() {
             layout,
             ..TreeSolveOptions::default()
         };
-        forward_plan(tree, &coef, &coef, &coef, &u, o, limits)
+        forward_plans(tree, &coef, &coef, &coef, &u, o, limits).map(|mut p| match p.len() {
+            1 => p.remove(0),
+            // The sweep layout: its second launch, after the pivots.
+            _ => p.remove(1),
+        })
     };
     let auto = TreeLayout::Auto;
     let h100 = DeviceLimits::H100;
@@ -536,17 +570,46 @@ fn lanes_plans_choose_their_width_by_shared_memory_and_grid() {
     let p = plan(3, 64, &quad, true, DType::F32, auto, few_sms).unwrap();
     assert_eq!(p.block, [4, 64, 1]);
     assert_eq!(p.grid, [64, 1, 1]);
-    // One sample: no block of two; Path-X's 32,767 nodes: two do not fit; d > 1: not lanes.
+    // Where two trees do not fit in a block (one sample; Path-X's 32,767 nodes), shared
+    // coefficients take the sweep: f32 and f64, a tree's right-hand sides in shared memory.
     let p = plan(1, 64, &quad, true, DType::F32, auto, h100).unwrap();
-    assert_eq!(p.kernel, "tree_fwd_f32");
+    assert_eq!(p.kernel, "tree_sweep_fwd_f32");
     let path_x = Tree::perfect(16384, 2).unwrap();
     let p = plan(16, 8, &path_x, true, DType::F32, auto, h100).unwrap();
-    assert_eq!(p.kernel, "tree_fwd_f32");
-    let err = plan(16, 8, &path_x, true, DType::F32, TreeLayout::Lanes, h100).unwrap_err();
-    assert!(
-        err.to_string().contains("lanes layout needs two trees"),
-        "{err}"
+    assert_eq!(
+        (p.kernel.as_str(), p.shared_bytes),
+        ("tree_sweep_fwd_f32", 32767 * 4)
     );
+    assert_eq!((p.grid, p.block), ([128, 1, 1], [512, 1, 1]));
+    let pivots = forward_plans(
+        &path_x,
+        &Tensor::zeros((8, 32767, 1, 1), DType::F32, &Device::Cpu).unwrap(),
+        &Tensor::zeros((8, 32767, 1, 1), DType::F32, &Device::Cpu).unwrap(),
+        &Tensor::zeros((8, 32767, 1, 1), DType::F32, &Device::Cpu).unwrap(),
+        &Tensor::zeros((16, 8, 32767, 1, 1), DType::F32, &Device::Cpu).unwrap(),
+        TreeSolveOptions::default(),
+        h100,
+    )
+    .unwrap()
+    .remove(0);
+    assert_eq!(
+        (pivots.kernel.as_str(), pivots.grid),
+        ("tree_pivots_f32", [8, 1, 1])
+    );
+    assert_eq!(pivots.outputs, vec![3 * 8 * 32767]);
+    // Not in f16 (the pivots are kept in the storage type), nor for per-sample coefficients,
+    // nor where a tree's right-hand sides exceed shared memory (V100, f64: 262 KB).
+    let p = plan(16, 8, &path_x, true, DType::F16, auto, h100).unwrap();
+    assert_eq!(p.kernel, "tree_fwd_f16");
+    let p = plan(16, 8, &path_x, false, DType::F32, auto, h100).unwrap();
+    assert_eq!(p.kernel, "tree_fwd_f32");
+    let v100 = DeviceLimits::V100;
+    let p = plan(16, 8, &path_x, true, DType::F64, auto, v100).unwrap();
+    assert_eq!(p.kernel, "tree_fwd_f64");
+    let err = plan(16, 8, &path_x, true, DType::F64, TreeLayout::Sweep, v100).unwrap_err();
+    assert!(err.to_string().contains("sweep layout needs"), "{err}");
+    let err = plan(16, 8, &path_x, true, DType::F32, TreeLayout::Lanes, h100).unwrap_err();
+    assert!(err.to_string().contains("lanes layout needs"), "{err}");
     let p = plan(16, 8, &quad, true, DType::F32, TreeLayout::Tree, h100).unwrap();
     assert_eq!(p.kernel, "tree_fwd_f32");
     let n = quad.len();
@@ -570,7 +633,10 @@ fn lanes_plans_choose_their_width_by_shared_memory_and_grid() {
     };
     let (coef, u) = (z(&[4, n, 5, 5]), z(&[8, 4, n, 5, 1]));
     let err = forward_plan(&quad, &coef, &coef, &coef, &u, lanes, h100).unwrap_err();
-    assert!(err.to_string().contains("blocks up to d = 4"), "{err}");
+    assert!(
+        err.to_string().contains("blocks up to d = 4 (d = 5)"),
+        "{err}"
+    );
     // The backward of shared coefficients writes a gradient row per block of samples.
     let (coef, x) = (z(&[64, n, 1, 1]), z(&[16, 64, n, 1, 1]));
     let o = TreeSolveOptions::default();
@@ -611,25 +677,27 @@ fn check_singular_pivot(d: usize, rng_of: (&str, u64)) {
         if d <= LANE_MAX_D {
             paths.push((DeviceLimits::H100, TreeLayout::Lanes));
         }
+        if d == 1 {
+            paths.push((DeviceLimits::H100, TreeLayout::Sweep));
+        }
         for (shared, layout) in paths {
             let what =
                 format!("{n} nodes, d = {d}, node {node}, {shared:?}, {layout:?} (seed {seed})");
             let o = opts_in(&case, layout);
-            let plan = forward_plan(&tree, &a, &b, &c, &u, o, shared).unwrap();
-            let fwd = run(
-                &plan,
-                DType::F32,
-                &[&x.u, &coef],
-                kernels_on_cpu::Order::Ascending,
-            );
+            // The first launch meets the pivot (the sweep layout's pivots).
+            let plan = forward_plans(&tree, &a, &b, &c, &u, o, shared).unwrap();
+            let inputs: &[&[f64]] = match plan.len() {
+                1 => &[&x.u, &coef],
+                _ => &[&coef],
+            };
+            let fwd = run(&plan[0], DType::F32, inputs, Order::Ascending);
             assert_eq!(fwd.unwrap().status, 1 + node as i32, "forward, {what}");
-            let plan = backward_plan(&tree, &a, &b, &c, &u, o, shared).unwrap();
-            let bwd = run(
-                &plan,
-                DType::F32,
-                &[&x.u, &coef, &x.u],
-                kernels_on_cpu::Order::Ascending,
-            );
+            let plan = backward_plans(&tree, &a, &b, &c, &u, o, shared).unwrap();
+            let inputs: &[&[f64]] = match plan.len() {
+                1 => &[&x.u, &coef, &x.u],
+                _ => &[&coef],
+            };
+            let bwd = run(&plan[0], DType::F32, inputs, Order::Ascending);
             assert_eq!(bwd.unwrap().status, 1 + node as i32, "backward, {what}");
         }
     }

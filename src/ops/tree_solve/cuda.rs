@@ -40,6 +40,8 @@ pub const SMALL_TREE_BYTES: usize = 48 * 1024;
 
 /// Threads per block of the lanes layout (LANE_THREADS in `kernels/tree_lanes.cu`).
 pub const LANE_THREADS: u32 = 256;
+/// Threads per block of the sweep layout's kernels (SWEEP_THREADS in `kernels/tree_sweep.cu`).
+pub const SWEEP_THREADS: u32 = 512;
 /// The largest blocks the lanes layout takes (LANE_MAX_D in the kernel).
 pub const LANE_MAX_D: usize = 4;
 /// Trees per block the lanes layout may take, widest first.
@@ -129,8 +131,9 @@ impl TreeSolveOp {
         }
     }
 
-    /// The lanes per block when this solve runs in the lanes layout, None for a block per tree.
-    fn lanes(&self, dtype: DType, limits: DeviceLimits) -> Result<Option<u32>> {
+    /// The lanes per block the lanes layout would take ([`lane_choice`]), None where it does
+    /// not take this solve.
+    fn lanes(&self, dtype: DType, limits: DeviceLimits) -> Option<u32> {
         let Dims {
             batch,
             heads,
@@ -138,40 +141,157 @@ impl TreeSolveOp {
             shared,
             ..
         } = self.dims;
-        let layout = self.opts.layout;
-        if d > LANE_MAX_D || layout == TreeLayout::Tree {
-            if layout == TreeLayout::Lanes {
-                bail!(
-                    "tree_solve: the lanes layout takes blocks up to d = {LANE_MAX_D}, not d = {d}"
-                );
-            }
-            return Ok(None);
+        if d > LANE_MAX_D {
+            return None;
         }
         let cap = if shared { batch } else { batch * heads };
-        let lanes = lane_choice(
+        lane_choice(
             limits,
             cap,
             |l| self.lane_blocks(l),
             |l| self.lanes_bytes(dtype, l),
-        );
-        if lanes.is_none() && layout == TreeLayout::Lanes {
-            bail!(
-                "tree_solve: the lanes layout needs two trees in a block's shared memory, {} bytes \
-                 here, but the device grants {}",
+        )
+    }
+
+    /// Bytes of shared memory a tree's right-hand sides take in the sweep layout.
+    fn sweep_bytes(&self, dtype: DType) -> usize {
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        let w = if self.opts.complex { 2 } else { 1 };
+        self.dims.nodes * self.dims.r * acc * w
+    }
+
+    /// Whether the sweep layout takes this solve: scalar blocks in f32 or f64 whose
+    /// right-hand sides fit in a block's shared memory.
+    fn sweeps(&self, dtype: DType, limits: DeviceLimits) -> bool {
+        self.dims.d == 1
+            && matches!(dtype, DType::F32 | DType::F64)
+            && limits.fits_shared(self.sweep_bytes(dtype))
+    }
+
+    /// The layout this solve runs in on a device with `limits`: as asked, an error where that
+    /// layout does not take it; for [`TreeLayout::Auto`] trees across lanes where they fit,
+    /// else the sweep for coefficients shared by the batch, else a block per tree.
+    fn resolve(&self, dtype: DType, limits: DeviceLimits) -> Result<Resolved> {
+        let lanes = self.lanes(dtype, limits);
+        let sweeps = self.sweeps(dtype, limits);
+        Ok(match (self.opts.layout, lanes) {
+            (TreeLayout::Tree, _) => Resolved::Tree,
+            (TreeLayout::Lanes | TreeLayout::Auto, Some(l)) => Resolved::Lanes(l),
+            (TreeLayout::Lanes, None) => bail!(
+                "tree_solve: the lanes layout needs blocks up to d = {LANE_MAX_D} (d = {}) and two \
+                 trees in a block's shared memory ({} bytes here, the device grants {})",
+                self.dims.d,
                 self.lanes_bytes(dtype, 2),
                 limits.shared_per_block
-            );
-        }
-        Ok(lanes)
+            ),
+            (TreeLayout::Sweep, _) if !sweeps => bail!(
+                "tree_solve: the sweep layout needs d = 1 (d = {}), f32 or f64 ({dtype:?}) and a \
+                 tree's right-hand sides in a block's shared memory ({} bytes here, the device \
+                 grants {})",
+                self.dims.d,
+                self.sweep_bytes(dtype),
+                limits.shared_per_block
+            ),
+            (TreeLayout::Sweep, _) => Resolved::Sweep,
+            (TreeLayout::Auto, None) if sweeps && self.dims.shared => Resolved::Sweep,
+            (TreeLayout::Auto, None) => Resolved::Tree,
+        })
     }
 
     /// Coefficient-gradient rows the backward writes per head: one per sample, or for shared
     /// coefficients in the lanes layout one per block of samples.
-    fn gradient_rows(&self, lanes: Option<u32>) -> usize {
-        match (lanes, self.dims.shared) {
-            (Some(l), true) => self.dims.batch.div_ceil(l as usize),
+    fn gradient_rows(&self, layout: Resolved) -> usize {
+        match (layout, self.dims.shared) {
+            (Resolved::Lanes(l), true) => self.dims.batch.div_ceil(l as usize),
             _ => self.dims.batch,
         }
+    }
+
+    fn tables(&self) -> Vec<Vec<u32>> {
+        let table = |v: &[usize]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
+        let tree = &self.tree;
+        vec![
+            table(tree.level_starts()),
+            table(tree.child_starts()),
+            table(tree.parents()),
+        ]
+    }
+
+    /// `tree_pivots`: input coef, output the pivots (3, sets, nodes[, 2]) of T_G or (adjoint)
+    /// T_Gᴴ, a set per head for shared coefficients, else per tree.
+    fn pivots_plan(&self, dtype: DType, adjoint: bool) -> Result<LaunchPlan> {
+        let Dims {
+            batch,
+            heads,
+            nodes,
+            shared,
+            ..
+        } = self.dims;
+        let op = "tree_solve";
+        let sets = if shared { heads } else { batch * heads };
+        let w = if self.opts.complex { 2 } else { 1 };
+        Ok(LaunchPlan {
+            kernel: kernel_name("tree_pivots", dtype, self.opts.complex)?,
+            grid: [int_arg(op, "coefficient sets", sets)? as u32, 1, 1],
+            block: [SWEEP_THREADS, 1, 1],
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::Input(0),
+                KernelArg::Output(0),
+                KernelArg::Table(0),
+                KernelArg::Table(1),
+                KernelArg::Table(2),
+                KernelArg::I32(int_arg(op, "levels", self.tree.levels())?),
+                KernelArg::I32(int_arg(op, "nodes", nodes)?),
+                KernelArg::I32(sets as i32),
+                KernelArg::I32(adjoint as i32),
+                KernelArg::Status,
+            ],
+            outputs: vec![3 * sets * nodes * w],
+            tables: self.tables(),
+            workspace_bytes: 0,
+        })
+    }
+
+    /// `tree_sweep_{pass}` with `inputs` tensor arguments (the pivots second) and `outputs`.
+    fn sweep_plan(
+        &self,
+        pass: &str,
+        dtype: DType,
+        inputs: usize,
+        outputs: Vec<usize>,
+    ) -> Result<LaunchPlan> {
+        let Dims {
+            batch,
+            heads,
+            nodes,
+            r,
+            shared,
+            ..
+        } = self.dims;
+        let op = "tree_solve";
+        let mut args: Vec<KernelArg> = (0..inputs)
+            .map(KernelArg::Input)
+            .chain((0..outputs.len()).map(KernelArg::Output))
+            .chain((0..3).map(KernelArg::Table))
+            .collect();
+        args.push(KernelArg::I32(int_arg(op, "levels", self.tree.levels())?));
+        args.push(KernelArg::I32(int_arg(op, "nodes", nodes)?));
+        args.push(KernelArg::I32(int_arg(op, "r", r)?));
+        args.push(KernelArg::I32(int_arg(op, "heads", heads)?));
+        let trees = int_arg(op, "batch × heads", batch * heads)?;
+        args.push(KernelArg::I32(trees));
+        args.push(KernelArg::I32(shared as i32));
+        Ok(LaunchPlan {
+            kernel: kernel_name(&format!("tree_sweep_{pass}"), dtype, self.opts.complex)?,
+            grid: [trees as u32, 1, 1],
+            block: [SWEEP_THREADS, 1, 1],
+            shared_bytes: self.sweep_bytes(dtype),
+            args,
+            outputs,
+            tables: self.tables(),
+            workspace_bytes: 0,
+        })
     }
 
     /// The lanes-layout launch of `pass` ("fwd" or "bwd").
@@ -210,7 +330,6 @@ impl TreeSolveOp {
         }
         args.push(KernelArg::I32(shared as i32));
         args.push(KernelArg::Status);
-        let table = |v: &[usize]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
         let stem = if d > 1 { "block_" } else { "" };
         Ok(LaunchPlan {
             kernel: kernel_name(
@@ -223,11 +342,7 @@ impl TreeSolveOp {
             shared_bytes: self.lanes_bytes(dtype, lanes),
             args,
             outputs,
-            tables: vec![
-                table(tree.level_starts()),
-                table(tree.child_starts()),
-                table(tree.parents()),
-            ],
+            tables: self.tables(),
             workspace_bytes: 0,
         })
     }
@@ -239,6 +354,7 @@ impl TreeSolveOp {
         pass: &str,
         dtype: DType,
         limits: DeviceLimits,
+        layout: Resolved,
         inputs: usize,
         outputs: Vec<usize>,
     ) -> Result<LaunchPlan> {
@@ -250,8 +366,10 @@ impl TreeSolveOp {
             r,
             shared: shared_coef,
         } = self.dims;
-        if let Some(lanes) = self.lanes(dtype, limits)? {
-            return self.lanes_plan(pass, dtype, lanes, inputs, outputs);
+        match layout {
+            Resolved::Lanes(lanes) => return self.lanes_plan(pass, dtype, lanes, inputs, outputs),
+            Resolved::Sweep => return self.sweep_plan(pass, dtype, inputs, outputs),
+            Resolved::Tree => {}
         }
         let op = "tree_solve";
         let trees = int_arg(op, "batch × heads", batch * heads)?;
@@ -329,28 +447,87 @@ impl TreeSolveOp {
         batch * heads * nodes * d * r * if self.opts.complex { 2 } else { 1 }
     }
 
-    /// `tree_fwd`: inputs (u, coef = [A; B; C]), output x.
-    fn forward_plan(&self, dtype: DType, limits: DeviceLimits) -> Result<LaunchPlan> {
-        self.plan("fwd", dtype, limits, 2, vec![self.rhs_len()])
+    /// The forward's launches: `tree_fwd` (or `tree_block_fwd`, `tree_lanes_fwd`, ...), inputs
+    /// (u, coef = [A; B; C]), output x; or in the sweep layout `tree_pivots` (input coef,
+    /// output the pivots) and `tree_sweep_fwd` (inputs u and the pivots, output x).
+    fn forward_plans(&self, dtype: DType, limits: DeviceLimits) -> Result<Vec<LaunchPlan>> {
+        let layout = self.resolve(dtype, limits)?;
+        let x = vec![self.rhs_len()];
+        Ok(match layout {
+            Resolved::Sweep => vec![
+                self.pivots_plan(dtype, false)?,
+                self.plan("fwd", dtype, limits, layout, 2, x)?,
+            ],
+            _ => vec![self.plan("fwd", dtype, limits, layout, 2, x)?],
+        })
     }
 
-    /// `tree_bwd`: inputs (∂x, coef, x), outputs ∂u and the coefficient gradients
+    /// The backward's launches: inputs (∂x, coef, x), outputs ∂u and the coefficient gradients
     /// (3, rows, heads, nodes, d, d[, 2]), a row per sample or ([`Self::gradient_rows`]) per
-    /// block of samples.
-    fn backward_plan(&self, dtype: DType, limits: DeviceLimits) -> Result<LaunchPlan> {
+    /// block of samples; in the sweep layout the adjoint's pivots first, which replace coef.
+    fn backward_plans(&self, dtype: DType, limits: DeviceLimits) -> Result<Vec<LaunchPlan>> {
         let Dims {
             heads, nodes, d, ..
         } = self.dims;
+        let layout = self.resolve(dtype, limits)?;
         let w = if self.opts.complex { 2 } else { 1 };
-        let rows = self.gradient_rows(self.lanes(dtype, limits)?);
-        let dcoef = 3 * rows * heads * nodes * d * d * w;
-        self.plan("bwd", dtype, limits, 3, vec![self.rhs_len(), dcoef])
+        let dcoef = 3 * self.gradient_rows(layout) * heads * nodes * d * d * w;
+        let outputs = vec![self.rhs_len(), dcoef];
+        Ok(match layout {
+            Resolved::Sweep => vec![
+                self.pivots_plan(dtype, true)?,
+                self.plan("bwd", dtype, limits, layout, 3, outputs)?,
+            ],
+            _ => vec![self.plan("bwd", dtype, limits, layout, 3, outputs)?],
+        })
     }
 }
 
-/// The launch that `tree_solve(tree, a, b, c, u, opts)` makes on a GPU with `limits`. Its
-/// inputs are (u, coef) with coef = [a; b; c] stacked on a new first axis; its output is x. The
-/// status word is 1 + the first node with a bad pivot, or 0.
+/// The layout a solve runs in ([`TreeSolveOp::resolve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resolved {
+    Tree,
+    Lanes(u32),
+    Sweep,
+}
+
+/// The launches that `tree_solve(tree, a, b, c, u, opts)` makes on a GPU with `limits`, in
+/// order: one, whose inputs are (u, coef) with coef = [a; b; c] stacked on a new first axis and
+/// whose output is x; or in the sweep layout two, `tree_pivots` (input coef, output the
+/// pivots) and `tree_sweep_fwd` (inputs u and those pivots, output x). The status word is
+/// 1 + the first node with a bad pivot, or 0.
+pub fn forward_plans(
+    tree: &Tree,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    u: &Tensor,
+    opts: TreeSolveOptions,
+    limits: DeviceLimits,
+) -> Result<Vec<LaunchPlan>> {
+    let dims = check_args(tree, a, b, c, u, opts)?;
+    TreeSolveOp::new(tree, dims, opts).forward_plans(u.dtype(), limits)
+}
+
+/// The launches of the backward of `tree_solve` on a GPU with `limits`: one, whose inputs are
+/// (∂x, coef, x) and whose outputs are ∂u and the coefficient gradients, (3, rows, heads,
+/// nodes, d, d[, 2]) with a row per sample, or for shared coefficients in the lanes layout per
+/// block of samples (the op sums the rows for shared coefficients); or in the sweep layout the
+/// adjoint's pivots first, which take coef's place in the second launch's inputs.
+pub fn backward_plans(
+    tree: &Tree,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    x: &Tensor,
+    opts: TreeSolveOptions,
+    limits: DeviceLimits,
+) -> Result<Vec<LaunchPlan>> {
+    let dims = check_args(tree, a, b, c, x, opts)?;
+    TreeSolveOp::new(tree, dims, opts).backward_plans(x.dtype(), limits)
+}
+
+/// The one launch of [`forward_plans`], for the layouts that take one.
 pub fn forward_plan(
     tree: &Tree,
     a: &Tensor,
@@ -360,14 +537,10 @@ pub fn forward_plan(
     opts: TreeSolveOptions,
     limits: DeviceLimits,
 ) -> Result<LaunchPlan> {
-    let dims = check_args(tree, a, b, c, u, opts)?;
-    TreeSolveOp::new(tree, dims, opts).forward_plan(u.dtype(), limits)
+    one(forward_plans(tree, a, b, c, u, opts, limits)?)
 }
 
-/// The launch of the backward of `tree_solve` on a GPU with `limits`. Its inputs are
-/// (∂x, coef, x); its outputs ∂u and the coefficient gradients, (3, rows, heads, nodes, d,
-/// d[, 2]) with a row per sample, or for shared coefficients in the lanes layout per block of
-/// samples (the op sums the rows for shared coefficients).
+/// The one launch of [`backward_plans`], for the layouts that take one.
 pub fn backward_plan(
     tree: &Tree,
     a: &Tensor,
@@ -377,8 +550,14 @@ pub fn backward_plan(
     opts: TreeSolveOptions,
     limits: DeviceLimits,
 ) -> Result<LaunchPlan> {
-    let dims = check_args(tree, a, b, c, x, opts)?;
-    TreeSolveOp::new(tree, dims, opts).backward_plan(x.dtype(), limits)
+    one(backward_plans(tree, a, b, c, x, opts, limits)?)
+}
+
+fn one(mut plans: Vec<LaunchPlan>) -> Result<LaunchPlan> {
+    match plans.len() {
+        1 => Ok(plans.remove(0)),
+        n => bail!("tree_solve: this layout takes {n} launches, not one"),
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -391,7 +570,7 @@ mod launch {
     use candle_core::{bail, CudaStorage, Layout, Result, Storage, Tensor};
 
     use super::super::TreeSolveOp;
-    use crate::cuda::{self, Module, TREE_LANES, TREE_SOLVE};
+    use crate::cuda::{self, Module, TREE_LANES, TREE_SOLVE, TREE_SWEEP};
     use crate::ops::plan::LaunchPlan;
 
     /// The module of a plan's kernel: `kernels/tree_lanes.cu` or `kernels/tree_solve.cu`.
@@ -407,10 +586,15 @@ mod launch {
         u: (&CudaStorage, &Layout),
         coef: (&CudaStorage, &Layout),
     ) -> Result<CudaStorage> {
-        let dev = u.0.device();
-        let plan = op.forward_plan(u.0.dtype(), cuda::limits(dev)?)?;
-        let mut out = cuda::launch(dev, module(&plan), &plan, u.0.dtype(), &[u, coef])?;
-        Ok(out.remove(0))
+        let (dev, dt) = (u.0.device(), u.0.dtype());
+        let plans = op.forward_plans(dt, cuda::limits(dev)?)?;
+        let [pivots, sweep] = &plans[..] else {
+            let plan = &plans[0];
+            return Ok(cuda::launch(dev, module(plan), plan, dt, &[u, coef])?.remove(0));
+        };
+        let piv = cuda::launch(dev, TREE_SWEEP, pivots, dt, &[coef])?.remove(0);
+        let piv_l = Layout::contiguous(pivots.outputs[0]);
+        Ok(cuda::launch(dev, TREE_SWEEP, sweep, dt, &[u, (&piv, &piv_l)])?.remove(0))
     }
 
     pub(in crate::ops::tree_solve) fn backward(
@@ -428,9 +612,20 @@ mod launch {
             };
             inputs.push((s, *l));
         }
-        let dev = inputs[0].0.device().clone();
-        let plan = op.backward_plan(g.dtype(), cuda::limits(&dev)?)?;
-        let out = cuda::launch(&dev, module(&plan), &plan, g.dtype(), &inputs)?;
+        let (dev, dt) = (inputs[0].0.device().clone(), g.dtype());
+        let plans = op.backward_plans(dt, cuda::limits(&dev)?)?;
+        let (plan, out) = match &plans[..] {
+            [pivots, sweep] => {
+                let piv = cuda::launch(&dev, TREE_SWEEP, pivots, dt, &[inputs[1]])?.remove(0);
+                let piv_l = Layout::contiguous(pivots.outputs[0]);
+                let ins = [inputs[0], (&piv, &piv_l), inputs[2]];
+                (sweep, cuda::launch(&dev, TREE_SWEEP, sweep, dt, &ins)?)
+            }
+            _ => (
+                &plans[0],
+                cuda::launch(&dev, module(&plans[0]), &plans[0], dt, &inputs)?,
+            ),
+        };
         let dims = op.dims;
         let tail: &[usize] = if op.opts.complex { &[2] } else { &[] };
         let w = if op.opts.complex { 2 } else { 1 };

@@ -59,7 +59,8 @@ pub struct TreeSolveOptions {
 #[serde(rename_all = "lowercase")]
 pub enum TreeLayout {
     /// Trees across lanes where two trees' state fits in a block's shared memory (blocks up
-    /// to 4 × 4), else a block per tree.
+    /// to 4 × 4); else, for coefficients shared by the batch, the sweep where a tree's
+    /// right-hand sides fit; else a block per tree.
     #[default]
     Auto,
     /// A block of threads per tree (`tree_fwd`, `tree_block_fwd`).
@@ -67,6 +68,10 @@ pub enum TreeLayout {
     /// Trees across lanes (`tree_lanes_fwd`, `tree_lanes_block_fwd`); an error where it does
     /// not fit.
     Lanes,
+    /// The pivots of each coefficient set eliminated once, then a sweep per tree with its
+    /// right-hand sides in shared memory (`tree_pivots`, `tree_sweep_fwd`): d = 1, f32 and f64;
+    /// an error where it does not fit.
+    Sweep,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

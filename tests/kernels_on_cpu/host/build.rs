@@ -16,6 +16,7 @@ fn main() {
             "src/scan.cpp",
             "src/tree_solve.cpp",
             "src/tree_lanes.cpp",
+            "src/tree_sweep.cpp",
             "src/head_solve.cpp",
             "src/dropout.cpp",
             "src/adamw.cpp",

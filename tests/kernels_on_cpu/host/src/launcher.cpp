@@ -44,6 +44,7 @@ static constexpr unsigned char POISON = 0xff; // NaN in every float format
 const KernelEntry *scan_kernels(size_t *n);
 const KernelEntry *tree_solve_kernels(size_t *n);
 const KernelEntry *tree_lanes_kernels(size_t *n);
+const KernelEntry *tree_sweep_kernels(size_t *n);
 const KernelEntry *head_solve_kernels(size_t *n);
 const KernelEntry *dropout_kernels(size_t *n);
 const KernelEntry *adamw_kernels(size_t *n);
@@ -59,11 +60,11 @@ const KernelEntry *cross_entropy_kernels(size_t *n);
 
 static std::vector<const KernelEntry *> registry() {
     std::vector<const KernelEntry *> all;
-    for (auto list : {scan_kernels, tree_solve_kernels, tree_lanes_kernels, head_solve_kernels,
-                      dropout_kernels, adamw_kernels, gelu_kernels, layer_norm_kernels,
-                      channel_kernels, batch_norm_kernels, s5_discretize_kernels,
-                      s5_readout_kernels, epilogue_kernels, masked_mean_kernels,
-                      cross_entropy_kernels}) {
+    for (auto list : {scan_kernels, tree_solve_kernels, tree_lanes_kernels, tree_sweep_kernels,
+                      head_solve_kernels, dropout_kernels, adamw_kernels, gelu_kernels,
+                      layer_norm_kernels, channel_kernels, batch_norm_kernels,
+                      s5_discretize_kernels, s5_readout_kernels, epilogue_kernels,
+                      masked_mean_kernels, cross_entropy_kernels}) {
         size_t n = 0;
         const KernelEntry *e = list(&n);
         for (size_t i = 0; i < n; ++i) all.push_back(e + i);

@@ -1,0 +1,219 @@
+// The Myo tree solve x = T_G^-1 u for scalar blocks (d = 1) in two launches, for trees too large
+// for tree_lanes.cu: `tree_pivots` eliminates the pivots of each coefficient set once (a head's,
+// shared by the batch), then `tree_sweep_fwd` solves each tree with its right-hand sides in
+// shared memory and the pivots read from global memory, where the samples of a head share them
+// (Path-X's 16,384-leaf trees: 128 KiB of right-hand sides per tree in f32, 384 KiB of pivots
+// per head). The operations per node and their order are the CPU twin's
+// (src/ops/tree_solve/levels.rs: `pivots`, then `sweep`). f32 and f64: the pivots are kept in
+// the storage type.
+//
+// A singular or non-finite pivot sets *status to 1 + node (first one wins).
+#include "values.cuh"
+
+// Threads per block of both kernels, compiled for 2 resident blocks per SM (at most 64
+// registers): with no minimum, ptxas kept the sweeps to 32 registers and spilled on sm_70 and
+// sm_90.
+#define SWEEP_THREADS 512
+
+struct SweepTree {
+    const int *level_start; // levels + 1
+    const int *child_start; // nodes + 1
+    const int *parent;      // nodes (the root is its own parent)
+    int levels, nodes;
+};
+
+// Per coefficient set (block), the pivots of T_G or (adjoint) T_G^H, piv = [inv; bh; dn], each
+// (sets, nodes): inv[v] = Â_v^-1, bh[v] = B̂_v = (0 - B'_v) Â_v^-1, dn[v] = C'_v, with
+// Â_p = A'_p + Σ_c C'_c B̂_c over the children in order. coef = [A; B; C], each (sets, nodes);
+// the adjoint reads A' = conj(A), B' = conj(C), C' = conj(B).
+template <typename T, typename O>
+__device__ void tree_pivots(const T *coef, T *piv, const SweepTree &g, int sets, int adjoint,
+                            int *status) {
+    typedef typename O::V V;
+    const int n = g.nodes, s = blockIdx.x;
+    const i64 set = (i64)sets * n, o = (i64)s * n;
+    const i64 up = adjoint ? 2 * set : set, down = adjoint ? set : 2 * set;
+    auto read = [&](i64 base, int v) {
+        const V x = O::load(coef, base + o + v);
+        return adjoint ? O::conj(x) : x;
+    };
+    // inv holds Â until a node is eliminated, bh holds B' until then.
+    for (int v = threadIdx.x; v < n; v += blockDim.x) {
+        O::store(piv, o + v, read(0, v));
+        O::store(piv, set + o + v, read(up, v));
+        O::store(piv, 2 * set + o + v, read(down, v));
+    }
+    __syncthreads();
+    for (int k = 1; k < g.levels; ++k) {
+        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
+            V ap = O::load(piv, o + p);
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const V ac = O::load(piv, o + c);
+                if (!pivot_ok(ac)) atomicCAS(status, 0, 1 + c);
+                const V inv = O::inv(ac);
+                const V bh = O::mul(O::sub(O::zero(), O::load(piv, set + o + c)), inv);
+                O::store(piv, o + c, inv);
+                O::store(piv, set + o + c, bh);
+                ap = O::add(ap, O::mul(O::load(piv, 2 * set + o + c), bh));
+            }
+            O::store(piv, o + p, ap);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const V ar = O::load(piv, o + n - 1);
+        if (!pivot_ok(ar)) atomicCAS(status, 0, n);
+        O::store(piv, o + n - 1, O::inv(ar));
+    }
+}
+
+// The sweep of tree t with the pivots of its coefficient set at piv + o: uh (n * r, in shared
+// memory) holds its right-hand sides on entry and x (or λ) on return. Upward,
+// û_c = ũ_c Â_c^-1 and ũ_p -= C'_c û_c; the root's x = ũ Â^-1; downward, x_c = û_c + B̂_c x_p.
+template <typename T, typename O>
+__device__ __forceinline__ void sweep(const SweepTree &g, int r, const T *piv, i64 set, i64 o,
+                                      typename O::V *uh) {
+    typedef typename O::V V;
+    for (int k = 1; k < g.levels; ++k) {
+        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const V inv = O::load(piv, o + c), dn = O::load(piv, 2 * set + o + c);
+                for (int j = 0; j < r; ++j) {
+                    const V uc = O::mul(uh[c * r + j], inv);
+                    uh[c * r + j] = uc;
+                    uh[p * r + j] = O::sub(uh[p * r + j], O::mul(dn, uc));
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const int root = g.nodes - 1;
+    if (threadIdx.x == 0) {
+        const V inv = O::load(piv, o + root);
+        for (int j = 0; j < r; ++j) uh[root * r + j] = O::mul(uh[root * r + j], inv);
+    }
+    __syncthreads();
+    for (int k = g.levels - 1; k >= 1; --k) {
+        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const V bh = O::load(piv, set + o + c);
+                for (int j = 0; j < r; ++j)
+                    uh[c * r + j] = O::add(uh[c * r + j], O::mul(bh, uh[p * r + j]));
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Loads tree t's n * r right-hand sides into uh, each thread issuing 32 bytes of loads before
+// its first store (see batched_copy in tree_solve.cu).
+template <typename T, typename O>
+__device__ __forceinline__ void sweep_load(const T *rhs, i64 r0, int len, typename O::V *uh) {
+    typedef typename O::V V;
+    constexpr int loads = sizeof(V) >= 16 ? 1 : 32 / sizeof(V);
+    for (int base = threadIdx.x; base < len; base += loads * blockDim.x) {
+        V x[loads];
+#pragma unroll
+        for (int q = 0; q < loads; ++q) {
+            const int i = base + q * blockDim.x;
+            if (i < len) x[q] = O::load(rhs, r0 + i);
+        }
+#pragma unroll
+        for (int q = 0; q < loads; ++q) {
+            const int i = base + q * blockDim.x;
+            if (i < len) uh[i] = x[q];
+        }
+    }
+    __syncthreads();
+}
+
+template <typename V> __device__ __forceinline__ V *sweep_workspace() {
+    extern __shared__ __align__(16) unsigned char smem[];
+    return reinterpret_cast<V *>(smem);
+}
+
+// x = T_G^-1 u for the trees blockIdx.x, blockIdx.x + gridDim.x, ...; piv from `tree_pivots`
+// (sets = heads for shared coefficients, else trees).
+template <typename T, typename O>
+__device__ void tree_sweep_fwd(const T *u, const T *piv, T *x, const SweepTree &g, int r,
+                               int heads, int trees, int shared_coef) {
+    typedef typename O::V V;
+    V *uh = sweep_workspace<V>();
+    const int nr = g.nodes * r;
+    const i64 set = (i64)(shared_coef ? heads : trees) * g.nodes;
+    for (int t = blockIdx.x; t < trees; t += gridDim.x) {
+        sweep_load<T, O>(u, (i64)t * nr, nr, uh);
+        sweep<T, O>(g, r, piv, set, (i64)(shared_coef ? t % heads : t) * g.nodes, uh);
+        for (int i = threadIdx.x; i < nr; i += blockDim.x) O::store(x, (i64)t * nr + i, uh[i]);
+        __syncthreads();
+    }
+}
+
+// Backward, with the adjoint's pivots: λ = T_G^-H ∂x, ∂u = λ, and per tree
+// ∂A_v = -Σ_r λ_v conj(x_v), ∂B_v = -Σ_r λ_v conj(x_parent), ∂C_v = -Σ_r λ_parent conj(x_v)
+// (zero at the root) as (3, trees, nodes), as tree_solve.cu's tree_bwd writes them.
+template <typename T, typename O>
+__device__ void tree_sweep_bwd(const T *gx, const T *piv, const T *x, T *du, T *dcoef,
+                               const SweepTree &g, int r, int heads, int trees, int shared_coef) {
+    typedef typename O::V V;
+    V *lam = sweep_workspace<V>();
+    const int n = g.nodes, nr = n * r, root = n - 1;
+    const i64 set = (i64)(shared_coef ? heads : trees) * n, dset = (i64)trees * n;
+    for (int t = blockIdx.x; t < trees; t += gridDim.x) {
+        const i64 x0 = (i64)t * nr;
+        sweep_load<T, O>(gx, x0, nr, lam);
+        sweep<T, O>(g, r, piv, set, (i64)(shared_coef ? t % heads : t) * n, lam);
+        for (int i = threadIdx.x; i < nr; i += blockDim.x) O::store(du, x0 + i, lam[i]);
+        for (int v = threadIdx.x; v < n; v += blockDim.x) {
+            const int p = g.parent[v];
+            V da = O::zero(), db = O::zero(), dc = O::zero();
+            for (int j = 0; j < r; ++j) {
+                const V xv = O::conj(O::load(x, x0 + v * r + j));
+                da = O::add(da, O::mul(lam[v * r + j], xv));
+                if (v != root) {
+                    db = O::add(db, O::mul(lam[v * r + j], O::conj(O::load(x, x0 + p * r + j))));
+                    dc = O::add(dc, O::mul(lam[p * r + j], xv));
+                }
+            }
+            const i64 d0 = (i64)t * n + v;
+            O::store(dcoef, d0, O::sub(O::zero(), da));
+            O::store(dcoef, dset + d0, O::sub(O::zero(), db));
+            O::store(dcoef, 2 * dset + d0, O::sub(O::zero(), dc));
+        }
+        __syncthreads();
+    }
+}
+
+#define SWEEP_KERNELS(SUFFIX, T, OPS)                                                           \
+    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                                 \
+        tree_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,                    \
+                             const int *child_start, const int *parent, int levels, int nodes, \
+                             int sets, int adjoint, int *status) {                             \
+        const SweepTree g{level_start, child_start, parent, levels, nodes};                    \
+        tree_pivots<T, OPS>(coef, piv, g, sets, adjoint, status);                              \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                                 \
+        tree_sweep_fwd_##SUFFIX(const T *u, const T *piv, T *x, const int *level_start,        \
+                                const int *child_start, const int *parent, int levels,          \
+                                int nodes, int r, int heads, int trees, int shared_coef) {      \
+        const SweepTree g{level_start, child_start, parent, levels, nodes};                    \
+        tree_sweep_fwd<T, OPS>(u, piv, x, g, r, heads, trees, shared_coef);                    \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                                 \
+        tree_sweep_bwd_##SUFFIX(const T *gx, const T *piv, const T *x, T *du, T *dcoef,        \
+                                const int *level_start, const int *child_start,                 \
+                                const int *parent, int levels, int nodes, int r, int heads,     \
+                                int trees, int shared_coef) {                                   \
+        const SweepTree g{level_start, child_start, parent, levels, nodes};                    \
+        tree_sweep_bwd<T, OPS>(gx, piv, x, du, dcoef, g, r, heads, trees, shared_coef);        \
+    }
+
+// f32 and f64, real and complex (the host harness in tests/kernels_on_cpu registers the same
+// list).
+#define SWEEP_DTYPES(X) \
+    X(f32, float, RealOps<float>) \
+    X(f32_c, float, ComplexOps<float>) \
+    X(f64, double, RealOps<double>) \
+    X(f64_c, double, ComplexOps<double>)
+
+SWEEP_DTYPES(SWEEP_KERNELS)
