@@ -20,6 +20,12 @@
 //! lane) A', B' (then B̂) and C' (n·d² values each), and per lane n·d·r right-hand sides, each
 //! lane's array at an odd stride.
 //! [`TreeLayout::Auto`] takes it when two trees or more fit ([`lane_choice`]).
+//!
+//! The sweep (`tree_pivots`, then `tree_sweep_fwd`/`tree_sweep_bwd`, `kernels/tree_sweep.cu`),
+//! for scalar blocks in f32 and f64: the pivots of each coefficient set eliminated once into a
+//! global buffer, then a block of [`SWEEP_THREADS`] per tree with only its n·r right-hand sides
+//! in shared memory. Auto takes it for coefficients shared by the batch where the lanes do not
+//! fit (Path-X's trees), so the samples of a head share one set of pivots.
 
 use candle_core::{bail, DType, Result, Tensor};
 
