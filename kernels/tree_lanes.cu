@@ -19,7 +19,7 @@
 // gradient row per block, not per sample.
 //
 // A singular or non-finite pivot sets *status to 1 + node (first one wins).
-#include "block_lu.cuh"
+#include "tree_steps.cuh"
 #include "values.cuh"
 
 // Threads per block (lanes * rows), and resident blocks per SM the kernels are compiled for.
@@ -217,16 +217,10 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
         for (int l = first; l < first + per; ++l) {
             const int t = g.tree(l);
             if (t < 0) break;
-            const V *lv = lam + l * su;
+            const V *lt = lam + l * su;
             const i64 x0 = (i64)t * n * r;
-            for (int j = 0; j < r; ++j) {
-                const V xv = O::conj(O::load(x, x0 + v * r + j));
-                da = O::add(da, O::mul(lv[v * r + j], xv));
-                if (v != root) {
-                    db = O::add(db, O::mul(lv[v * r + j], O::conj(O::load(x, x0 + p * r + j))));
-                    dc = O::add(dc, O::mul(lv[p * r + j], xv));
-                }
-            }
+            add_gradient_terms<T, O>(lt + v * r, lt + p * r, x, x0 + v * r, x0 + p * r, r,
+                                     v == root, da, db, dc);
         }
         const int t = g.tree(first);
         if (t < 0) continue;
@@ -324,19 +318,8 @@ __device__ void lanes_block_solve(const LaneTrees &g, int d, const T *coef, cons
     for (int k = g.levels - 1; k >= 1; --k) {
         for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
              p += blockDim.y) {
-            const V *xp = u + p * dr;
-            for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch) {
-                const V *bc = b + ch * dd;
-                V *xc = u + ch * dr;
-                for (int i = 0; i < d; ++i) {
-                    for (int j = 0; j < r; ++j) {
-                        V s = xc[i * r + j];
-                        for (int q = 0; q < d; ++q)
-                            s = O::add(O::mul(bc[i * d + q], xp[q * r + j]), s);
-                        xc[i * r + j] = s;
-                    }
-                }
-            }
+            for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch)
+                block_push_down<O>(b + ch * dd, u + p * dr, u + ch * dr, d, r);
         }
         __syncthreads();
     }
@@ -379,16 +362,11 @@ __device__ void tree_lanes_block_bwd(const T *gx, const T *coef, const T *x, T *
         for (int l = first; l < first + per; ++l) {
             const int t = g.tree(l);
             if (t < 0) break;
-            const V *lv = lam + l * su + (v * d + i) * r, *lp = lam + l * su + (p * d + i) * r;
-            const i64 xv = (i64)t * n * dr + (v * d + j) * r, xp = (i64)t * n * dr + (p * d + j) * r;
-            for (int q = 0; q < r; ++q) {
-                const V xvq = O::conj(O::load(x, xv + q));
-                da = O::add(O::mul(lv[q], xvq), da);
-                if (v != root) {
-                    db = O::add(O::mul(lv[q], O::conj(O::load(x, xp + q))), db);
-                    dc = O::add(O::mul(lp[q], xvq), dc);
-                }
-            }
+            const V *lt = lam + l * su;
+            const i64 x0 = (i64)t * n * dr;
+            add_gradient_terms<T, O>(lt + (v * d + i) * r, lt + (p * d + i) * r, x,
+                                     x0 + (v * d + j) * r, x0 + (p * d + j) * r, r, v == root,
+                                     da, db, dc);
         }
         const int t = g.tree(first);
         if (t < 0) continue;

@@ -16,7 +16,7 @@
 //
 // A singular or non-finite pivot sets *status to 1 + node (first one wins); the host reads it
 // when it next synchronises and turns it into an error.
-#include "block_lu.cuh"
+#include "tree_steps.cuh"
 #include "values.cuh"
 
 // Threads per block, at most: the host launches scalar-block trees whose state fits in shared
@@ -221,14 +221,8 @@ __device__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef
     for (int v = threadIdx.x; v < g.nodes; v += blockDim.x) {
         const int p = g.parent[v];
         V da = O::zero(), db = O::zero(), dc = O::zero();
-        for (int j = 0; j < r; ++j) {
-            const V xv = O::conj(O::load(x, x0 + v * r + j));
-            da = O::add(da, O::mul(lam[v * r + j], xv));
-            if (v != root) {
-                db = O::add(db, O::mul(lam[v * r + j], O::conj(O::load(x, x0 + p * r + j))));
-                dc = O::add(dc, O::mul(lam[p * r + j], xv));
-            }
-        }
+        add_gradient_terms<T, O>(lam + v * r, lam + p * r, x, x0 + v * r, x0 + p * r, r,
+                                 v == root, da, db, dc);
         O::store(dcoef, d0 + v, O::sub(O::zero(), da));
         O::store(dcoef, set + d0 + v, O::sub(O::zero(), db));
         O::store(dcoef, 2 * set + d0 + v, O::sub(O::zero(), dc));
@@ -320,19 +314,8 @@ __device__ void tree_block_solve(const TreeGeometry &g, int d, const BlockCoefs<
     // Downward: x_c = û_c + B̂_c x_p.
     for (int k = g.levels - 1; k >= 1; --k) {
         for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += blockDim.x) {
-            const V *xp = uh + (i64)p * dr;
-            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V *bc = ab + (i64)c * dd;
-                V *xc = uh + (i64)c * dr;
-                for (int i = 0; i < d; ++i) {
-                    for (int j = 0; j < r; ++j) {
-                        V s = xc[i * r + j];
-                        for (int l = 0; l < d; ++l)
-                            s = O::add(O::mul(bc[i * d + l], xp[l * r + j]), s);
-                        xc[i * r + j] = s;
-                    }
-                }
-            }
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c)
+                block_push_down<O>(ab + (i64)c * dd, uh + (i64)p * dr, uh + (i64)c * dr, d, r);
         }
         __syncthreads();
     }
@@ -354,15 +337,6 @@ __device__ void tree_block_fwd(const T *u, const T *coef, T *x, const TreeGeomet
     const i64 len = (i64)g.nodes * d * g.r, x0 = (i64)tree * len;
     tree_block_solve<T, O, false>(g, d, cf, u, x0, ab, uh, lu, status);
     for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(x, x0 + e, uh[e]);
-}
-
-// -Σ_k λ[k] conj(x[x0 + k]) over the r right-hand sides: one entry of a gradient block.
-template <typename T, typename O>
-__device__ __forceinline__ typename O::V block_outer(const typename O::V *lam, const T *x, i64 x0,
-                                                     int r) {
-    typename O::V s = O::zero();
-    for (int k = 0; k < r; ++k) s = O::add(O::mul(lam[k], O::conj(O::load(x, x0 + k))), s);
-    return O::sub(O::zero(), s);
 }
 
 // Backward: λ = T_G^-H ∂x, ∂u = λ, and per tree the blocks ∂A_v = -Σ_r λ_v x_v^H,
@@ -387,9 +361,11 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
         const int v = (int)(e / dd), i = (int)(e % dd) / d, j = (int)(e % d), p = g.parent[v];
         const V *lv = lam + ((i64)v * d + i) * r, *lp = lam + ((i64)p * d + i) * r;
         const i64 xv = x0 + ((i64)v * d + j) * r, xp = x0 + ((i64)p * d + j) * r;
-        O::store(dcoef, d0 + e, block_outer<T, O>(lv, x, xv, r));
-        O::store(dcoef, set + d0 + e, v == root ? O::zero() : block_outer<T, O>(lv, x, xp, r));
-        O::store(dcoef, 2 * set + d0 + e, v == root ? O::zero() : block_outer<T, O>(lp, x, xv, r));
+        V da = O::zero(), db = O::zero(), dc = O::zero();
+        add_gradient_terms<T, O>(lv, lp, x, xv, xp, r, v == root, da, db, dc);
+        O::store(dcoef, d0 + e, O::sub(O::zero(), da));
+        O::store(dcoef, set + d0 + e, O::sub(O::zero(), db));
+        O::store(dcoef, 2 * set + d0 + e, O::sub(O::zero(), dc));
     }
 }
 

@@ -8,6 +8,7 @@
 // the storage type.
 //
 // A singular or non-finite pivot sets *status to 1 + node (first one wins).
+#include "tree_steps.cuh"
 #include "values.cuh"
 
 // Threads per block of both kernels, compiled for 2 resident blocks per SM (at most 64
@@ -167,14 +168,8 @@ __device__ void tree_sweep_bwd(const T *gx, const T *piv, const T *x, T *du, T *
         for (int v = threadIdx.x; v < n; v += blockDim.x) {
             const int p = g.parent[v];
             V da = O::zero(), db = O::zero(), dc = O::zero();
-            for (int j = 0; j < r; ++j) {
-                const V xv = O::conj(O::load(x, x0 + v * r + j));
-                da = O::add(da, O::mul(lam[v * r + j], xv));
-                if (v != root) {
-                    db = O::add(db, O::mul(lam[v * r + j], O::conj(O::load(x, x0 + p * r + j))));
-                    dc = O::add(dc, O::mul(lam[p * r + j], xv));
-                }
-            }
+            add_gradient_terms<T, O>(lam + v * r, lam + p * r, x, x0 + v * r, x0 + p * r, r,
+                                     v == root, da, db, dc);
             const i64 d0 = (i64)t * n + v;
             O::store(dcoef, d0, O::sub(O::zero(), da));
             O::store(dcoef, dset + d0, O::sub(O::zero(), db));

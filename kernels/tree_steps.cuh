@@ -1,6 +1,6 @@
-// The d x d LU solve with partial pivoting that the block tree solves (tree_solve.cu,
-// tree_lanes.cu) run per Schur step, in the order of operations of the CPU twin
-// (src/ops/tree_solve/blocked.rs).
+// The per-node steps the tree-solve kernels share (tree_solve.cu, tree_lanes.cu,
+// tree_sweep.cu), in the order of operations of the CPU twins (src/ops/tree_solve/levels.rs,
+// blocked.rs).
 #pragma once
 #include "values.cuh"
 
@@ -46,4 +46,38 @@ __device__ __forceinline__ bool lu_solve(typename O::V *m, typename O::V *r1, in
         }
     }
     return true;
+}
+
+// x_c = û_c + B̂_c x_p for d x d blocks: bc (d x d), xp and xc (d x r), row-major.
+template <typename O>
+__device__ __forceinline__ void block_push_down(const typename O::V *bc, const typename O::V *xp,
+                                                typename O::V *xc, int d, int r) {
+    typedef typename O::V V;
+    for (int i = 0; i < d; ++i) {
+        for (int j = 0; j < r; ++j) {
+            V s = xc[i * r + j];
+            for (int l = 0; l < d; ++l) s = O::add(O::mul(bc[i * d + l], xp[l * r + j]), s);
+            xc[i * r + j] = s;
+        }
+    }
+}
+
+// One entry's terms of the coefficient gradients over the r right-hand sides, added in order:
+// da += λ_v conj(x_v) and, unless v is the root, db += λ_v conj(x_parent),
+// dc += λ_parent conj(x_v). lv and lp are λ's r values of the entry's row at v and at the
+// parent; x's r values of its column are at xv and xp.
+template <typename T, typename O>
+__device__ __forceinline__ void add_gradient_terms(const typename O::V *lv,
+                                                   const typename O::V *lp, const T *x, i64 xv,
+                                                   i64 xp, int r, bool root, typename O::V &da,
+                                                   typename O::V &db, typename O::V &dc) {
+    typedef typename O::V V;
+    for (int j = 0; j < r; ++j) {
+        const V xvj = O::conj(O::load(x, xv + j));
+        da = O::add(da, O::mul(lv[j], xvj));
+        if (!root) {
+            db = O::add(db, O::mul(lv[j], O::conj(O::load(x, xp + j))));
+            dc = O::add(dc, O::mul(lp[j], xvj));
+        }
+    }
 }
