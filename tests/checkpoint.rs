@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
@@ -10,11 +10,8 @@ use common::{randn, to_vec};
 use myosotis::nn::{S5Config, S5};
 use myosotis::train::checkpoint::{load_into, read, save, save_tensors, CONFIG_KEY, FORMAT_KEY};
 
-fn dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-ckpt-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn dir(test: &str) -> common::Scratch {
+    common::scratch(&format!("ckpt-{test}"))
 }
 
 fn cfg() -> S5Config {

@@ -143,8 +143,7 @@ fn every_parameter_gets_a_finite_nonzero_gradient() {
 fn checkpoint_round_trip_reproduces_outputs() {
     let (mut rng, _) = common::seeded_rng("checkpoint_round_trip_reproduces_outputs", 133);
     let len = 16;
-    let dir = std::env::temp_dir().join(format!("myosotis-classifier-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("classifier");
     let x = randn(&mut rng, &[3, len, 2], DType::F32, &Device::Cpu);
     for layer in layer_kinds(len) {
         let cfg = config(layer, Activation::HalfGlu1, NormKind::Batch, Pooling::Mean);

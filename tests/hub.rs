@@ -11,11 +11,8 @@ use myosotis::data::hub::{read_parquet_images, Hub, HubDataset, PARQUET_REVISION
 use myosotis::data::images::ImageSet;
 use rand::{Rng, SeedableRng};
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("myo-hub-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn temp_dir(name: &str) -> common::Scratch {
+    common::scratch(&format!("hub-{name}"))
 }
 
 /// Random images of `dataset`'s shape with labels 0–9.
@@ -93,7 +90,7 @@ fn offline_cache_reads_back_mnist_and_cifar_with_sharded_splits() {
 
         for (endpoint, offline) in [(None, true), (Some(UNREACHABLE.to_string()), false)] {
             let hub = Hub {
-                cache: cache.clone(),
+                cache: cache.to_path_buf(),
                 endpoint,
                 offline,
             };
@@ -112,7 +109,7 @@ fn out_of_reach_hub_with_empty_cache_points_to_data_dir() {
         (None, true, "HF_HUB_OFFLINE"),
     ] {
         let hub = Hub {
-            cache: cache.clone(),
+            cache: cache.to_path_buf(),
             endpoint,
             offline,
         };

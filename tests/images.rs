@@ -1,6 +1,8 @@
 //! MNIST IDX and CIFAR-10 binary readers against small files written here, and each
 //! malformed case.
 
+mod common;
+
 use std::io::Write;
 use std::path::Path;
 
@@ -23,11 +25,8 @@ fn idx_labels(labels: &[u8]) -> Vec<u8> {
     v
 }
 
-fn dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-images-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn dir(name: &str) -> common::Scratch {
+    common::scratch(&format!("images-{name}"))
 }
 
 fn write(d: &Path, name: &str, bytes: &[u8]) {

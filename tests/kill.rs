@@ -5,8 +5,10 @@
 //! checkpoint, says why), and the completed run's `last.safetensors` and metrics equal an
 //! uninterrupted run's.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -235,10 +237,8 @@ impl Runs {
     }
 }
 
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-kill-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+fn dir(name: &str) -> common::Scratch {
+    common::unmade(&format!("kill-{name}"))
 }
 
 /// Every record of metrics.jsonl but its wall time and speed.

@@ -1,6 +1,8 @@
 //! ListOps: generated labels agree with an independent evaluator, bounds hold, the TSV format
 //! round-trips, and malformed files are errors naming file and line.
 
+mod common;
+
 use myosotis::data::listops::*;
 
 fn small() -> ListOpsConfig {
@@ -64,8 +66,7 @@ fn operators_and_the_lra_string_format() {
 
 #[test]
 fn tsv_round_trip_and_malformed_files() {
-    let dir = std::env::temp_dir().join(format!("myosotis-listops-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("listops");
     let examples: Vec<Example> = generate(&small(), 20)
         .unwrap()
         .iter()

@@ -6,7 +6,9 @@
 //! and the last checkpoint stays.
 #![cfg(feature = "mpi")]
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,10 +31,8 @@ const FLAGS: [&str; 12] = [
     "--layers",
 ];
 
-fn out(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-mpi-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+fn out(name: &str) -> common::Scratch {
+    common::unmade(&format!("mpi-{name}"))
 }
 
 /// `mpirun -np ranks myo …` (as root too, and with more ranks than cores).
@@ -273,7 +273,7 @@ fn rank_pid(rank: usize) -> Option<i32> {
             && has(&format!("OMPI_COMM_WORLD_RANK={rank}"))
             && std::fs::read_to_string(entry.path().join("cmdline"))
                 .unwrap_or_default()
-                .contains(&format!("myosotis-mpi-{me}-killed"))
+                .contains(&format!("myosotis-mpi-killed-{me}"))
         {
             return Some(pid);
         }

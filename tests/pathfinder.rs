@@ -1,6 +1,8 @@
 //! The LRA Pathfinder reader against small folders written here in the real layout, each
 //! malformed case, and a short training run on them.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
@@ -11,11 +13,8 @@ use myosotis::train::config::RunConfig;
 use myosotis::train::run::{eval_checkpoint, train, Exec, Start};
 use rand::{Rng, SeedableRng};
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-pf-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn tmp(name: &str) -> common::Scratch {
+    common::scratch(&format!("pf-{name}"))
 }
 
 fn write_png(path: &Path, side: u32, pixels: &[u8], color: png::ColorType) {
@@ -63,7 +62,7 @@ fn synthetic(base: &Path, files: usize, per_file: usize) -> (PathBuf, Vec<(Vec<u
 fn reads_images_in_metadata_order() {
     let base = tmp("read");
     let (root, want) = synthetic(&base, 3, 4);
-    for dir in [&base, &root] {
+    for dir in [&*base, &*root] {
         assert_eq!(locate(dir, 32).unwrap(), root);
     }
     let set = read_pathfinder(&root, 32).unwrap();
@@ -112,7 +111,8 @@ fn malformed_folders_are_errors_naming_the_place() {
         }),
     ];
     for (i, (what, break_it)) in cases.iter().enumerate() {
-        let (root, _) = synthetic(&tmp(&format!("bad{i}")), 2, 2);
+        let base = tmp(&format!("bad{i}"));
+        let (root, _) = synthetic(&base, 2, 2);
         break_it(&root);
         let e = format!("{:#}", read_pathfinder(&root, 32).unwrap_err());
         assert!(e.contains("1.npy") || e.contains("sample_"), "{what}: {e}");
@@ -130,7 +130,9 @@ fn pathfinder_trains_and_evaluates() {
     synthetic(&base, 4, 50);
     let cfg = RunConfig {
         task: find("pathfinder").unwrap(),
-        data: DataSource::Dir { dir: base.clone() },
+        data: DataSource::Dir {
+            dir: base.to_path_buf(),
+        },
         model: ClassifierConfig {
             encoder: EncoderConfig::Linear { features: 1 },
             d_model: 8,

@@ -3,14 +3,14 @@
 //! file read back exactly (deflated too, as NumPy writes it), with bad files named; `myo data
 //! pendulum`.
 
+mod common;
+
 use myosotis::data::pendulum::{
     advance, generate, read_split, render, subsample, write_dataset, PendulumConfig, FILE, SIDE,
 };
 
-fn dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-pendulum-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+fn dir(name: &str) -> common::Scratch {
+    common::unmade(&format!("pendulum-{name}"))
 }
 
 /// One frame of θ'' = 3g sin θ − 0.1 θ' by classical Runge–Kutta in 1,000 steps: the

@@ -3,6 +3,8 @@
 //! run end to end with its mean squared error in the metrics and `myo eval`, and the flags that
 //! do not suit a regression refused.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use myosotis::data::dataset::Dataset;
@@ -14,10 +16,8 @@ use myosotis::train::config::{RunArgs, RunConfig};
 use myosotis::train::run::{eval_checkpoint, train, Exec, Start};
 use myosotis::train::trainer::score;
 
-fn dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-regression-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+fn dir(name: &str) -> common::Scratch {
+    common::unmade(&format!("regression-{name}"))
 }
 
 /// A small pendulum file: 12 / 4 / 4 sequences of 60 frames (the task keeps 50).
@@ -44,7 +44,11 @@ fn the_splits_are_the_files_series() {
     let d = dir("splits");
     small_file(&d);
     let task = task::find("pendulum").unwrap();
-    let [train, val, test] = task.load(&DataSource::Dir { dir: d.clone() }).unwrap();
+    let [train, val, test] = task
+        .load(&DataSource::Dir {
+            dir: d.to_path_buf(),
+        })
+        .unwrap();
     assert_eq!([train.len(), val.len(), test.len()], [12, 4, 4]);
     let full = read_split(&d.join(FILE), "test").unwrap();
     let Dataset::Series {
@@ -114,7 +118,11 @@ fn the_splits_are_the_files_series() {
         only.join(FILE),
     )
     .unwrap();
-    let [train2, val2, _] = task.load(&DataSource::Dir { dir: only.clone() }).unwrap();
+    let [train2, val2, _] = task
+        .load(&DataSource::Dir {
+            dir: only.to_path_buf(),
+        })
+        .unwrap();
     assert_eq!([train2.len(), val2.len()], [8, 4]);
     let _ = std::fs::remove_dir_all(&d);
     let _ = std::fs::remove_dir_all(&only);

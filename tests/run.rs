@@ -240,7 +240,9 @@ fn image_tasks_train_from_idx_files() {
     ] {
         let mut cfg = config(4);
         cfg.task = task::find(task).unwrap();
-        cfg.data = DataSource::Dir { dir: data.clone() };
+        cfg.data = DataSource::Dir {
+            dir: data.to_path_buf(),
+        };
         cfg.model.encoder = EncoderConfig::Linear { features: 1 };
         cfg.model.layer = layer;
         let dir = out(task);
@@ -283,7 +285,7 @@ fn a_non_finite_validation_loss_stops_the_run() {
 }
 
 /// Trains the run the command-line `flags` describe into a fresh folder `name` (one thread).
-fn train_flags(name: &str, flags: &[&str]) -> (myosotis::train::run::Summary, std::path::PathBuf) {
+fn train_flags(name: &str, flags: &[&str]) -> (myosotis::train::run::Summary, common::Scratch) {
     let cfg = myosotis::train::config::RunArgs::from_flags(flags)
         .unwrap()
         .resolve()
@@ -320,6 +322,8 @@ fn ssm2d_and_bilinear_s5_learn_digits_from_the_command_line() {
         "--warmup-steps",
         "5",
     ];
+    // The runs' folders stay until the end: the last one's checkpoint is evaluated below.
+    let mut runs = Vec::new();
     let mut checkpoint = std::path::PathBuf::new();
     for (name, extra) in [
         ("ssm2d", &["--model", "ssm2d", "--directions", "2"][..]),
@@ -343,6 +347,7 @@ fn ssm2d_and_bilinear_s5_learn_digits_from_the_command_line() {
         );
         assert_eq!(e.examples, 100, "{name}: the whole test split");
         checkpoint = dir.join("best.safetensors");
+        runs.push(dir);
     }
     // `myo eval` needs the test files alone, and --max-samples limits what it scores.
     let test_only = out("mnist-test-only");
@@ -436,7 +441,9 @@ fn a_task_defined_outside_the_registry_is_one_entry() {
     cfg.model.encoder = custom.encoder();
     cfg.model.layer = SeqLayerConfig::Myo(MyoConfig::new(0, 4, custom.tree_spec().unwrap()));
     cfg.task = custom;
-    cfg.data = DataSource::Dir { dir: data };
+    cfg.data = DataSource::Dir {
+        dir: data.to_path_buf(),
+    };
     let dir = out("custom");
     let summary = train(&cfg, &dir, &Exec::on(&Device::Cpu), Start::New, |_| {}).unwrap();
     assert!(

@@ -3,7 +3,9 @@
 //! and the zero-shot test at 8 kHz: decimated clips with S5's Δ doubled give the outputs of the
 //! same continuous-time model.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
@@ -17,10 +19,8 @@ use myosotis::train::dist::World;
 use myosotis::train::run::{checkpoint_model, eval_checkpoint_at, train, Exec, Start};
 use myosotis::train::trainer::evaluate;
 
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-speech-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+fn dir(name: &str) -> common::Scratch {
+    common::unmade(&format!("speech-{name}"))
 }
 
 fn write_wav(path: &Path, samples: &[i16], rate: u32, channels: u16) {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
@@ -17,11 +17,8 @@ use myosotis::train::run::{eval_checkpoint, train, Exec, Start};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-text-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn dir(name: &str) -> common::Scratch {
+    common::scratch(&format!("text-{name}"))
 }
 
 /// A text of 5 to 15 words, `cue` among fillers.
@@ -95,7 +92,9 @@ fn the_imdb_folder_gives_the_splits() {
     let d = dir("imdb");
     imdb(&d, 10, 3);
     let task = task::find("text").unwrap();
-    let data = DataSource::Dir { dir: d.clone() };
+    let data = DataSource::Dir {
+        dir: d.to_path_buf(),
+    };
     let [train, val, test] = task.load(&data).unwrap();
     assert_eq!((train.len(), val.len(), test.len()), (18, 2, 6));
     // Test reviews: negative then positive, each in file-name order.
@@ -133,7 +132,11 @@ fn aan_pairs_batch_as_two_halves_and_bad_rows_are_named() {
     let d = dir("aan");
     aan(&d, 6);
     let task = task::find("retrieval").unwrap();
-    let [train, _, test] = task.load(&DataSource::Dir { dir: d.clone() }).unwrap();
+    let [train, _, test] = task
+        .load(&DataSource::Dir {
+            dir: d.to_path_buf(),
+        })
+        .unwrap();
     assert_eq!((train.len(), test.len()), (6, 6));
     let Dataset::Pairs { first, second, .. } = &train else {
         panic!("pairs")

@@ -10,6 +10,50 @@ pub mod files;
 pub mod heads;
 pub mod runs;
 
+/// A fresh temporary folder `myosotis-{name}-{process id}`, empty, and removed with everything
+/// in it when dropped.
+pub fn scratch(name: &str) -> Scratch {
+    let d = unmade(name);
+    std::fs::create_dir_all(&*d).unwrap();
+    d
+}
+
+/// The path of [`scratch`] with nothing there yet (for what must create its folder itself),
+/// removed with everything in it when dropped.
+pub fn unmade(name: &str) -> Scratch {
+    let d = std::env::temp_dir().join(format!("myosotis-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    Scratch(d)
+}
+
+/// A test's folder, removed with everything in it when dropped.
+pub struct Scratch(std::path::PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for Scratch {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Asserts that every variable of `varmap` (but those whose names end in one of `skip`) has a
 /// finite, non-zero gradient in `grads`.
 pub fn assert_all_gradients(

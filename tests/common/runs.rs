@@ -1,11 +1,10 @@
 //! Run folders for the tests that train: fresh temporary folders, a run's metrics, and
 //! synthetic MNIST files.
 
-/// A fresh (emptied) temporary folder named after `name` and the process.
-pub fn out(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("myosotis-run-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh (emptied, not made) temporary folder named after `name` and the process, removed
+/// when dropped.
+pub fn out(name: &str) -> super::Scratch {
+    super::unmade(&format!("run-{name}"))
 }
 
 /// The records of `dir`'s `metrics.jsonl`.

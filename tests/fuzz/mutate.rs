@@ -1,10 +1,10 @@
 //! The fuzzing harness of `tests/fuzz`: mutations of a file's bytes (proptest strategies), their
 //! application, and the runner of one target.
 
-use std::path::{Path, PathBuf};
-
+use crate::common::Scratch;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
+use std::path::{Path, PathBuf};
 
 /// One edit of a file's bytes; positions are taken modulo the file's length.
 #[derive(Clone, Debug)]
@@ -103,26 +103,7 @@ pub fn cases() -> u32 {
 }
 
 pub fn temp(name: &str) -> Scratch {
-    let d = std::env::temp_dir().join(format!("myo-fuzz-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    Scratch(d)
-}
-
-/// A target's folder, removed with everything in it when dropped.
-pub struct Scratch(PathBuf);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    crate::common::scratch(&format!("fuzz-{name}"))
 }
 
 /// A runner of [`cases`] cases from `MYO_FUZZ_SEED`, else `default_seed`; and the seed.
