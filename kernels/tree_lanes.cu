@@ -1,7 +1,8 @@
-// The Myo tree solve x = T_G^-1 u for scalar blocks (d = 1) with trees across lanes: the layout
-// `tree_lanes_fwd`/`tree_lanes_bwd`, which src/ops/tree_solve/cuda.rs picks for trees whose
-// state fits in shared memory several times over. The algorithm is that of tree_solve.cu and of
-// the CPU twin src/ops/tree_solve/levels.rs, with the same operations per node in the same order.
+// The Myo tree solve x = T_G^-1 u with trees across lanes, for scalar blocks (d = 1:
+// `tree_lanes_fwd`/`tree_lanes_bwd`) and d x d blocks up to LANE_MAX_D (`tree_lanes_block_*`,
+// below): the layout src/ops/tree_solve/cuda.rs picks for trees whose state fits in shared
+// memory at least twice over. The algorithm is that of tree_solve.cu and of the CPU twins
+// src/ops/tree_solve/{levels,blocked}.rs, with the same operations per node in the same order.
 //
 // A block holds blockDim.x trees ("lanes") and blockDim.y rows: thread (lane, row) works on the
 // parents of one level, row by row, for its lane's tree, a barrier between levels. With shared

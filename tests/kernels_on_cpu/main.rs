@@ -22,6 +22,7 @@ mod masked_mean;
 mod s5_discretize;
 mod s5_readout;
 mod scan;
+mod tree_plans;
 mod tree_solve;
 
 use candle_core::DType;
