@@ -299,7 +299,7 @@ impl TreeBench {
         };
         let shape = format!(
             "(batch {}, heads {}, {} leaves, {}-ary, {} nodes, d {}, r {}) {} {}, coefficients {}, \
-             layout {:?}",
+             layout {:?}{}",
             self.batch,
             self.heads,
             self.leaves,
@@ -311,6 +311,7 @@ impl TreeBench {
             if self.complex { "complex" } else { "real" },
             if self.per_sample { "per sample" } else { "shared" },
             self.layout,
+            launched(&tree, [&a, &b, &c, &u], opts, device)?,
         );
         let m = Measured {
             ours,
@@ -330,6 +331,29 @@ impl TreeBench {
             m,
         )
     }
+}
+
+/// On CUDA, the forward's kernels with their grid and block shape (what the layout resolved
+/// to), else nothing.
+fn launched(
+    tree: &Tree,
+    t: [&Tensor; 4],
+    opts: TreeSolveOptions,
+    device: &Device,
+) -> Result<String> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        let [a, b, c, u] = t;
+        let limits = crate::cuda::limits(dev)?;
+        let plans = crate::ops::tree_solve::cuda::forward_plans(tree, a, b, c, u, opts, limits)?;
+        let kernels: Vec<String> = plans
+            .iter()
+            .map(|p| format!("{} grid {} block {:?}", p.kernel, p.grid[0], &p.block[..2]))
+            .collect();
+        return Ok(format!(" ({})", kernels.join(" + ")));
+    }
+    let _ = (tree, t, opts, device);
+    Ok(String::new())
 }
 
 /// Shape of a benchmark of the Myo layer's solve ([`head_solve_skew()`]): skew couplings (the
