@@ -53,7 +53,7 @@ struct LaneTrees {
 
 // Copies, for every live lane l and i < len, load(l, i) to store(l, i, value) with the whole
 // block, each thread issuing up to 32 bytes of loads before its first store (see batched_copy in
-// tree_solve.cu): consecutive threads take consecutive i of one lane, so the loads coalesce.
+// tree_steps.cuh): consecutive threads take consecutive i of one lane, so the loads coalesce.
 template <typename V, typename Load, typename Store>
 __device__ __forceinline__ void lanes_copy(const LaneTrees &g, int lanes, int len, Load load,
                                            Store store) {
@@ -75,45 +75,50 @@ __device__ __forceinline__ void lanes_copy(const LaneTrees &g, int lanes, int le
     }
 }
 
+// Loads the block's state into the workspace ws for d x d blocks (d = 1: scalars), then waits
+// for the block: per pivot lane A', B' and C' (n d x d blocks each, at an odd stride; the
+// adjoint reads A' = A^H, B' = C^H, C' = B^H; O::one() for a lane without a tree), then per
+// lane its n d x r right-hand sides.
+template <typename T, typename O, bool ADJ>
+__device__ __forceinline__ void lanes_load(const LaneTrees &g, int d, const T *coef,
+                                           const T *rhs, typename O::V *ws) {
+    typedef typename O::V V;
+    const int n = g.nodes, dd = d * d, dr = d * g.r, pl = g.pivot_lanes();
+    const int nd = n * dd, sn = lane_stride(nd), su = lane_stride(n * dr);
+    const i64 set = (i64)(g.shared ? g.heads : g.batch * g.heads) * nd;
+    lanes_copy<V>(
+        g, pl, 3 * nd,
+        [&](int p, int e) {
+            // Pivot lane p's coefficient set: that of its tree (lane 0's when shared).
+            const int t = g.tree(p);
+            if (t < 0) return O::one();
+            const int which = e / nd, v = e % nd / dd, i = e % dd / d, j = e % d;
+            const int src = which == 0 ? 0 : which == 1 ? (ADJ ? 2 : 1) : (ADJ ? 1 : 2);
+            const i64 blk = src * set + ((i64)g.coef_set(t) * n + v) * dd;
+            return ADJ ? O::conj(O::load(coef, blk + j * d + i)) : O::load(coef, blk + i * d + j);
+        },
+        [&](int p, int e, V x) { ws[(i64)(e / nd) * pl * sn + p * sn + e % nd] = x; });
+    V *uh = ws + 3 * pl * sn;
+    lanes_copy<V>(
+        g, blockDim.x, n * dr,
+        [&](int l, int e) {
+            const int t = g.tree(l);
+            return t < 0 ? O::zero() : O::load(rhs, (i64)t * n * dr + e);
+        },
+        [&](int l, int e, V x) { uh[l * su + e] = x; });
+    __syncthreads();
+}
+
 // The block's solve with T_G (ADJ = false) or its adjoint (A' = conj(A), B' = conj(C),
 // C' = conj(B)); on return uh holds, per lane, x (or λ).
 template <typename T, typename O, bool ADJ>
 __device__ void lanes_solve(const LaneTrees &g, const T *coef, const T *rhs, typename O::V *ws,
                             int *status) {
     typedef typename O::V V;
-    const int n = g.nodes, r = g.r, lanes = blockDim.x, pl = g.pivot_lanes();
+    const int n = g.nodes, r = g.r, pl = g.pivot_lanes();
     const int sn = lane_stride(n), su = lane_stride(n * r);
     V *aa = ws, *bh = aa + pl * sn, *dn = bh + pl * sn, *uh = dn + pl * sn;
-    const i64 set = (i64)(g.shared ? g.heads : g.batch * g.heads) * n;
-    // Coefficient set of pivot lane p: that of its tree (lane 0's for shared coefficients).
-    auto cs = [&](int p) {
-        const int t = g.tree(p);
-        return t < 0 ? -1 : g.coef_set(t);
-    };
-    lanes_copy<V>(
-        g, pl, 3 * n,
-        [&](int p, int i) {
-            const int s = cs(p);
-            if (s < 0) return O::one();
-            // A', B' (the (v, parent) entry: B, or C for the adjoint), C' (the (parent, v)
-            // entry: C, or B); coef is [A; B; C].
-            const int which = i / n, v = i % n;
-            const int src = which == 0 ? 0 : which == 1 ? (ADJ ? 2 : 1) : (ADJ ? 1 : 2);
-            const V x = O::load(coef, src * set + (i64)s * n + v);
-            return ADJ ? O::conj(x) : x;
-        },
-        [&](int p, int i, V x) {
-            const int which = i / n, v = i % n;
-            (which == 0 ? aa : which == 1 ? bh : dn)[p * sn + v] = x;
-        });
-    lanes_copy<V>(
-        g, lanes, n * r,
-        [&](int l, int i) {
-            const int t = g.tree(l);
-            return t < 0 ? O::zero() : O::load(rhs, (i64)t * n * r + i);
-        },
-        [&](int l, int i, V x) { uh[l * su + i] = x; });
-    __syncthreads();
+    lanes_load<T, O, ADJ>(g, 1, coef, rhs, ws);
 
     const int l = threadIdx.x, t = g.tree(l), p0 = g.shared ? 0 : l;
     // Every lane inverts its children's pivots; with shared pivots only lane 0 makes and keeps
@@ -246,38 +251,10 @@ template <typename T, typename O, bool ADJ>
 __device__ void lanes_block_solve(const LaneTrees &g, int d, const T *coef, const T *rhs,
                                   typename O::V *ws, int *status) {
     typedef typename O::V V;
-    const int n = g.nodes, r = g.r, lanes = blockDim.x, pl = g.pivot_lanes();
+    const int n = g.nodes, r = g.r, pl = g.pivot_lanes();
     const int dd = d * d, dr = d * r, sn = lane_stride(n * dd), su = lane_stride(n * dr);
     V *aa = ws, *bh = aa + pl * sn, *dn = bh + pl * sn, *uh = dn + pl * sn;
-    const i64 set = (i64)(g.shared ? g.heads : g.batch * g.heads) * n * dd;
-    auto cs = [&](int p) {
-        const int t = g.tree(p);
-        return t < 0 ? -1 : g.coef_set(t);
-    };
-    // Entry (i, j) of node v's block of A' (which 0), B' (1) or C' (2): the adjoint reads
-    // A^H, C^H and B^H.
-    lanes_copy<V>(
-        g, pl, 3 * n * dd,
-        [&](int p, int e) {
-            const int s = cs(p);
-            if (s < 0) return O::one();
-            const int which = e / (n * dd), v = e % (n * dd) / dd, i = e % dd / d, j = e % d;
-            const int src = which == 0 ? 0 : which == 1 ? (ADJ ? 2 : 1) : (ADJ ? 1 : 2);
-            const i64 blk = src * set + ((i64)s * n + v) * dd;
-            return ADJ ? O::conj(O::load(coef, blk + j * d + i)) : O::load(coef, blk + i * d + j);
-        },
-        [&](int p, int e, V x) {
-            const int which = e / (n * dd), k = e % (n * dd);
-            (which == 0 ? aa : which == 1 ? bh : dn)[p * sn + k] = x;
-        });
-    lanes_copy<V>(
-        g, lanes, n * dr,
-        [&](int l, int e) {
-            const int t = g.tree(l);
-            return t < 0 ? O::zero() : O::load(rhs, (i64)t * n * dr + e);
-        },
-        [&](int l, int e, V x) { uh[l * su + e] = x; });
-    __syncthreads();
+    lanes_load<T, O, ADJ>(g, d, coef, rhs, ws);
 
     const int l = threadIdx.x, t = g.tree(l), p0 = g.shared ? 0 : l;
     const bool live = t >= 0, keeps = live && (!g.shared || l == 0);

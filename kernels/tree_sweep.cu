@@ -106,25 +106,12 @@ __device__ __forceinline__ void sweep(const SweepTree &g, int r, const T *piv, i
     }
 }
 
-// Loads tree t's n * r right-hand sides into uh, each thread issuing 32 bytes of loads before
-// its first store (see batched_copy in tree_solve.cu).
+// Loads tree t's n * r right-hand sides (from r0) into uh, then waits for the block.
 template <typename T, typename O>
 __device__ __forceinline__ void sweep_load(const T *rhs, i64 r0, int len, typename O::V *uh) {
     typedef typename O::V V;
-    constexpr int loads = sizeof(V) >= 16 ? 1 : 32 / sizeof(V);
-    for (int base = threadIdx.x; base < len; base += loads * blockDim.x) {
-        V x[loads];
-#pragma unroll
-        for (int q = 0; q < loads; ++q) {
-            const int i = base + q * blockDim.x;
-            if (i < len) x[q] = O::load(rhs, r0 + i);
-        }
-#pragma unroll
-        for (int q = 0; q < loads; ++q) {
-            const int i = base + q * blockDim.x;
-            if (i < len) uh[i] = x[q];
-        }
-    }
+    batched_copy<V>(len, [&](int i) { return O::load(rhs, r0 + i); },
+                    [&](int i, V x) { uh[i] = x; });
     __syncthreads();
 }
 
