@@ -17,6 +17,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Counts the heap's bytes, so that `myo bench step` can report a step's peak memory on the CPU.
+#[global_allocator]
+static HEAP: myosotis::bench::memory::Heap = myosotis::bench::memory::Heap;
+
 #[derive(Parser)]
 #[command(
     name = "myo",

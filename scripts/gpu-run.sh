@@ -296,8 +296,8 @@ if want profile; then
   echo
   echo "## Training step profile (forward, loss, backward, AdamW; CUPTI kernel trace)"
   echo
-  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy | CPU bench, one shard, 16 threads: steps/s | captured ms/step (graph kernels; vs eager) |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy | memory MiB: held + step peak | CPU bench, one shard, 16 threads: steps/s | captured ms/step (graph kernels; vs eager; graph memory asked / used / reserved MiB) |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >>"$report/report.md"
 profiles=(
   "s5|default|--model s5|cpu"
@@ -323,14 +323,15 @@ for r in "${profiles[@]}"; do
   # shellcheck disable=SC2086
   if ! timeout 240 "$myo" bench step $flags --device cuda --json >"$json" 2>"$report/step-$tag.log"; then
     status=1
-    echo "| $model | $size | failed: $(tail -1 "$report/step-$tag.log") | | | | | | | | |" >>"$report/report.md"
+    echo "| $model | $size | failed: $(tail -1 "$report/step-$tag.log") | | | | | | | | | |" >>"$report/report.md"
     continue
   fi
-  read -r ms ops ours < <(python3 -c '
+  read -r ms ops ours mem < <(python3 -c '
 import json, sys
-r = json.load(open(sys.argv[1])); o = r["ops"]
+r = json.load(open(sys.argv[1])); o = r["ops"]; m = r.get("memory")
 print(r["step"]["median_ms"], sum(o[k]["tensors"] for k in ("forward", "backward", "optimiser")),
-      sum(o[k]["our_launches"] or 0 for k in ("forward", "backward", "optimiser")))' "$json")
+      sum(o[k]["our_launches"] or 0 for k in ("forward", "backward", "optimiser")),
+      "-" if m is None else "%.0f+%.0f" % (m["held_mib"], m["peak_mib"]))' "$json")
   # The captured step (CUDA graph): its time, kernels, and whether its replays matched eager steps.
   captured=$(python3 -c '
 import json, sys
@@ -338,9 +339,10 @@ c = json.load(open(sys.argv[1])).get("captured")
 if c is None: print("-")
 elif "Err" in c: print("not captured: " + c["Err"].replace("|", "/").replace("\n", " "))
 else:
-    c = c["Ok"]; d = c["max_difference"]
-    print("%.2f (%d kernels; %s)" % (c["step"]["median_ms"], c["nodes"]["kernels"],
-          "= eager" if d == 0 else "differs by %.1e" % d))' "$json")
+    c = c["Ok"]; d = c["max_difference"]; n = c["nodes"]; g = c["memory"]; mib = 2.0 ** 20
+    print("%.2f (%d kernels; %s; %.0f / %.0f / %.0f)" % (c["step"]["median_ms"], n["kernels"],
+          "= eager" if d == 0 else "differs by %.1e" % d, n["allocated_bytes"] / mib,
+          g["used_high"] / mib, g["reserved_high"] / mib))' "$json")
   batch=$(sed -n 's/.*batch \([0-9]*\).*/\1/p' <<<"$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shape"])' "$json")")
   trace=$work/trace-$tag.csv
   # shellcheck disable=SC2086
@@ -356,8 +358,8 @@ else:
       python3 -c 'import json,sys; print(json.load(sys.stdin)["step"]["median_ms"])' 2>/dev/null)
     cpu_sps=$( [ -n "$cpu_ms" ] && awk -v t="$cpu_ms" 'BEGIN { printf "%.1f", 1000 / t }')
   fi
-  awk -v m="$model" -v s="$size" -v t="$ms" -v b="$batch" -v o="$ops" -v u="$ours" -v k="${kernels:-?}" -v y="${busy:-?}" -v c="${cpu_sps:--}" -v g="$captured" \
-    'BEGIN { printf "| %s | %s | %.2f | %.1f | %.0f | %s | %s | %s | %s | %s | %s |\n", m, s, t, 1000 / t, b * 1000 / t, o, u, k, y, c, g }' >>"$report/report.md"
+  awk -v m="$model" -v s="$size" -v t="$ms" -v b="$batch" -v o="$ops" -v u="$ours" -v k="${kernels:-?}" -v y="${busy:-?}" -v r="$mem" -v c="${cpu_sps:--}" -v g="$captured" \
+    'BEGIN { printf "| %s | %s | %.2f | %.1f | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", m, s, t, 1000 / t, b * 1000 / t, o, u, k, y, r, c, g }' >>"$report/report.md"
 done
 fi
 
@@ -389,7 +391,7 @@ import json, sys
 r = json.load(open(sys.argv[1])); o = r["ops"]; c = r.get("captured")
 cap = "-" if c is None else ("no" if "Err" in c else "%.2f%s" % (c["Ok"]["step"]["median_ms"],
       "" if c["Ok"]["max_difference"] == 0 else "(differs)"))
-print("%.2f" % r["step"]["median_ms"], "%.0f" % (r["memory_mib"] or 0),
+print("%.2f" % r["step"]["median_ms"], "%.0f" % ((r["memory"] or {}).get("peak_mib", 0)),
       sum(o[k]["tensors"] for k in ("forward", "backward", "optimiser")), cap)' "$json")
     out=$work/runs/precision-$tag
     # shellcheck disable=SC2086

@@ -220,6 +220,46 @@ pub fn memory_info(dev: &CudaDevice) -> Result<(usize, usize)> {
     dev.cuda_stream().context().mem_get_info().w()
 }
 
+/// Bytes in use in the device's default memory pool, the one candle's stream-ordered
+/// allocations come from: (now, the most since the last reset); `reset_peak` first restarts the
+/// most from now. Memory of captured CUDA graphs is not the pool's ([`graph::graph_memory`]).
+pub fn pool_memory(dev: &CudaDevice, reset_peak: bool) -> Result<(usize, usize)> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    use sys::CUmemPool_attribute as A;
+    let stream = dev.cuda_stream();
+    let ctx = stream.context();
+    ctx.bind_to_thread().w()?;
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: the context's device, and out-pointers to values of the types the attributes have
+    // (cuuint64_t).
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
+        .result()
+        .w()?;
+    let get = |attr: A| -> Result<usize> {
+        let mut v = 0u64;
+        unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast()) }
+            .result()
+            .w()?;
+        Ok(v as usize)
+    };
+    if reset_peak {
+        let mut zero = 0u64;
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                A::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                (&mut zero as *mut u64).cast(),
+            )
+        }
+        .result()
+        .w()?;
+    }
+    Ok((
+        get(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        get(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+    ))
+}
+
 /// The device's compute capability (major, minor).
 pub fn compute_capability(dev: &CudaDevice) -> Result<(i32, i32)> {
     let stream = dev.cuda_stream();

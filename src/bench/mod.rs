@@ -23,10 +23,11 @@ use crate::train::progress::significant;
 use crate::tree::Tree;
 
 mod kernels;
+pub mod memory;
 mod step;
 
 pub use kernels::{HeadBench, ScanBench, TreeBench};
-pub use step::{Captured, GraphNodes, StepArgs, StepBench, StepReport};
+pub use step::{Captured, GraphMemory, GraphNodes, StepArgs, StepBench, StepMemory, StepReport};
 
 /// Median and minimum of repeated timings, in milliseconds per call.
 #[derive(Debug, Clone, Copy, Serialize)]

@@ -159,16 +159,25 @@ pub struct StepReport {
     pub forward: Timing,
     /// The dtype the step computed in.
     pub precision: Precision,
-    /// Memory after the timed steps, MiB: on CUDA the device's in use beyond what it held
-    /// before the model was made; on the CPU the process's peak resident set.
-    pub memory_mib: Option<f64>,
+    /// Memory of one step, MiB: what was held before it (the model, the optimiser's moments,
+    /// the batch) and the most it held at once beyond that (activations, gradients, scratch);
+    /// on CUDA from the device's memory pool, on the CPU from the heap ([`super::memory`]).
+    pub memory: Option<StepMemory>,
     pub ops: StepOps,
     /// The step captured as a CUDA graph and replayed (CUDA only, unless turned off): what
     /// it measured, or why there is no graph.
     pub captured: Option<std::result::Result<Captured, String>>,
 }
 
-/// The nodes of a captured step's CUDA graph, by kind.
+/// [`StepReport::memory`], in MiB.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct StepMemory {
+    pub held_mib: f64,
+    pub peak_mib: f64,
+}
+
+/// The nodes of a captured step's CUDA graph, by kind, and the bytes its allocation nodes ask
+/// for (all of them, as if none reused another's memory).
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct GraphNodes {
     pub kernels: usize,
@@ -177,6 +186,15 @@ pub struct GraphNodes {
     pub allocations: usize,
     pub frees: usize,
     pub other: usize,
+    pub allocated_bytes: usize,
+}
+
+/// Device memory that captured graphs' allocations held at most, in bytes: in use, and
+/// reserved (mapped for them; the driver may keep more than is in use).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct GraphMemory {
+    pub used_high: usize,
+    pub reserved_high: usize,
 }
 
 /// A step captured as a CUDA graph: its replay's time, its nodes, and how its results compare
@@ -185,6 +203,8 @@ pub struct GraphNodes {
 pub struct Captured {
     pub step: Timing,
     pub nodes: GraphNodes,
+    /// What the graph's allocations held while it was replayed.
+    pub memory: GraphMemory,
     /// Replays compared with as many eager steps.
     pub compared: usize,
     /// The largest difference of a parameter after them (0: the same to the bit).
@@ -203,24 +223,6 @@ fn tensors_made() -> Result<usize> {
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
-
-/// Bytes of memory in use: on CUDA the device's (total − free), on the CPU the process's peak
-/// resident set (`VmHWM`; `None` where the system does not say).
-fn memory_in_use(device: &Device) -> Result<Option<usize>> {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(dev) = device {
-        device.synchronize()?;
-        let (free, total) = crate::cuda::memory_info(dev)?;
-        return Ok(Some(total - free));
-    }
-    let _ = device;
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    Ok(status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
-        .map(|kb| kb * 1024))
-}
 
 /// Launches of our CUDA kernels so far (`None` without the `cuda` feature or off CUDA).
 fn our_launches(device: &Device) -> Option<u64> {
@@ -363,7 +365,6 @@ impl StepBench {
 
     pub fn run(&self, device: &Device) -> Result<StepReport> {
         let (b, l, h) = (self.batch, self.len, self.model.d_model);
-        let held = memory_in_use(device)?;
         let (mut s, _) = self.setup(device)?;
         let whole = time_median(device, self.warmup, self.repeats, || s.step())?;
         let forward = time_median(device, self.warmup, self.repeats, || {
@@ -382,10 +383,11 @@ impl StepBench {
                 .and_then(|out| s.backward(&out))
                 .map(drop)
         })?;
-        let memory_mib = match (memory_in_use(device)?, held) {
-            (Some(now), Some(before)) if device.is_cuda() => Some((now - before) as f64 / MIB),
-            (now, _) => now.map(|n| n as f64 / MIB),
-        };
+        let (_, peak) = super::memory::peak_of(device, || s.step())?;
+        let memory = peak.map(|p| StepMemory {
+            held_mib: p.before as f64 / MIB,
+            peak_mib: p.above as f64 / MIB,
+        });
         let times = self.model.layers as f64;
         let layers = Timing {
             median_ms: one.median_ms * times,
@@ -436,7 +438,7 @@ impl StepBench {
             layers,
             forward,
             precision: self.precision,
-            memory_mib,
+            memory,
             ops,
             captured,
         })
@@ -462,13 +464,17 @@ impl StepBench {
         // The replays' dropout reads the step from the device (the eager steps' take it by
         // value); the capture's eager run is step 1, each replay the next.
         replayed.step_on_device = true;
-        let mut at = 1;
-        prepare_step(dev, &mut replayed.opt, at)?;
-        let graph = StepGraph::capture(dev, || replayed.body())?;
+        // The eager steps first: their memory is back with the device (the pool releases it
+        // when the device synchronises) before the graph maps its own.
         let compared = 5;
         for _ in 0..=compared {
             eager.step()?;
         }
+        device.synchronize()?;
+        crate::cuda::graph::graph_memory(dev, true)?;
+        let mut at = 1;
+        prepare_step(dev, &mut replayed.opt, at)?;
+        let graph = StepGraph::capture(dev, || replayed.body())?;
         for _ in 0..compared {
             at += 1;
             prepare_step(dev, &mut replayed.opt, at)?;
@@ -489,9 +495,11 @@ impl StepBench {
             prepare_step(dev, &mut replayed.opt, at)?;
             graph.replay()
         })?;
+        device.synchronize()?;
         Ok(Captured {
             step,
             nodes: graph.nodes,
+            memory: crate::cuda::graph::graph_memory(dev, false)?,
             compared,
             max_difference,
         })
@@ -538,12 +546,13 @@ impl std::fmt::Display for StepReport {
                 t.repeats
             )?;
         }
-        if let Some(m) = self.memory_mib {
-            let what = match self.device.as_str() {
-                "cpu" => "the process's peak resident set",
-                _ => "device memory in use after the steps, beyond what was before the model",
-            };
-            writeln!(f, "  memory  {} MiB ({what})", significant(m))?;
+        if let Some(m) = self.memory {
+            writeln!(
+                f,
+                "  memory  {} MiB at the step's peak beyond the {} MiB held before it",
+                significant(m.peak_mib),
+                significant(m.held_mib)
+            )?;
         }
         let o = &self.ops;
         writeln!(
@@ -586,6 +595,14 @@ impl std::fmt::Display for StepReport {
                     n.allocations,
                     n.frees,
                     n.other
+                )?;
+                writeln!(
+                    f,
+                    "    its allocations ask for {} MiB in all; they held at most {} MiB in use, \
+                     {} MiB reserved",
+                    significant(n.allocated_bytes as f64 / MIB),
+                    significant(c.memory.used_high as f64 / MIB),
+                    significant(c.memory.reserved_high as f64 / MIB)
                 )?;
                 match c.max_difference {
                     0.0 => writeln!(

@@ -17,7 +17,7 @@ use candle_core::{CudaDevice, Result};
 
 use crate::train::optim::Optimizer;
 
-pub use crate::bench::GraphNodes;
+pub use crate::bench::{GraphMemory, GraphNodes};
 
 /// A step captured as a CUDA graph.
 pub struct StepGraph {
@@ -67,7 +67,7 @@ pub fn prepare_step(dev: &CudaDevice, opt: &mut Optimizer, dropout_step: u64) ->
     crate::cuda::set_dropout_step(dev, dropout_step)
 }
 
-/// The graph's nodes by kind.
+/// The graph's nodes by kind, and the bytes its allocation nodes ask for.
 fn count_nodes(graph: &CudaGraph) -> Result<GraphNodes> {
     use sys::CUgraphNodeType as T;
     let g = graph.cu_graph();
@@ -87,6 +87,14 @@ fn count_nodes(graph: &CudaGraph) -> Result<GraphNodes> {
         unsafe { sys::cuGraphNodeGetType(node, &mut kind) }
             .result()
             .w()?;
+        if kind == T::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+            let mut p = std::mem::MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::uninit();
+            // SAFETY: an allocation node of this graph; the call fills `p`.
+            unsafe { sys::cuGraphMemAllocNodeGetParams(node, p.as_mut_ptr()) }
+                .result()
+                .w()?;
+            out.allocated_bytes += unsafe { p.assume_init() }.bytesize;
+        }
         let slot = match kind {
             T::CU_GRAPH_NODE_TYPE_KERNEL => &mut out.kernels,
             T::CU_GRAPH_NODE_TYPE_MEMCPY => &mut out.copies,
@@ -98,4 +106,39 @@ fn count_nodes(graph: &CudaGraph) -> Result<GraphNodes> {
         *slot += 1;
     }
     Ok(out)
+}
+
+/// Device memory that captured graphs' allocations hold, in bytes: the most in use and the most
+/// reserved since the last reset; `reset` first restarts both from now.
+pub fn graph_memory(dev: &CudaDevice, reset: bool) -> Result<GraphMemory> {
+    use sys::CUgraphMem_attribute as A;
+    let stream = dev.cuda_stream();
+    let ctx = stream.context();
+    ctx.bind_to_thread().w()?;
+    let device = ctx.cu_device();
+    // SAFETY: the context's device; the values are cuuint64_t.
+    let get = |attr: A| -> Result<usize> {
+        let mut v = 0u64;
+        unsafe { sys::cuDeviceGetGraphMemAttribute(device, attr, (&mut v as *mut u64).cast()) }
+            .result()
+            .w()?;
+        Ok(v as usize)
+    };
+    if reset {
+        for attr in [
+            A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+            A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+        ] {
+            let mut zero = 0u64;
+            unsafe {
+                sys::cuDeviceSetGraphMemAttribute(device, attr, (&mut zero as *mut u64).cast())
+            }
+            .result()
+            .w()?;
+        }
+    }
+    Ok(GraphMemory {
+        used_high: get(A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)?,
+        reserved_high: get(A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?,
+    })
 }

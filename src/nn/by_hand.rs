@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::backprop::GradStore;
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Storage, Tensor};
 
 /// Parameter gradients computed by hand during a backward pass, in the order computed.
 #[derive(Clone, Default)]
@@ -55,7 +55,8 @@ pub trait Backward: Send + Sync {
 /// The output `y` of a layer with input `x`, computed on detached tensors, joined to candle's
 /// graph as one node with the backward `back`. `anchor`, one of the layer's parameters, keeps
 /// the node in the graph when `x` needs no gradient; the parameters' gradients go to `sink`.
-/// Costs one copy of `y`.
+/// Costs one copy of `y`; the node keeps the copy alone (`y` is not one of its arguments, which
+/// candle's graph would keep until the backward).
 pub fn by_hand(
     x: &Tensor,
     y: &Tensor,
@@ -63,17 +64,27 @@ pub fn by_hand(
     back: Box<dyn Backward>,
     sink: &GradSink,
 ) -> Result<Tensor> {
-    let y = y.detach();
     let op = ByHand {
         back,
         sink: sink.clone(),
+        y: Mutex::new(Some(y.detach())),
     };
-    x.apply_op3(&y, anchor, op)
+    x.apply_op2(anchor, op)
 }
 
 struct ByHand {
     back: Box<dyn Backward>,
     sink: GradSink,
+    /// The output's values until the forward copies them.
+    y: Mutex<Option<Tensor>>,
+}
+
+impl ByHand {
+    /// `y`, taken: the op releases it once copied.
+    fn take_y(&self) -> Result<Tensor> {
+        let y = self.y.lock().unwrap_or_else(|e| e.into_inner()).take();
+        y.ok_or_else(|| candle_core::Error::Msg("by-hand: the forward ran twice".into()))
+    }
 }
 
 /// `y`'s values (any layout) as the node's output, contiguous.
@@ -87,7 +98,7 @@ where
     Ok((out, l.shape().clone()))
 }
 
-impl CustomOp3 for ByHand {
+impl CustomOp2 for ByHand {
     fn name(&self) -> &'static str {
         "by-hand"
     }
@@ -96,12 +107,15 @@ impl CustomOp3 for ByHand {
         &self,
         _: &CpuStorage,
         _: &Layout,
-        y: &CpuStorage,
-        ly: &Layout,
         _: &CpuStorage,
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        copy_of(y, ly)
+        let y = self.take_y()?;
+        let (storage, layout) = y.storage_and_layout();
+        match &*storage {
+            Storage::Cpu(s) => copy_of(s, layout),
+            _ => candle_core::bail!("by-hand: the output is not on the CPU"),
+        }
     }
 
     #[cfg(feature = "cuda")]
@@ -109,24 +123,26 @@ impl CustomOp3 for ByHand {
         &self,
         _: &candle_core::CudaStorage,
         _: &Layout,
-        y: &candle_core::CudaStorage,
-        ly: &Layout,
         _: &candle_core::CudaStorage,
         _: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        copy_of(y, ly)
+        let y = self.take_y()?;
+        let (storage, layout) = y.storage_and_layout();
+        match &*storage {
+            Storage::Cuda(s) => copy_of(s, layout),
+            _ => candle_core::bail!("by-hand: the output is not on the CUDA device"),
+        }
     }
 
     fn bwd(
         &self,
         x: &Tensor,
-        _y: &Tensor,
         _anchor: &Tensor,
         _out: &Tensor,
         dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (dx, params) = self.back.backward(dy)?;
         self.sink.push(params);
-        Ok((x.track_op().then_some(dx), None, None))
+        Ok((x.track_op().then_some(dx), None))
     }
 }

@@ -348,8 +348,6 @@ impl Module for S5 {
 /// What a forward pass computed, kept for the backward by hand ([`S5::forward_by_hand`]).
 struct Pass {
     y: Tensor,
-    /// The directions' states side by side, (batch, length, directions · P, 2).
-    xs: Tensor,
     /// The scans' initial state (zeros).
     h0: Tensor,
     gate: Tensor,
@@ -451,7 +449,6 @@ impl S5 {
         let y = (channel_mul(u, d)? + read)?;
         Ok(Pass {
             y,
-            xs,
             h0,
             gate,
             b_mat,
@@ -489,7 +486,6 @@ impl S5 {
             vars: self.params().map(Tensor::clone),
             w,
             u: x,
-            xs: pass.xs,
             h0: pass.h0,
             gate: pass.gate,
             b_mat: pass.b_mat,

@@ -27,7 +27,6 @@ pub(super) struct MyoBackward {
     d: Tensor,
     x: Tensor,
     b_mat: Tensor,
-    u: Tensor,
     /// The virtual nodes' inputs (heads, internal, 2) and the couplings per node.
     bias: Tensor,
     s: Tensor,
@@ -123,7 +122,6 @@ impl Myo {
             d,
             x,
             b_mat,
-            u,
             bias: virtual_u,
             s,
             xs,
@@ -144,7 +142,7 @@ impl Myo {
 impl Backward for MyoBackward {
     fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
         let (batch, rows, h) = dy.dims3()?;
-        let (n, heads) = (self.xs.dim(1)?, self.u.dim(2)?);
+        let (n, heads) = (self.xs.dim(1)?, self.xs.dim(2)?);
         // The nodes before `from` have no output: their rows of ∂xs and of the skip's ∂x are 0.
         let pad = |t: Tensor| match self.from {
             0 => Ok(t),
@@ -161,7 +159,10 @@ impl Backward for MyoBackward {
             &Mat::rows(&self.r)?.t(),
             (batch, rows, heads, 2),
         )?)?;
-        let g = head_solve_skew_backward(&self.tree, &self.u, &self.bias, &self.s, &self.xs, &dxs)?;
+        // The solve's backward reads only u's shape, which over all nodes is x's: u itself is not
+        // kept (at Path-X's size it is a quarter of what a block keeps).
+        let xs = &self.xs;
+        let g = head_solve_skew_backward(&self.tree, xs, &self.bias, &self.s, xs, &dxs)?;
         let (dv, ds) = (g.bias, g.s);
         let ds = match &self.levels {
             Some((level, levels)) => {

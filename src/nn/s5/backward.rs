@@ -23,12 +23,12 @@ pub(super) struct S5Backward {
     /// The same, detached.
     pub w: [Tensor; 6],
     pub u: Tensor,
-    /// The directions' states side by side, (batch, length, directions · P, 2).
-    pub xs: Tensor,
     /// The scans' initial state (zeros).
     pub h0: Tensor,
     pub gate: Tensor,
     pub b_mat: Tensor,
+    /// Each direction's states (batch, length, P, 2), kept apart: side by side, as the
+    /// forward's readout takes them, they would be a second copy.
     pub states: Vec<Tensor>,
     pub r: Tensor,
     pub how: S5Discretization,
@@ -42,13 +42,17 @@ impl Backward for S5Backward {
         let (p, dirs) = (self.gate.dim(0)?, self.states.len());
         let (du_skip, dd) = channel_mul_backward(&self.u, d, dy)?;
         let dy = Mat::rows(dy)?;
-        let xs = Mat::matrix(&self.xs, 2 * p * dirs)?;
-        let dc = s5_readout_backward(
-            c,
-            dirs,
-            self.conj_sym,
-            &gemm(&xs.t(), &dy, (2 * p * dirs, h))?,
-        )?;
+        // ∂R = [X_kᵀ ∂y]_k, the directions' rows stacked.
+        let mut dr = self
+            .states
+            .iter()
+            .map(|x| gemm(&Mat::matrix(x, 2 * p)?.t(), &dy, (2 * p, h)))
+            .collect::<Result<Vec<_>>>()?;
+        let dr = match dr.len() {
+            1 => dr.remove(0),
+            _ => Tensor::cat(&dr, 0)?,
+        };
+        let dc = s5_readout_backward(c, dirs, self.conj_sym, &dr)?;
         let (mut dbu, mut dgate) = (None::<Tensor>, None::<Tensor>);
         for (k, x) in self.states.iter().enumerate() {
             // ∂X_k = ∂y R_kᵀ, R_k the rows k · 2P.. of R.
