@@ -22,9 +22,9 @@ __device__ __forceinline__ bool dropout_kept(u64 site_hash, u64 row, u64 feature
 }
 
 // The site hash of a launch: `site_hash` as the host made it from (seed, step, site), or, where
-// `step` points to the device's step word, made here from the seed's hash (then passed as
-// `site_hash`), that word and `site` — the same chain — so that a launch captured in a CUDA graph
-// masks each replay with the step written before it.
-__device__ __forceinline__ u64 dropout_site_hash(u64 site_hash, const u64 *step, u64 site) {
-    return step ? dropout_absorb(dropout_absorb(site_hash, *step), site) : site_hash;
+// `key` points to the device's key word — the step's key, the chain so far of (seed, step) —
+// made here from that word and `site`, the same chain, so that a launch captured in a CUDA graph
+// masks each replay with the seed and step written before it.
+__device__ __forceinline__ u64 dropout_site_hash(u64 site_hash, const u64 *key, u64 site) {
+    return key ? dropout_absorb(*key, site) : site_hash;
 }

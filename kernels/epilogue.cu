@@ -9,8 +9,8 @@
 
 #define EPILOGUE_THREADS 256
 
-// The dropout of one launch: the key of its mask, and s. The launch passes the site hash, or with
-// the device's step word the seed's hash and the site (dropout_site_hash).
+// The dropout of one launch: the key of its mask, and s. The launch passes the site hash, or the
+// device's key word and the site (dropout_site_hash).
 struct EpilogueDrop {
     int on;
     u64 site_hash, first_row, threshold;
@@ -53,17 +53,17 @@ __device__ void epilogue_bwd(const T *y, const T *g, T *dy, int n, int per_sampl
 #define EPILOGUE_KERNELS(SUFFIX, T)                                                             \
     extern "C" __global__ void __launch_bounds__(EPILOGUE_THREADS)                              \
         epilogue_fwd_##SUFFIX(const T *y, const T *r, T *out, int n, int per_sample,            \
-                              int features, int gelu, int drop, u64 site_hash, const u64 *step, \
+                              int features, int gelu, int drop, u64 site_hash, const u64 *key,  \
                               u64 site, u64 first_row, u64 threshold, u64 scale_bits) {         \
-        const EpilogueDrop d = {drop, dropout_site_hash(site_hash, step, site), first_row,      \
+        const EpilogueDrop d = {drop, dropout_site_hash(site_hash, key, site), first_row,       \
                                 threshold, f64_from_bits(scale_bits)};                          \
         epilogue_fwd<T>(y, r, out, n, per_sample, features, gelu, d);                           \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(EPILOGUE_THREADS)                              \
         epilogue_bwd_##SUFFIX(const T *y, const T *g, T *dy, int n, int per_sample,             \
-                              int features, int gelu, int drop, u64 site_hash, const u64 *step, \
+                              int features, int gelu, int drop, u64 site_hash, const u64 *key,  \
                               u64 site, u64 first_row, u64 threshold, u64 scale_bits) {         \
-        const EpilogueDrop d = {drop, dropout_site_hash(site_hash, step, site), first_row,      \
+        const EpilogueDrop d = {drop, dropout_site_hash(site_hash, key, site), first_row,       \
                                 threshold, f64_from_bits(scale_bits)};                          \
         epilogue_bwd<T>(y, g, dy, n, per_sample, features, gelu, d);                            \
     }
@@ -116,18 +116,18 @@ __device__ void gate_bwd(const T *f, const T *gate, const T *g, T *df, T *dz, in
     extern "C" __global__ void __launch_bounds__(EPILOGUE_THREADS)                              \
         gate_fwd_##SUFFIX(const T *f, const T *z, const T *b, const T *r, T *out, T *gate,      \
                           int n, int per_sample, int features, int drop, u64 site_hash,         \
-                          const u64 *step, u64 site, u64 first_row, u64 threshold,              \
+                          const u64 *key, u64 site, u64 first_row, u64 threshold,               \
                           u64 scale_bits) {                                                     \
-        const EpilogueDrop d = {drop, dropout_site_hash(site_hash, step, site), first_row,      \
+        const EpilogueDrop d = {drop, dropout_site_hash(site_hash, key, site), first_row,       \
                                 threshold, f64_from_bits(scale_bits)};                          \
         gate_fwd<T>(f, z, b, r, out, gate, n, per_sample, features, d);                         \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(EPILOGUE_THREADS)                              \
         gate_bwd_##SUFFIX(const T *f, const T *gate, const T *g, T *df, T *dz, int n,           \
                           int per_sample, int features, int drop, u64 site_hash,                \
-                          const u64 *step, u64 site, u64 first_row, u64 threshold,              \
+                          const u64 *key, u64 site, u64 first_row, u64 threshold,               \
                           u64 scale_bits) {                                                     \
-        const EpilogueDrop d = {drop, dropout_site_hash(site_hash, step, site), first_row,      \
+        const EpilogueDrop d = {drop, dropout_site_hash(site_hash, key, site), first_row,       \
                                 threshold, f64_from_bits(scale_bits)};                          \
         gate_bwd<T>(f, gate, g, df, dz, n, per_sample, features, d);                            \
     }

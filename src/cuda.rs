@@ -151,12 +151,14 @@ struct DeviceState {
     /// The status words every launch with a status argument reports to (zeros: no error);
     /// read and cleared by [`take_status`].
     status: CudaSlice<i32>,
-    /// The training step that launches with [`KernelArg::Step`] read, written by
-    /// [`set_dropout_step`].
-    step: CudaSlice<u64>,
+    /// The dropout key of the training step, which launches with [`KernelArg::DropoutKey`]
+    /// read, written by [`set_dropout_key`].
+    dropout_key: CudaSlice<u64>,
     /// Counts the times memory that launches point to (the workspace, the tables) was freed:
     /// a captured CUDA graph made before the last one must not be replayed ([`generation`]).
     generation: u64,
+    /// Steps captured as CUDA graphs on this device ([`graph::captures`]).
+    captures: u64,
 }
 
 /// Tables cached per device before the cache is cleared (a sweep over many tree shapes).
@@ -179,8 +181,9 @@ fn with_state<R>(dev: &CudaDevice, f: impl FnOnce(&mut DeviceState) -> Result<R>
             tables: HashMap::new(),
             workspace: None,
             status: dev.alloc_zeros::<i32>(2)?,
-            step: dev.alloc_zeros::<u64>(1)?,
+            dropout_key: dev.alloc_zeros::<u64>(1)?,
             generation: 0,
+            captures: 0,
         }),
     };
     f(state)
@@ -296,13 +299,16 @@ pub fn take_status(dev: &CudaDevice) -> Result<(i32, i32)> {
     Ok((words[0], words[1]))
 }
 
-/// Writes `step` into the device's step word, in stream order (after every launch so far, before
-/// every later one): the dropout masks of the launches that read it ([`KernelArg::Step`]; see
-/// [`crate::ops::epilogue::Dropout::step_word`]) are then those of this step. Outside a captured
-/// CUDA graph, so that each replay reads the step written before it.
-pub fn set_dropout_step(dev: &CudaDevice, step: u64) -> Result<()> {
+/// Writes a step's dropout key (`DropoutKey::step_key` in `crate::nn`) into the device's key
+/// word, in stream order (after every launch so far, before every later one): the dropout masks
+/// of the launches that read it ([`KernelArg::DropoutKey`]; see
+/// [`crate::ops::epilogue::Dropout::key_word`]) are then those of that seed and step. Outside a
+/// captured CUDA graph, so that each replay reads the key written before it.
+pub fn set_dropout_key(dev: &CudaDevice, key: u64) -> Result<()> {
     with_state(dev, |s| {
-        dev.cuda_stream().memcpy_htod(&[step], &mut s.step).w()?;
+        dev.cuda_stream()
+            .memcpy_htod(&[key], &mut s.dropout_key)
+            .w()?;
         Ok(())
     })
 }
@@ -312,6 +318,14 @@ pub fn set_dropout_step(dev: &CudaDevice, step: u64) -> Result<()> {
 /// may point to freed memory and must be captured again.
 pub fn generation(dev: &CudaDevice) -> Result<u64> {
     with_state(dev, |s| Ok(s.generation))
+}
+
+/// Adds `n` to the device's count of captured steps and returns it.
+fn count_captures(dev: &CudaDevice, n: u64) -> Result<u64> {
+    with_state(dev, |s| {
+        s.captures += n;
+        Ok(s.captures)
+    })
 }
 
 /// Launches of our kernels so far, on every device (candle's own kernels are not counted).
@@ -451,7 +465,7 @@ fn run<T: CudaElem>(
             tables,
             workspace,
             status,
-            step,
+            dropout_key,
             ..
         } = state;
         let null = 0usize;
@@ -512,7 +526,7 @@ fn run<T: CudaElem>(
                 },
                 KernelArg::Null => b.arg(&null),
                 KernelArg::Status => b.arg(&*status),
-                KernelArg::Step => b.arg(&*step),
+                KernelArg::DropoutKey => b.arg(&*dropout_key),
                 KernelArg::I32(v) => b.arg(v),
                 KernelArg::U64(v) => b.arg(v),
                 KernelArg::Struct(_) => b.arg(structs.next().expect("packed above")),

@@ -86,7 +86,7 @@ const TRAIN: Mode = Mode::Train(
         seed: 0,
         step: 0,
         first_row: 0,
-        step_on_device: false,
+        key_on_device: false,
     },
     None,
     None,
@@ -259,7 +259,7 @@ fn dropout_masks_are_a_function_of_the_key_and_the_batch_row() {
                 seed,
                 step,
                 first_row,
-                step_on_device: false,
+                key_on_device: false,
             };
             to_vec(
                 &model
@@ -460,7 +460,7 @@ fn training_by_hand_follows_autograd() {
                     seed: 3,
                     step,
                     first_row: 0,
-                    step_on_device: false,
+                    key_on_device: false,
                 };
                 let sink = GradSink::new();
                 let mode = Mode::Train(key, None, by_hand.then_some(&sink));
@@ -535,7 +535,7 @@ fn the_last_block_of_a_node_pooling_computes_the_pooled_nodes_alone() {
             seed: 5,
             step: 1,
             first_row: 0,
-            step_on_device: false,
+            key_on_device: false,
         };
         for by_hand in [None, Some(false), Some(true)] {
             let sink = GradSink::new();

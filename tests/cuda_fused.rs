@@ -251,7 +251,7 @@ fn cuda_epilogue() {
             site_hash: 17,
             first_row: 2,
             p,
-            step_word: None,
+            key_word: None,
         })
     };
     for (act, p) in [
@@ -357,7 +357,7 @@ fn cuda_gate() {
             site_hash: 11,
             first_row: 4,
             p: 0.2,
-            step_word: None,
+            key_word: None,
         });
         for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
             let run = |dev: &Device| {

@@ -1,12 +1,14 @@
 //! The training step captured as a CUDA graph (`myo bench step` on CUDA): S5 and Myo at the
 //! default size, and with dropout, are captured, and after replays their parameters are those of
 //! as many eager steps from the same parameters and inputs, to the bit (the replays' dropout
-//! masks keyed by the step written to the device before each). Compiled with `--features cuda`; skipped,
-//! saying so, without a CUDA device.
+//! masks keyed by the seed and step written to the device before each); `myo train` with steps
+//! captured trains as it does eagerly, its graphs kept from epoch to epoch. Compiled with
+//! `--features cuda`; skipped, saying so, without a CUDA device.
 #![cfg(feature = "cuda")]
 
 mod common;
 
+use candle_core::Device;
 use clap::Parser;
 use myosotis::bench::{StepArgs, StepReport};
 
@@ -38,7 +40,7 @@ fn cuda_graph_replays_the_eager_step() {
     if common::gpu("cuda_graph_replays_the_eager_step").is_none() {
         return;
     }
-    // Dropout: the replays read their step from the device's step word, the eager steps take
+    // Dropout: the replays read their step from the device's key word, the eager steps take
     // it by value; their masks must agree.
     for flags in [
         &["--model", "s5"][..],
@@ -83,13 +85,18 @@ fn cuda_graph_trains_as_the_eager_steps() {
     let Some(gpu) = common::gpu("cuda_graph_trains_as_the_eager_steps") else {
         return;
     };
-    for (model, log_every) in [
-        (&["--model", "s5", "--clip", "1.0"][..], 1),
-        (&["--model", "myo", "--activation", "half_glu1"], 3),
+    // The graphs last the run (its epochs and the parts between evaluations): Myo's batches
+    // have one shape, captured once; S5's ListOps batches are padded to their longest sequence,
+    // at most 4 shapes kept.
+    for (model, log_every, captures) in [
+        (&["--model", "s5", "--clip", "1.0"][..], 1, 4),
+        (&["--model", "myo", "--activation", "half_glu1"], 3, 1),
     ] {
         let mut flags = vec![
             "--epochs",
             "2",
+            "--eval-every",
+            "4",
             "--max-train-samples",
             "150",
             "--max-eval-samples",
@@ -103,6 +110,9 @@ fn cuda_graph_trains_as_the_eager_steps() {
         ];
         flags.extend_from_slice(model);
         let cfg = RunArgs::from_flags(&flags).unwrap().resolve().unwrap();
+        let Device::Cuda(dev) = &gpu else {
+            unreachable!("a CUDA device")
+        };
         let run = |cuda_graph: bool| {
             let dir = common::runs::out(&format!("cuda-graph-{}-{cuda_graph}", model[1]));
             let exec = Exec {
@@ -110,7 +120,14 @@ fn cuda_graph_trains_as_the_eager_steps() {
                 log_every,
                 ..Exec::on(&gpu)
             };
+            let before = myosotis::cuda::graph::captures(dev).unwrap();
             train(&cfg, &dir, &exec, Start::New, |_| {}).unwrap();
+            let captured = myosotis::cuda::graph::captures(dev).unwrap() - before;
+            let want = if cuda_graph { 1..=captures } else { 0..=0 };
+            assert!(
+                want.contains(&captured),
+                "{model:?}: {captured} steps captured in a run, not {want:?}"
+            );
             let records: Vec<String> = common::runs::metrics(&dir)
                 .iter()
                 .map(|r| {

@@ -134,7 +134,7 @@ fn cuda_training_step_matches_the_cpu_for_every_model() {
                 seed: 0,
                 step: 0,
                 first_row: 0,
-                step_on_device: false,
+                key_on_device: false,
             };
             let sink = GradSink::new();
             let mode = Mode::Train(key, None, by_hand.then_some(&sink));

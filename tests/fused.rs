@@ -411,7 +411,7 @@ fn epilogue_matches_the_candle_ops_and_finite_differences() {
             site_hash: 99,
             first_row: 4,
             p,
-            step_word: None,
+            key_word: None,
         });
         let yv = Var::from_tensor(&tensor(&y, &[b, l, h], DType::F32, &cpu)).unwrap();
         let rv = Var::from_tensor(&tensor(&r, &[b, l, h], DType::F32, &cpu)).unwrap();
@@ -476,7 +476,7 @@ fn epilogue_matches_the_candle_ops_and_finite_differences() {
         site_hash: 0,
         first_row: 0,
         p: 1.0,
-        step_word: None,
+        key_word: None,
     };
     assert!(err(epilogue(&y3, None, Activation::Gelu, Some(bad))).contains("[0, 1)"));
     let flat = Tensor::zeros(4, DType::F32, &cpu).unwrap();
@@ -570,7 +570,7 @@ fn gate_matches_the_candle_ops_and_finite_differences() {
         site_hash: 77,
         first_row: 2,
         p: 0.25,
-        step_word: None,
+        key_word: None,
     };
     let drop = Some(dropout);
     let t = |v: &[f64], dims: &[usize]| tensor(v, dims, DType::F64, &cpu);

@@ -304,7 +304,7 @@ fn the_pair_head_reads_both_documents() {
                 seed: 0,
                 step: 0,
                 first_row: 0,
-                step_on_device: false,
+                key_on_device: false,
             },
             None,
             None,

@@ -253,8 +253,8 @@ struct Setup {
     opt: Optimizer,
     batch: Batch,
     step: u64,
-    /// The dropout kernels read the step from the device's step word (a captured step).
-    step_on_device: bool,
+    /// The dropout kernels read the step's key from the device's key word (a captured step).
+    key_on_device: bool,
     /// The gradients the layers compute by hand (see [`Mode::Train`]).
     sink: GradSink,
 }
@@ -266,7 +266,7 @@ impl Setup {
             seed: 0,
             step: self.step,
             first_row: 0,
-            step_on_device: self.step_on_device,
+            key_on_device: self.key_on_device,
         };
         let mode = Mode::Train(key, None, Some(&self.sink));
         let objective = score(&self.model, &self.batch, mode)?.objective;
@@ -357,7 +357,7 @@ impl StepBench {
             opt,
             batch,
             step: 0,
-            step_on_device: false,
+            key_on_device: false,
             sink: GradSink::new(),
         };
         Ok((s, vars))
@@ -463,7 +463,7 @@ impl StepBench {
         replayed.batch = eager.batch.clone();
         // The replays' dropout reads the step from the device (the eager steps' take it by
         // value); the capture's eager run is step 1, each replay the next.
-        replayed.step_on_device = true;
+        replayed.key_on_device = true;
         // The eager steps first: their memory is back with the device (the pool releases it
         // when the device synchronises) before the graph maps its own.
         let compared = 5;
@@ -472,12 +472,19 @@ impl StepBench {
         }
         device.synchronize()?;
         crate::cuda::graph::graph_memory(dev, true)?;
+        // The dropout key of a step as Setup::forward makes it, read from the device.
+        let key = |step| DropoutKey {
+            seed: 0,
+            step,
+            first_row: 0,
+            key_on_device: true,
+        };
         let mut at = 1;
-        prepare_step(dev, &mut replayed.opt, at)?;
+        prepare_step(dev, &mut replayed.opt, key(at))?;
         let graph = StepGraph::capture(dev, || replayed.body())?;
         for _ in 0..compared {
             at += 1;
-            prepare_step(dev, &mut replayed.opt, at)?;
+            prepare_step(dev, &mut replayed.opt, key(at))?;
             graph.replay()?;
         }
         let mut max_difference = 0f64;
@@ -492,7 +499,7 @@ impl StepBench {
         }
         let step = time_median(device, self.warmup, self.repeats, || {
             at += 1;
-            prepare_step(dev, &mut replayed.opt, at)?;
+            prepare_step(dev, &mut replayed.opt, key(at))?;
             graph.replay()
         })?;
         device.synchronize()?;

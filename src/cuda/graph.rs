@@ -15,6 +15,7 @@ use candle_core::cuda_backend::cudarc::driver::CudaGraph;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, Result};
 
+use crate::nn::DropoutKey;
 use crate::train::optim::Optimizer;
 
 pub use crate::bench::{GraphMemory, GraphNodes};
@@ -50,6 +51,7 @@ impl StepGraph {
             candle_core::bail!("the captured step launched nothing");
         };
         let nodes = count_nodes(&graph)?;
+        super::count_captures(dev, 1)?;
         Ok(StepGraph { graph, nodes })
     }
 
@@ -59,12 +61,18 @@ impl StepGraph {
     }
 }
 
+/// The steps captured so far on this device (this `CudaDevice`: each made by
+/// `Device::new_cuda` counts apart).
+pub fn captures(dev: &CudaDevice) -> Result<u64> {
+    super::count_captures(dev, 0)
+}
+
 /// The host's part of a step whose device part is captured (or being captured): AdamW's rows
-/// ([`Optimizer::prepare`]) and the step that keys its dropout masks, written to the device's
-/// step word ([`crate::cuda::set_dropout_step`]).
-pub fn prepare_step(dev: &CudaDevice, opt: &mut Optimizer, dropout_step: u64) -> Result<()> {
+/// ([`Optimizer::prepare`]) and the key of its dropout masks (their seed and step), written to
+/// the device's key word ([`crate::cuda::set_dropout_key`]).
+pub fn prepare_step(dev: &CudaDevice, opt: &mut Optimizer, dropout: DropoutKey) -> Result<()> {
     opt.prepare()?;
-    crate::cuda::set_dropout_step(dev, dropout_step)
+    crate::cuda::set_dropout_key(dev, dropout.step_key())
 }
 
 /// The graph's nodes by kind, and the bytes its allocation nodes ask for.

@@ -29,10 +29,10 @@ pub enum KernelArg {
     /// that finds a bad pivot writes 1 + its node to the first and, where it has heads,
     /// 1 + the head to the second).
     Status,
-    /// A pointer to the device's step word, an `unsigned long long` written before a training
-    /// step (`crate::cuda::set_dropout_step`): what a launch captured in a CUDA graph reads
-    /// where an eager launch would take the step by value.
-    Step,
+    /// A pointer to the device's key word, an `unsigned long long` written before a training
+    /// step (`crate::cuda::set_dropout_key`: the dropout key of its seed and step): what a
+    /// launch captured in a CUDA graph reads where an eager launch takes the key by value.
+    DropoutKey,
     /// An `int` by value.
     I32(i32),
     /// An `unsigned long long` by value.

@@ -3,10 +3,11 @@
 //! backward, AdamW — is captured ([`StepGraph::capture`]); each later batch of that shape is
 //! copied into the captured step's input buffers and the graph replayed, one launch in place of
 //! hundreds. What changes between steps is written before each replay: the batch, AdamW's
-//! hyper-parameter rows ([`Optimizer::prepare`]) and the dropout masks' step
-//! ([`crate::cuda::set_dropout_step`]). Inside the graph the step's loss, correct count and
-//! gradient norm are copied into buffers of their own, which the host copies out after each
-//! replay, so that the losses stay on the device as eager steps' do.
+//! hyper-parameter rows ([`Optimizer::prepare`]) and the dropout masks' key, of the epoch's seed
+//! and the step ([`crate::cuda::set_dropout_key`]), so that the graphs serve every epoch of the
+//! run (the caller keeps them: [`super::trainer::StepGraphs`]). Inside the graph the step's
+//! loss, correct count and gradient norm are copied into buffers of their own, which the host
+//! copies out after each replay, so that the losses stay on the device as eager steps' do.
 //!
 //! The replayed steps are the eager steps to the bit: the same kernels on the same values
 //! (tested on the GPU, `tests/cuda_graph.rs`). A graph whose launches may point to memory since
@@ -87,15 +88,20 @@ impl CapturedSteps {
         let device = candle_core::Device::Cuda(self.dev.clone());
         let batch = data.batch(idx, pad, &device)?;
         let shape = shapes(&batch);
-        // The dropout masks' step, as an eager step keys them: the steps taken before it.
-        let step = opt.step_count() as u64;
+        // The dropout masks' key, as an eager step's: the seed and the steps taken before it.
+        let key = DropoutKey {
+            seed,
+            step: opt.step_count() as u64,
+            first_row: 0,
+            key_on_device: true,
+        };
         // Graphs that may point to freed memory (a workspace since grown) are captured again.
         if crate::cuda::generation(&self.dev)? != self.generation {
             self.graphs.clear();
         }
         if let Some(c) = self.graphs.iter().find(|c| c.shape == shape) {
             overwrite(&c.batch, &batch)?;
-            prepare_step(&self.dev, opt, step)?;
+            prepare_step(&self.dev, opt, key)?;
             c.graph.replay()?;
             let out = |i: usize| c.results[i].copy()?.reshape(());
             let logged = match (opt.kept_rate(), c.results.get(2)) {
@@ -111,12 +117,12 @@ impl CapturedSteps {
         if self.failed || self.graphs.len() == MAX_GRAPHS {
             return Ok(None);
         }
-        prepare_step(&self.dev, opt, step)?;
+        prepare_step(&self.dev, opt, key)?;
         // The capture runs the step twice: eagerly (this batch's step), then under capture.
         let mut eager: Option<Vec<Tensor>> = None;
         let mut results: Vec<Tensor> = Vec::new();
         let captured = StepGraph::capture(&self.dev, || {
-            let out = body(model, opt, &batch, seed, step)?;
+            let out = body(model, opt, &batch, key)?;
             match &eager {
                 None => {
                     results = out.iter().map(Tensor::copy).collect::<Result<_>>()?;
@@ -177,23 +183,16 @@ impl CapturedSteps {
     }
 }
 
-/// The device's part of a training step on `batch`, keyed for dropout by `step` read from the
-/// device's step word: forward, loss, backward and AdamW on the rows [`Optimizer::prepare`]
+/// The device's part of a training step on `batch`, its dropout keyed by `key` read from the
+/// device's key word: forward, loss, backward and AdamW on the rows [`Optimizer::prepare`]
 /// wrote, the same operations as an eager step of one shard. Returns the mean loss and correct
 /// count (f64) and, where computed, the gradient norm, each of shape (1,).
 fn body(
     model: &SequenceClassifier,
     opt: &mut Optimizer,
     batch: &Batch,
-    seed: u64,
-    step: u64,
+    key: DropoutKey,
 ) -> Result<Vec<Tensor>> {
-    let key = DropoutKey {
-        seed,
-        step,
-        first_row: 0,
-        step_on_device: true,
-    };
     let sink = GradSink::new();
     let s = score(model, batch, Mode::Train(key, None, Some(&sink)))?;
     // As an eager step of one part: its share of the batch mean is 1.

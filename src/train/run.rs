@@ -21,7 +21,9 @@ use super::optim::{OptimConfig, Optimizer};
 use super::pause;
 use super::progress::{Event, RunInfo};
 use super::start::{data_digest, resumable, with_environment};
-use super::trainer::{evaluate, report_interval, Batching, Epoch, EpochSoFar, Evaluation};
+use super::trainer::{
+    evaluate, report_interval, Batching, Epoch, EpochSoFar, Evaluation, StepGraphs,
+};
 use crate::data::dataset::Dataset;
 use crate::nn::{ClassifierConfig, SequenceClassifier};
 
@@ -145,7 +147,7 @@ pub struct Exec {
     /// Optimiser steps between mid-epoch checkpoints (`last.safetensors`, resumable as those
     /// at the ends of epochs; 0: none).
     pub save_every: usize,
-    /// On CUDA, replay training steps captured as CUDA graphs ([`Epoch::cuda_graph`]).
+    /// On CUDA, replay training steps captured as CUDA graphs ([`Epoch::graphs`]).
     pub cuda_graph: bool,
 }
 
@@ -392,6 +394,8 @@ pub fn train(
     // Since the last step record: (its time, the samples trained).
     let mut since_log = (started.elapsed().as_secs_f64(), 0usize);
     let mut log_failed = None;
+    // The steps captured as CUDA graphs, replayed in every later part and epoch.
+    let graphs = StepGraphs::default();
     'run: while r.progress.epoch < cfg.epochs {
         // Also when a run that stopped early is resumed.
         if let Some(patience) = cfg.early_stop.filter(|&p| r.progress.since_best >= p) {
@@ -431,7 +435,7 @@ pub fn train(
                 device,
                 report_every: report_interval(device),
                 world: &exec.world,
-                cuda_graph: exec.cuda_graph,
+                graphs: exec.cuda_graph.then_some(&graphs),
             };
             let until = to_next.map_or(usize::MAX, |n| r.progress.within.batches + n);
             part.train(&mut r.opt, &mut r.progress.within, until, |b| {

@@ -153,7 +153,7 @@ fn train_batch(
                 seed,
                 step,
                 first_row: (mine.start + at) as u64,
-                step_on_device: false,
+                key_on_device: false,
             };
             let sink = GradSink::new();
             let s = score(model, &batch, Mode::Train(key, shards, Some(&sink)))?;
@@ -246,11 +246,10 @@ fn sum_parts(parts: Vec<(Tensor, Tensor, GradStore)>) -> Result<(Tensor, Tensor,
 /// its learning rate and gradient norm.
 type StepOut = (Tensor, Tensor, Option<(f64, Tensor)>);
 
-/// The steps of an epoch captured as CUDA graphs, where `cuda_graph` asks for them and they can
-/// be replayed as they are: on CUDA, one process, one micro-batch per step, not f16.
+/// Steps captured as CUDA graphs, where they can be replayed as they are: on CUDA, one
+/// process, one micro-batch per step, not f16.
 #[cfg(feature = "cuda")]
 fn captured_steps(
-    cuda_graph: bool,
     device: &Device,
     batching: Batching,
     world: &World,
@@ -258,15 +257,21 @@ fn captured_steps(
 ) -> Option<super::captured::CapturedSteps> {
     match device {
         Device::Cuda(dev)
-            if cuda_graph
-                && world.size() == 1
-                && batching.accumulate <= 1
-                && opt.scaler().is_none() =>
+            if world.size() == 1 && batching.accumulate <= 1 && opt.scaler().is_none() =>
         {
             Some(super::captured::CapturedSteps::new(dev, opt))
         }
         _ => None,
     }
+}
+
+/// The training steps of a run captured as CUDA graphs (`src/train/captured.rs`), kept from one
+/// part of an epoch to the next and from epoch to epoch: a run captures each batch shape's step
+/// once. Holds nothing without the `cuda` feature or off CUDA.
+#[derive(Default)]
+pub struct StepGraphs {
+    #[cfg(feature = "cuda")]
+    captured: std::cell::RefCell<Option<super::captured::CapturedSteps>>,
 }
 
 /// Shards are host threads, and on CUDA candle gives each host thread its own stream: our
@@ -485,7 +490,7 @@ pub fn train_epoch(
         device,
         report_every,
         world,
-        cuda_graph: false,
+        graphs: None,
     };
     let mut so_far = EpochSoFar::default();
     epoch.train(opt, &mut so_far, epoch.batches(), on_batch)?;
@@ -525,8 +530,9 @@ pub struct Epoch<'a> {
     pub report_every: usize,
     pub world: &'a Arc<World>,
     /// On CUDA, replay the steps captured as CUDA graphs where they can be (see
-    /// `src/train/captured.rs`): one process, one micro-batch, not f16, whole batches.
-    pub cuda_graph: bool,
+    /// `src/train/captured.rs`): one process, one micro-batch, not f16, whole batches; the
+    /// graphs are kept here for later parts and epochs. `None`: every step eager.
+    pub graphs: Option<&'a StepGraphs>,
 }
 
 impl Epoch<'_> {
@@ -553,7 +559,7 @@ impl Epoch<'_> {
             device,
             report_every,
             world,
-            cuda_graph,
+            graphs,
         } = *self;
         one_shard_on_cuda(device, batching)?;
         // Ranks sum BatchNorm's statistics in the forward pass: each must hold part of every
@@ -613,9 +619,19 @@ impl Epoch<'_> {
             .take(until)
             .skip(so_far.batches);
         #[cfg(feature = "cuda")]
-        let mut captured = captured_steps(cuda_graph, device, batching, world, opt);
+        let mut kept = graphs.map(|g| g.captured.borrow_mut());
+        #[cfg(feature = "cuda")]
+        let mut captured = match kept.as_deref_mut() {
+            Some(slot) => {
+                if slot.is_none() {
+                    *slot = captured_steps(device, batching, world, opt);
+                }
+                slot.as_mut()
+            }
+            None => None,
+        };
         #[cfg(not(feature = "cuda"))]
-        let _ = cuda_graph;
+        let _ = graphs;
         for (b, idx) in batches {
             // A whole batch's step replayed from its captured graph, where there is one.
             #[cfg(feature = "cuda")]

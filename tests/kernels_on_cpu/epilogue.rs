@@ -42,7 +42,7 @@ fn epilogue_kernels_match_the_reference_and_the_cpu_twin() {
             let y = round_to(&uniform(&mut rng, n, -4.0, 4.0), dtype);
             let r = round_to(&uniform(&mut rng, n, -1.0, 1.0), dtype);
             let g = round_to(&uniform(&mut rng, n, -1.0, 1.0), dtype);
-            // The last: the site hash made by the kernels from the step word.
+            // The last: the site hash made by the kernels from the key word.
             for (act, residual, p, word) in [
                 (Activation::Gelu, true, 0.0, false),
                 (Activation::Gelu, false, 0.3, false),
@@ -50,7 +50,7 @@ fn epilogue_kernels_match_the_reference_and_the_cpu_twin() {
                 (Activation::Gelu, true, 0.1, true),
             ] {
                 let what = format!(
-                    "{dtype:?} {b} x {l} x {h}, {act:?}, residual {residual}, p {p}, step word \
+                    "{dtype:?} {b} x {l} x {h}, {act:?}, residual {residual}, p {p}, key word \
                      {word}"
                 );
                 let drop = test_dropout(word, 0x5eed, k as u64, 3, p);

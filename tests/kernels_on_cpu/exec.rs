@@ -10,7 +10,7 @@ use candle_core::DType;
 use half::{bf16, f16};
 use kernels_on_cpu::{launch, Arg, Launch, Order};
 use myosotis::ops::dropout::absorb;
-use myosotis::ops::epilogue::{Dropout, StepWord};
+use myosotis::ops::epilogue::{Dropout, KeyWord};
 use myosotis::ops::plan::{pack_struct, KernelArg, LaunchPlan};
 
 /// Bytes of canary on each side of a buffer (a multiple of the 16-byte alignment).
@@ -119,27 +119,24 @@ pub struct HostRun {
 }
 
 thread_local! {
-    /// What [`KernelArg::Step`] points to in this thread's launches.
-    static STEP_WORD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// What [`KernelArg::DropoutKey`] points to in this thread's launches.
+    static KEY_WORD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Sets the device's step word of this thread's launches (`myosotis::cuda::set_dropout_step`).
-pub fn set_step_word(step: u64) {
-    STEP_WORD.set(step);
+/// Sets the device's key word of this thread's launches (`myosotis::cuda::set_dropout_key`).
+pub fn set_key_word(key: u64) {
+    KEY_WORD.set(key);
 }
 
 /// A dropout of rate `p` for case `k` of a test: keyed by the site hash `hash ^ k`, or with
-/// `word`, by the step word (set here to 7 + k) from which the kernels make the site hash of
-/// seed hash `hash` and site 1 + k; its `site_hash`, what the host makes from the same, keys
-/// the reference and the CPU twin.
+/// `word`, by the key word (set here to the step key of seed hash `hash` and step 7 + k), from
+/// which the kernels make the site hash of site 1 + k; its `site_hash`, what the host makes from
+/// the same, keys the reference and the CPU twin.
 pub fn test_dropout(word: bool, hash: u64, k: u64, first_row: u64, p: f64) -> Dropout {
     let (step, site) = (7 + k, 1 + k);
-    let step_word = word.then(|| {
-        set_step_word(step);
-        StepWord {
-            seed_hash: hash,
-            site,
-        }
+    let key_word = word.then(|| {
+        set_key_word(absorb(hash, step));
+        KeyWord { site }
     });
     Dropout {
         site_hash: match word {
@@ -148,7 +145,7 @@ pub fn test_dropout(word: bool, hash: u64, k: u64, first_row: u64, p: f64) -> Dr
         },
         first_row,
         p,
-        step_word,
+        key_word,
     }
 }
 
@@ -191,7 +188,7 @@ fn execute(
     let mut tables: Vec<Guarded> = table_bytes.iter().map(|b| Guarded::with(b)).collect();
     let mut workspace = Guarded::filled(plan.workspace_bytes, POISON);
     let mut status = Guarded::filled(8, 0);
-    let mut step = Guarded::with(&STEP_WORD.get().to_le_bytes());
+    let mut key = Guarded::with(&KEY_WORD.get().to_le_bytes());
     let missing = |what: &str, i: usize| format!("{}: no {what} {i}", plan.kernel);
     // The structs passed by value, packed first: the argument list borrows them.
     let mut structs: Vec<Vec<u64>> = Vec::new();
@@ -239,7 +236,7 @@ fn execute(
             KernelArg::Workspace => Arg::Ptr(workspace.ptr()),
             KernelArg::Null => Arg::Ptr(std::ptr::null_mut()),
             KernelArg::Status => Arg::Ptr(status.ptr()),
-            KernelArg::Step => Arg::Ptr(step.ptr()),
+            KernelArg::DropoutKey => Arg::Ptr(key.ptr()),
             KernelArg::I32(v) => Arg::I32(*v),
             KernelArg::U64(v) => Arg::U64(*v),
             KernelArg::Struct(_) => Arg::Struct(packed.next().expect("packed above")),
@@ -265,9 +262,9 @@ fn execute(
     named("table", &tables)?;
     named("the workspace", std::slice::from_ref(&workspace))?;
     named("the status word", std::slice::from_ref(&status))?;
-    named("the step word", std::slice::from_ref(&step))?;
-    if step.data() != STEP_WORD.get().to_le_bytes() {
-        return Err(format!("{}: changed the step word", plan.kernel));
+    named("the key word", std::slice::from_ref(&key))?;
+    if key.data() != KEY_WORD.get().to_le_bytes() {
+        return Err(format!("{}: changed the key word", plan.kernel));
     }
     named("target", &targets)?;
     for (i, (g, b)) in ins.iter().zip(&input_bytes).enumerate() {

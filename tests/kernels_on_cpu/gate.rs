@@ -22,11 +22,11 @@ fn gate_kernels_match_the_reference_and_the_cpu_twin() {
             let [f, z, r, g] =
                 [2.0, 6.0, 1.0, 1.0].map(|a| round_to(&uniform(&mut rng, n, -a, a), dtype));
             let bias = round_to(&uniform(&mut rng, h, -1.0, 1.0), dtype);
-            // The last: the site hash made by the kernels from the step word.
+            // The last: the site hash made by the kernels from the key word.
             for (residual, p, word) in [(true, 0.0, false), (false, 0.3, false), (true, 0.5, true)]
             {
                 let what = format!(
-                    "{dtype:?} {b} x {l} x {h}, residual {residual}, p {p}, step word {word}"
+                    "{dtype:?} {b} x {l} x {h}, residual {residual}, p {p}, key word {word}"
                 );
                 let drop = test_dropout(word, 0x9a7e, k as u64, 5, p);
                 let dropout = (p > 0.0).then_some(drop);

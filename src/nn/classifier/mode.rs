@@ -2,7 +2,7 @@
 
 use super::{Dropout, GradSink, Shards};
 use crate::ops::dropout::{absorb, mix};
-use crate::ops::epilogue::StepWord;
+use crate::ops::epilogue::KeyWord;
 
 /// How a forward pass runs.
 #[derive(Clone, Copy)]
@@ -37,10 +37,11 @@ pub struct DropoutKey {
     pub step: u64,
     /// Row of this forward's first sample in the whole batch (a shard's offset).
     pub first_row: u64,
-    /// On CUDA, the kernels read the step from the device's step word, which the caller writes
-    /// before the step (`crate::cuda::set_dropout_step`), in place of taking `step` by value:
-    /// a step captured as a CUDA graph then masks each replay with its own step.
-    pub step_on_device: bool,
+    /// On CUDA, the kernels read the step's key ([`DropoutKey::step_key`]) from the device's
+    /// key word, which the caller writes before the step (`crate::cuda::set_dropout_key`), in
+    /// place of taking it by value: a step captured as a CUDA graph then masks each replay with
+    /// its own seed and step.
+    pub key_on_device: bool,
 }
 
 impl DropoutKey {
@@ -49,9 +50,15 @@ impl DropoutKey {
         mix(self.seed ^ 0x9e37_79b9_7f4a_7c15)
     }
 
+    /// The hash of (seed, step): what every dropout call of the step starts from, and what
+    /// the device's key word holds for a step whose key is read from it.
+    pub fn step_key(&self) -> u64 {
+        absorb(self.seed_hash(), self.step)
+    }
+
     /// The hash of (seed, step, site): what every entry of one dropout call starts from.
     fn site_hash(&self, site: u64) -> u64 {
-        absorb(absorb(self.seed_hash(), self.step), site)
+        absorb(self.step_key(), site)
     }
 }
 
@@ -63,10 +70,7 @@ pub(super) fn dropout(p: f64, mode: Mode, site: u64) -> Option<Dropout> {
             site_hash: key.site_hash(site),
             first_row: key.first_row,
             p,
-            step_word: key.step_on_device.then(|| StepWord {
-                seed_hash: key.seed_hash(),
-                site,
-            }),
+            key_word: key.key_on_device.then_some(KeyWord { site }),
         }),
         _ => None,
     }
@@ -76,27 +80,27 @@ pub(super) fn dropout(p: f64, mode: Mode, site: u64) -> Option<Dropout> {
 mod tests {
     use super::*;
 
-    /// The kernels make a call's site hash from the step word as absorb(absorb(seed hash,
+    /// The kernels make a call's site hash from the key word as absorb(absorb(seed hash,
     /// step), site): the hash the host makes from the key by value.
     #[test]
-    fn a_key_read_from_the_step_word_makes_the_same_site_hash() {
+    fn a_key_read_from_the_key_word_makes_the_same_site_hash() {
         for (step, site) in [(0, 0), (1, 4), (77, 9)] {
             let key = DropoutKey {
                 seed: 5,
                 step,
                 first_row: 3,
-                step_on_device: true,
+                key_on_device: true,
             };
             let d = dropout(0.2, Mode::Train(key, None, None), site).expect("a dropout");
-            let w = d.step_word.expect("read from the step word");
+            let w = d.key_word.expect("read from the key word");
             assert_eq!(w.site, site);
-            assert_eq!(absorb(absorb(w.seed_hash, step), w.site), d.site_hash);
+            assert_eq!(absorb(key.step_key(), w.site), d.site_hash);
             let by_value = DropoutKey {
-                step_on_device: false,
+                key_on_device: false,
                 ..key
             };
             let v = dropout(0.2, Mode::Train(by_value, None, None), site).expect("a dropout");
-            assert_eq!((v.site_hash, v.step_word), (d.site_hash, None));
+            assert_eq!((v.site_hash, v.key_word), (d.site_hash, None));
         }
     }
 }

@@ -58,9 +58,9 @@ pub fn gate_backward_plan(e: &Epilogue, dtype: DType) -> Result<LaunchPlan> {
 fn shape_args(e: &Epilogue) -> Result<Vec<KernelArg>> {
     let int = |what, v| int_arg("epilogue", what, v).map(KernelArg::I32);
     let drop = e.dropout.unwrap_or_default();
-    // The site hash, or what the kernel makes it from with the step in the device's word.
-    let (hash, step, site) = match drop.step_word {
-        Some(w) => (w.seed_hash, KernelArg::Step, w.site),
+    // The site hash, or what the kernel makes it from with the step's key in the device's word.
+    let (hash, step, site) = match drop.key_word {
+        Some(w) => (0, KernelArg::DropoutKey, w.site),
         None => (drop.site_hash, KernelArg::Null, 0),
     };
     Ok(vec![

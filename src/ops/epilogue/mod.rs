@@ -41,18 +41,17 @@ pub struct Dropout {
     pub site_hash: u64,
     pub first_row: u64,
     pub p: f64,
-    /// On CUDA, the kernels make the site hash themselves from the training step in the
-    /// device's step word (`crate::cuda::set_dropout_step`), so that a step captured in a CUDA
-    /// graph masks each replay with its own step; the word must hold the step `site_hash` was
-    /// made from. The CPU takes `site_hash`.
-    pub step_word: Option<StepWord>,
+    /// On CUDA, the kernels make the site hash themselves from the step's key in the device's
+    /// key word (`crate::cuda::set_dropout_key`), so that a step captured in a CUDA graph masks
+    /// each replay with its own seed and step; the word must hold the key of the seed and step
+    /// `site_hash` was made from. The CPU takes `site_hash`.
+    pub key_word: Option<KeyWord>,
 }
 
-/// What a kernel makes a dropout call's site hash from, with the step from the device's step
-/// word: the hash of the seed, and the call's site (see `DropoutKey` in `crate::nn`).
+/// What a kernel makes a dropout call's site hash from with the step's key from the device's
+/// key word: the call's site (see `DropoutKey` in `crate::nn`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StepWord {
-    pub seed_hash: u64,
+pub struct KeyWord {
     pub site: u64,
 }
 
