@@ -244,15 +244,20 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
 // Â_c [B̂_c | û_c] = [-B'_c | ũ_c] in the CPU twin's order, on a copy of Â_c in the thread's
 // registers: every lane factors Â_c (with shared pivots all lanes pivot alike) and solves for
 // its own û_c; the lane that keeps the pivots also solves for B̂_c and sends Â_p += C'_c B̂_c.
+// The solve is compiled for each d (lanes_block_solve_d): with d known, the copy of Â_c stays in
+// registers (lu_solve's D). Complex f64 keeps one solve for every d, with the copy in local
+// memory: compiled per d, its unrolled loops spill.
 
 #define LANE_MAX_D 4
 
-template <typename T, typename O, bool ADJ>
-__device__ void lanes_block_solve(const LaneTrees &g, int d, const T *coef, const T *rhs,
+// D = 0: d known only when run.
+template <typename T, typename O, bool ADJ, int D>
+__device__ void lanes_block_solve(const LaneTrees &g, int d_run, const T *coef, const T *rhs,
                                   typename O::V *ws, int *status) {
     typedef typename O::V V;
+    const int d = D > 0 ? D : d_run, dd = d * d;
     const int n = g.nodes, r = g.r, pl = g.pivot_lanes();
-    const int dd = d * d, dr = d * r, sn = lane_stride(n * dd), su = lane_stride(n * dr);
+    const int dr = d * r, sn = lane_stride(n * dd), su = lane_stride(n * dr);
     V *aa = ws, *bh = aa + pl * sn, *dn = bh + pl * sn, *uh = dn + pl * sn;
     lanes_load<T, O, ADJ>(g, d, coef, rhs, ws);
 
@@ -260,7 +265,7 @@ __device__ void lanes_block_solve(const LaneTrees &g, int d, const T *coef, cons
     const bool live = t >= 0, keeps = live && (!g.shared || l == 0);
     V *a = aa + p0 * sn, *b = bh + p0 * sn, *c = dn + p0 * sn;
     V *u = uh + l * su;
-    V m[LANE_MAX_D * LANE_MAX_D];
+    V m[D > 0 ? D * D : LANE_MAX_D * LANE_MAX_D];
     for (int k = 1; k < g.levels; ++k) {
         for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
              p += blockDim.y) {
@@ -268,10 +273,11 @@ __device__ void lanes_block_solve(const LaneTrees &g, int d, const T *coef, cons
             for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch) {
                 V *bc = b + ch * dd, *uc = u + ch * dr;
                 const V *cc = c + ch * dd;
+#pragma unroll
                 for (int e = 0; e < dd; ++e) m[e] = a[ch * dd + e];
                 if (keeps)
                     for (int e = 0; e < dd; ++e) bc[e] = O::sub(O::zero(), bc[e]);
-                if (!lu_solve<O>(m, keeps ? bc : nullptr, keeps ? d : 0, uc, r, d))
+                if (!lu_solve<O, D>(m, keeps ? bc : nullptr, keeps ? d : 0, uc, r, d))
                     atomicCAS(status, 0, 1 + ch);
                 for (int i = 0; i < d; ++i) {
                     for (int q = 0; q < d; ++q) {
@@ -289,8 +295,9 @@ __device__ void lanes_block_solve(const LaneTrees &g, int d, const T *coef, cons
     }
     const int root = n - 1;
     if (live && threadIdx.y == 0) {
+#pragma unroll
         for (int e = 0; e < dd; ++e) m[e] = a[root * dd + e];
-        if (!lu_solve<O>(m, u + root * dr, r, nullptr, 0, d)) atomicCAS(status, 0, 1 + root);
+        if (!lu_solve<O, D>(m, u + root * dr, r, nullptr, 0, d)) atomicCAS(status, 0, 1 + root);
     }
     __syncthreads();
     for (int k = g.levels - 1; k >= 1; --k) {
@@ -303,12 +310,27 @@ __device__ void lanes_block_solve(const LaneTrees &g, int d, const T *coef, cons
     }
 }
 
+// lanes_block_solve for the d at hand: the host launches d = 2 .. LANE_MAX_D alone.
+template <typename T, typename O, bool ADJ>
+__device__ void lanes_block_solve_d(const LaneTrees &g, int d, const T *coef, const T *rhs,
+                                    typename O::V *ws, int *status) {
+    if constexpr (sizeof(typename O::V) > 8) {
+        lanes_block_solve<T, O, ADJ, 0>(g, d, coef, rhs, ws, status);
+    } else {
+        switch (d) {
+        case 2: lanes_block_solve<T, O, ADJ, 2>(g, d, coef, rhs, ws, status); break;
+        case 3: lanes_block_solve<T, O, ADJ, 3>(g, d, coef, rhs, ws, status); break;
+        case 4: lanes_block_solve<T, O, ADJ, 4>(g, d, coef, rhs, ws, status); break;
+        }
+    }
+}
+
 template <typename T, typename O>
 __device__ void tree_lanes_block_fwd(const T *u, const T *coef, T *x, const LaneTrees &g, int d,
                                      int *status) {
     typedef typename O::V V;
     V *ws = lanes_workspace<V>();
-    lanes_block_solve<T, O, false>(g, d, coef, u, ws, status);
+    lanes_block_solve_d<T, O, false>(g, d, coef, u, ws, status);
     const LaneTrees rows{g.level_start, g.child_start, g.parent, g.levels,
                          g.nodes * d,   g.r,           g.batch,  g.heads, g.shared};
     lanes_store<T, O>(rows, ws + 3 * g.pivot_lanes() * lane_stride(g.nodes * d * d), x);
@@ -322,7 +344,7 @@ __device__ void tree_lanes_block_bwd(const T *gx, const T *coef, const T *x, T *
                                      const LaneTrees &g, int d, int *status) {
     typedef typename O::V V;
     V *ws = lanes_workspace<V>();
-    lanes_block_solve<T, O, true>(g, d, coef, gx, ws, status);
+    lanes_block_solve_d<T, O, true>(g, d, coef, gx, ws, status);
     const int n = g.nodes, r = g.r, dd = d * d, dr = d * r, root = n - 1;
     const V *lam = ws + 3 * g.pivot_lanes() * lane_stride(n * dd);
     const int su = lane_stride(n * dr);

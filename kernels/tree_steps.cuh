@@ -29,42 +29,61 @@ __device__ __forceinline__ void batched_copy(int n, Load load, Store store) {
 
 // Solves m X = [R1 | R2] in place for a d x d `m` (destroyed) and row-major right-hand sides R1
 // (d x k1) and R2 (d x k2, k2 may be 0), by LU with partial pivoting. False, with the solve
-// abandoned, for a pivot that is zero or not finite.
-template <typename O>
+// abandoned, for a pivot that is zero or not finite. With D > 0 the size is D, known when
+// compiled: every loop over m unrolls and every index into it is a constant (the row swap is a
+// select per row), so that m, a local array of the caller, stays in registers; with D = 0 it is
+// `d`. The same arithmetic in the same order either way.
+template <typename O, int D = 0>
 __device__ __forceinline__ bool lu_solve(typename O::V *m, typename O::V *r1, int k1,
                                          typename O::V *r2, int k2, int d) {
     typedef typename O::V V;
-    for (int col = 0; col < d; ++col) {
+    const int n = D > 0 ? D : d;
+#pragma unroll
+    for (int col = 0; col < n; ++col) {
         int piv = col;
-        for (int i = col + 1; i < d; ++i)
-            if (O::norm2(m[i * d + col]) > O::norm2(m[piv * d + col])) piv = i;
-        if (!pivot_ok(m[piv * d + col])) return false;
+        V p = m[col * n + col];
+#pragma unroll
+        for (int i = col + 1; i < n; ++i)
+            if (O::norm2(m[i * n + col]) > O::norm2(p)) {
+                piv = i;
+                p = m[i * n + col];
+            }
+        if (!pivot_ok(p)) return false;
         if (piv != col) {
-            for (int j = 0; j < d; ++j) swap_values(m[col * d + j], m[piv * d + j]);
+#pragma unroll
+            for (int i = col + 1; i < n; ++i)
+                if (i == piv)
+#pragma unroll
+                    for (int j = 0; j < n; ++j) swap_values(m[col * n + j], m[i * n + j]);
             for (int j = 0; j < k1; ++j) swap_values(r1[col * k1 + j], r1[piv * k1 + j]);
             for (int j = 0; j < k2; ++j) swap_values(r2[col * k2 + j], r2[piv * k2 + j]);
         }
-        const V inv = O::inv(m[col * d + col]);
-        for (int i = col + 1; i < d; ++i) {
-            const V f = O::mul(m[i * d + col], inv);
-            for (int j = col; j < d; ++j)
-                m[i * d + j] = O::sub(m[i * d + j], O::mul(f, m[col * d + j]));
+        const V inv = O::inv(m[col * n + col]);
+#pragma unroll
+        for (int i = col + 1; i < n; ++i) {
+            const V f = O::mul(m[i * n + col], inv);
+#pragma unroll
+            for (int j = col; j < n; ++j)
+                m[i * n + j] = O::sub(m[i * n + j], O::mul(f, m[col * n + j]));
             for (int j = 0; j < k1; ++j)
                 r1[i * k1 + j] = O::sub(r1[i * k1 + j], O::mul(f, r1[col * k1 + j]));
             for (int j = 0; j < k2; ++j)
                 r2[i * k2 + j] = O::sub(r2[i * k2 + j], O::mul(f, r2[col * k2 + j]));
         }
     }
-    for (int i = d - 1; i >= 0; --i) {
-        const V inv = O::inv(m[i * d + i]);
+#pragma unroll
+    for (int i = n - 1; i >= 0; --i) {
+        const V inv = O::inv(m[i * n + i]);
         for (int j = 0; j < k1; ++j) {
             V s = r1[i * k1 + j];
-            for (int l = i + 1; l < d; ++l) s = O::sub(s, O::mul(m[i * d + l], r1[l * k1 + j]));
+#pragma unroll
+            for (int l = i + 1; l < n; ++l) s = O::sub(s, O::mul(m[i * n + l], r1[l * k1 + j]));
             r1[i * k1 + j] = O::mul(s, inv);
         }
         for (int j = 0; j < k2; ++j) {
             V s = r2[i * k2 + j];
-            for (int l = i + 1; l < d; ++l) s = O::sub(s, O::mul(m[i * d + l], r2[l * k2 + j]));
+#pragma unroll
+            for (int l = i + 1; l < n; ++l) s = O::sub(s, O::mul(m[i * n + l], r2[l * k2 + j]));
             r2[i * k2 + j] = O::mul(s, inv);
         }
     }
