@@ -78,7 +78,8 @@ pub struct Peak {
 }
 
 /// Runs `work` and measures its [`Peak`]: on the CPU the heap's bytes ([`Heap`]; `None` where it
-/// is not installed), on CUDA the device memory pool's (`work` synchronised before and after).
+/// is not installed), on CUDA the device memory pool's (`work` synchronised before and after;
+/// `None` where the pool held nothing).
 /// Work on other threads at the same time counts too.
 pub fn peak_of<R>(device: &Device, work: impl FnOnce() -> Result<R>) -> Result<(R, Option<Peak>)> {
     #[cfg(feature = "cuda")]
@@ -88,8 +89,12 @@ pub fn peak_of<R>(device: &Device, work: impl FnOnce() -> Result<R>) -> Result<(
         let out = work()?;
         device.synchronize()?;
         let high = crate::cuda::pool_memory(dev, false)?.1;
-        let above = high.saturating_sub(before);
-        return Ok((out, Some(Peak { before, above })));
+        // Nothing in the pool: the device allocates without it (no stream-ordered allocator).
+        let peak = (high > 0).then(|| Peak {
+            before,
+            above: high.saturating_sub(before),
+        });
+        return Ok((out, peak));
     }
     let _ = device;
     let Some(before) = heap_held() else {
