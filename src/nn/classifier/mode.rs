@@ -80,8 +80,9 @@ pub(super) fn dropout(p: f64, mode: Mode, site: u64) -> Option<Dropout> {
 mod tests {
     use super::*;
 
-    /// The kernels make a call's site hash from the key word as absorb(absorb(seed hash,
-    /// step), site): the hash the host makes from the key by value.
+    /// The kernels make a call's site hash from the key word, which holds the step's key
+    /// absorb(seed hash, step), as absorb(word, site): the hash the host makes from the key by
+    /// value.
     #[test]
     fn a_key_read_from_the_key_word_makes_the_same_site_hash() {
         for (step, site) in [(0, 0), (1, 4), (77, 9)] {

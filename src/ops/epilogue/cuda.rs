@@ -59,7 +59,7 @@ fn shape_args(e: &Epilogue) -> Result<Vec<KernelArg>> {
     let int = |what, v| int_arg("epilogue", what, v).map(KernelArg::I32);
     let drop = e.dropout.unwrap_or_default();
     // The site hash, or what the kernel makes it from with the step's key in the device's word.
-    let (hash, step, site) = match drop.key_word {
+    let (hash, key, site) = match drop.key_word {
         Some(w) => (0, KernelArg::DropoutKey, w.site),
         None => (drop.site_hash, KernelArg::Null, 0),
     };
@@ -69,7 +69,7 @@ fn shape_args(e: &Epilogue) -> Result<Vec<KernelArg>> {
         int("features", e.features)?,
         KernelArg::I32(e.dropout.is_some() as i32),
         KernelArg::U64(hash),
-        step,
+        key,
         KernelArg::U64(site),
         KernelArg::U64(drop.first_row),
         KernelArg::U64(drop.threshold()),
