@@ -90,15 +90,19 @@ __device__ __forceinline__ bool lu_solve(typename O::V *m, typename O::V *r1, in
     return true;
 }
 
-// x_c = û_c + B̂_c x_p for d x d blocks: bc (d x d), xp and xc (d x r), row-major.
-template <typename O>
+// x_c = û_c + B̂_c x_p for d x d blocks: bc (d x d), xp and xc (d x r), row-major. With D > 0
+// the size is D, known when compiled (see lu_solve): bc may then be a local array in registers.
+template <typename O, int D = 0>
 __device__ __forceinline__ void block_push_down(const typename O::V *bc, const typename O::V *xp,
                                                 typename O::V *xc, int d, int r) {
     typedef typename O::V V;
-    for (int i = 0; i < d; ++i) {
+    const int n = D > 0 ? D : d;
+#pragma unroll
+    for (int i = 0; i < n; ++i) {
         for (int j = 0; j < r; ++j) {
             V s = xc[i * r + j];
-            for (int l = 0; l < d; ++l) s = O::add(O::mul(bc[i * d + l], xp[l * r + j]), s);
+#pragma unroll
+            for (int l = 0; l < n; ++l) s = O::add(O::mul(bc[i * n + l], xp[l * r + j]), s);
             xc[i * r + j] = s;
         }
     }

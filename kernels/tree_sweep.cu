@@ -1,10 +1,12 @@
-// The Myo tree solve x = T_G^-1 u for scalar blocks (d = 1) in two launches, for trees too large
-// for tree_lanes.cu: `tree_pivots` eliminates the pivots of each coefficient set once (a head's,
-// shared by the batch), then `tree_sweep_fwd` solves each tree with its right-hand sides in
-// shared memory and the pivots read from global memory, where the samples of a head share them
-// (Path-X's 16,384-leaf trees: 128 KiB of right-hand sides per tree in f32, 384 KiB of pivots
-// per head). The operations per node and their order are the CPU twin's
-// (src/ops/tree_solve/levels.rs: `pivots`, then `sweep`). f32 and f64: the pivots are kept in
+// The Myo tree solve x = T_G^-1 u in two launches, for trees too large for tree_lanes.cu:
+// `tree_pivots` eliminates the pivots of each coefficient set once (a head's, shared by the
+// batch), then `tree_sweep_fwd` solves each tree with its right-hand sides in shared memory and
+// the pivots read from global memory, where the samples of a head share them (Path-X's
+// 16,384-leaf trees: 128 KiB of right-hand sides per tree in f32, 384 KiB of pivots per head).
+// d x d blocks up to SWEEP_MAX_D likewise (`tree_block_pivots`, `tree_sweep_block_*`, below;
+// 4 x 4 blocks on a 1,024-leaf tree: 22 KiB of right-hand sides, 262 KiB of pivots). The
+// operations per node and their order are the CPU twins' (src/ops/tree_solve/levels.rs:
+// `pivots`, then `sweep`; blocked.rs). f32 and f64, real and complex: the pivots are kept in
 // the storage type.
 //
 // A singular or non-finite pivot sets *status to 1 + node (first one wins).
@@ -166,28 +168,247 @@ __device__ void tree_sweep_bwd(const T *gx, const T *piv, const T *x, T *du, T *
     }
 }
 
+// ---- d x d blocks (d <= SWEEP_MAX_D) ------------------------------------------------------
+// The pivots, piv = [a; bh; dn], each (sets, nodes, d, d) row-major: a[v] = Â_v as accumulated,
+// Â_p = A'_p + Σ_c C'_c B̂_c, bh[v] = B̂_v, which solves Â_v B̂_v = -B'_v, and dn[v] = C'_v.
+// Â_v is kept, not its factors: each tree's sweep factors it again in registers, a few flops
+// where loading the factors and their row order would cost as much memory traffic, and the
+// same LU in the same order as tree_solve.cu's and the CPU twin's (blocked.rs) block per tree,
+// which factor Â_c once for [B̂_c | û_c] (the LU's operations on û_c do not depend on B̂_c).
+#define SWEEP_MAX_D 4
+// Threads per block of the d x d kernels, compiled for 2 resident blocks per SM (at most 128
+// registers): at 512 threads (64 registers) the solves spilled in f64 and complex f32.
+#define SWEEP_BLOCK_THREADS 256
+
+template <typename T, typename O, int D>
+__device__ void tree_block_pivots(const T *coef, T *piv, const SweepTree &g, int d_run, int sets,
+                                  int adjoint, int *status) {
+    typedef typename O::V V;
+    const int d = D > 0 ? D : d_run, dd = d * d, n = g.nodes;
+    const i64 set = (i64)sets * n * dd, o = (i64)blockIdx.x * n * dd;
+    const i64 up = adjoint ? 2 * set : set, down = adjoint ? set : 2 * set;
+    // The adjoint's blocks are the coefficients' conjugate transposes.
+    for (int e = threadIdx.x; e < n * dd; e += blockDim.x) {
+        const int blk = e - e % dd, i = e % dd / d, j = e % d;
+        const i64 src = o + (adjoint ? blk + j * d + i : e);
+        auto read = [&](i64 base) {
+            const V x = O::load(coef, base + src);
+            return adjoint ? O::conj(x) : x;
+        };
+        O::store(piv, o + e, read(0));
+        O::store(piv, set + o + e, read(up));
+        O::store(piv, 2 * set + o + e, read(down));
+    }
+    __syncthreads();
+    V m[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D], bc[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D];
+    for (int k = 1; k < g.levels; ++k) {
+        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
+            const i64 ap = o + (i64)p * dd;
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const i64 ac = o + (i64)c * dd;
+#pragma unroll
+                for (int e = 0; e < dd; ++e) {
+                    m[e] = O::load(piv, ac + e);
+                    bc[e] = O::sub(O::zero(), O::load(piv, set + ac + e));
+                }
+                if (!lu_solve<O, D>(m, bc, d, nullptr, 0, d)) atomicCAS(status, 0, 1 + c);
+#pragma unroll
+                for (int e = 0; e < dd; ++e) O::store(piv, set + ac + e, bc[e]);
+#pragma unroll
+                for (int i = 0; i < d; ++i) {
+#pragma unroll
+                    for (int q = 0; q < d; ++q) {
+                        const V ciq = O::load(piv, 2 * set + ac + i * d + q);
+#pragma unroll
+                        for (int j = 0; j < d; ++j) {
+                            const i64 e = ap + i * d + j;
+                            O::store(piv, e, O::add(O::mul(ciq, bc[q * d + j]), O::load(piv, e)));
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int e = 0; e < dd; ++e) m[e] = O::load(piv, o + (i64)(n - 1) * dd + e);
+        if (!lu_solve<O, D>(m, nullptr, 0, nullptr, 0, d)) atomicCAS(status, 0, n);
+    }
+}
+
+// The d at hand compiled in (see tree_lanes.cu's lanes_block_solve_d), complex f64 excepted.
+template <typename T, typename O>
+__device__ void tree_block_pivots_d(const T *coef, T *piv, const SweepTree &g, int d, int sets,
+                                    int adjoint, int *status) {
+    if constexpr (sizeof(typename O::V) > 8) {
+        tree_block_pivots<T, O, 0>(coef, piv, g, d, sets, adjoint, status);
+    } else {
+        switch (d) {
+        case 2: tree_block_pivots<T, O, 2>(coef, piv, g, d, sets, adjoint, status); break;
+        case 3: tree_block_pivots<T, O, 3>(coef, piv, g, d, sets, adjoint, status); break;
+        case 4: tree_block_pivots<T, O, 4>(coef, piv, g, d, sets, adjoint, status); break;
+        }
+    }
+}
+
+// The sweep of a tree with d x d blocks, its pivots at piv + o: uh (n * d * r) holds its
+// right-hand sides on entry and x (or λ) on return. Upward, Â_c û_c = ũ_c and
+// ũ_p -= C'_c û_c; the root's Â x = ũ; downward, x_c = û_c + B̂_c x_p. A bad pivot was reported
+// by tree_block_pivots.
+template <typename T, typename O, int D>
+__device__ __forceinline__ void block_sweep(const SweepTree &g, int d_run, int r, const T *piv,
+                                            i64 set, i64 o, typename O::V *uh) {
+    typedef typename O::V V;
+    const int d = D > 0 ? D : d_run, dd = d * d, dr = d * r;
+    V m[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D];
+    for (int k = 1; k < g.levels; ++k) {
+        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
+            V *up = uh + p * dr;
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const i64 ac = o + (i64)c * dd;
+                V *uc = uh + c * dr;
+#pragma unroll
+                for (int e = 0; e < dd; ++e) m[e] = O::load(piv, ac + e);
+                lu_solve<O, D>(m, uc, r, nullptr, 0, d);
+#pragma unroll
+                for (int i = 0; i < d; ++i) {
+#pragma unroll
+                    for (int q = 0; q < d; ++q) {
+                        const V ciq = O::load(piv, 2 * set + ac + i * d + q);
+                        for (int j = 0; j < r; ++j)
+                            up[i * r + j] = O::sub(up[i * r + j], O::mul(ciq, uc[q * r + j]));
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const int root = g.nodes - 1;
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int e = 0; e < dd; ++e) m[e] = O::load(piv, o + (i64)root * dd + e);
+        lu_solve<O, D>(m, uh + root * dr, r, nullptr, 0, d);
+    }
+    __syncthreads();
+    for (int k = g.levels - 1; k >= 1; --k) {
+        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+#pragma unroll
+                for (int e = 0; e < dd; ++e) m[e] = O::load(piv, set + o + (i64)c * dd + e);
+                block_push_down<O, D>(m, uh + p * dr, uh + c * dr, d, r);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T, typename O>
+__device__ void block_sweep_d(const SweepTree &g, int d, int r, const T *piv, i64 set, i64 o,
+                              typename O::V *uh) {
+    if constexpr (sizeof(typename O::V) > 8) {
+        block_sweep<T, O, 0>(g, d, r, piv, set, o, uh);
+    } else {
+        switch (d) {
+        case 2: block_sweep<T, O, 2>(g, d, r, piv, set, o, uh); break;
+        case 3: block_sweep<T, O, 3>(g, d, r, piv, set, o, uh); break;
+        case 4: block_sweep<T, O, 4>(g, d, r, piv, set, o, uh); break;
+        }
+    }
+}
+
+template <typename T, typename O>
+__device__ void tree_sweep_block_fwd(const T *u, const T *piv, T *x, const SweepTree &g,
+                                     int d, int r, int heads, int trees, int shared_coef) {
+    typedef typename O::V V;
+    V *uh = sweep_workspace<V>();
+    const int n = g.nodes, ndr = n * d * r;
+    const i64 set = (i64)(shared_coef ? heads : trees) * n * d * d;
+    for (int t = blockIdx.x; t < trees; t += gridDim.x) {
+        sweep_load<T, O>(u, (i64)t * ndr, ndr, uh);
+        const i64 o = (i64)(shared_coef ? t % heads : t) * n * d * d;
+        block_sweep_d<T, O>(g, d, r, piv, set, o, uh);
+        for (int i = threadIdx.x; i < ndr; i += blockDim.x) O::store(x, (i64)t * ndr + i, uh[i]);
+        __syncthreads();
+    }
+}
+
+// Backward with the adjoint's pivots: λ = T_G^-H ∂x, ∂u = λ, and per tree the blocks
+// ∂A_v = -Σ_r λ_v x_v^H, ∂B_v = -Σ_r λ_v x_parent^H, ∂C_v = -Σ_r λ_parent x_v^H (zero at the
+// root), (3, trees, nodes, d, d) as tree_solve.cu's tree_block_bwd writes them.
+template <typename T, typename O>
+__device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *du, T *dcoef,
+                                     const SweepTree &g, int d, int r, int heads, int trees,
+                                     int shared_coef) {
+    typedef typename O::V V;
+    V *lam = sweep_workspace<V>();
+    const int n = g.nodes, dd = d * d, ndr = n * d * r, root = n - 1;
+    const i64 set = (i64)(shared_coef ? heads : trees) * n * dd, dset = (i64)trees * n * dd;
+    for (int t = blockIdx.x; t < trees; t += gridDim.x) {
+        const i64 x0 = (i64)t * ndr;
+        sweep_load<T, O>(gx, x0, ndr, lam);
+        block_sweep_d<T, O>(g, d, r, piv, set, (i64)(shared_coef ? t % heads : t) * n * dd, lam);
+        for (int i = threadIdx.x; i < ndr; i += blockDim.x) O::store(du, x0 + i, lam[i]);
+        for (int e = threadIdx.x; e < n * dd; e += blockDim.x) {
+            const int v = e / dd, i = e % dd / d, j = e % d, p = g.parent[v];
+            V da = O::zero(), db = O::zero(), dc = O::zero();
+            add_gradient_terms<T, O>(lam + (v * d + i) * r, lam + (p * d + i) * r, x,
+                                     x0 + (v * d + j) * r, x0 + (p * d + j) * r, r, v == root,
+                                     da, db, dc);
+            const i64 d0 = (i64)t * n * dd + e;
+            O::store(dcoef, d0, O::sub(O::zero(), da));
+            O::store(dcoef, dset + d0, O::sub(O::zero(), db));
+            O::store(dcoef, 2 * dset + d0, O::sub(O::zero(), dc));
+        }
+        __syncthreads();
+    }
+}
+
 #define SWEEP_KERNELS(SUFFIX, T, OPS)                                                           \
-    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                                 \
-        tree_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,                    \
-                             const int *child_start, const int *parent, int levels, int nodes, \
-                             int sets, int adjoint, int *status) {                             \
-        const SweepTree g{level_start, child_start, parent, levels, nodes};                    \
-        tree_pivots<T, OPS>(coef, piv, g, sets, adjoint, status);                              \
+    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                              \
+        tree_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,                     \
+                             const int *child_start, const int *parent, int levels, int nodes,  \
+                             int sets, int adjoint, int *status) {                              \
+        const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
+        tree_pivots<T, OPS>(coef, piv, g, sets, adjoint, status);                               \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                                 \
-        tree_sweep_fwd_##SUFFIX(const T *u, const T *piv, T *x, const int *level_start,        \
+    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                              \
+        tree_sweep_fwd_##SUFFIX(const T *u, const T *piv, T *x, const int *level_start,         \
                                 const int *child_start, const int *parent, int levels,          \
                                 int nodes, int r, int heads, int trees, int shared_coef) {      \
-        const SweepTree g{level_start, child_start, parent, levels, nodes};                    \
-        tree_sweep_fwd<T, OPS>(u, piv, x, g, r, heads, trees, shared_coef);                    \
+        const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
+        tree_sweep_fwd<T, OPS>(u, piv, x, g, r, heads, trees, shared_coef);                     \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                                 \
-        tree_sweep_bwd_##SUFFIX(const T *gx, const T *piv, const T *x, T *du, T *dcoef,        \
+    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                              \
+        tree_sweep_bwd_##SUFFIX(const T *gx, const T *piv, const T *x, T *du, T *dcoef,         \
                                 const int *level_start, const int *child_start,                 \
                                 const int *parent, int levels, int nodes, int r, int heads,     \
                                 int trees, int shared_coef) {                                   \
-        const SweepTree g{level_start, child_start, parent, levels, nodes};                    \
-        tree_sweep_bwd<T, OPS>(gx, piv, x, du, dcoef, g, r, heads, trees, shared_coef);        \
+        const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
+        tree_sweep_bwd<T, OPS>(gx, piv, x, du, dcoef, g, r, heads, trees, shared_coef);         \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(SWEEP_BLOCK_THREADS, 2)                        \
+        tree_block_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,               \
+                                   const int *child_start, const int *parent, int levels,       \
+                                   int nodes, int d, int sets, int adjoint, int *status) {      \
+        const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
+        tree_block_pivots_d<T, OPS>(coef, piv, g, d, sets, adjoint, status);                    \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(SWEEP_BLOCK_THREADS, 2)                        \
+        tree_sweep_block_fwd_##SUFFIX(const T *u, const T *piv, T *x, const int *level_start,   \
+                                      const int *child_start, const int *parent, int levels,    \
+                                      int nodes, int d, int r, int heads, int trees,            \
+                                      int shared_coef) {                                        \
+        const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
+        tree_sweep_block_fwd<T, OPS>(u, piv, x, g, d, r, heads, trees, shared_coef);            \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(SWEEP_BLOCK_THREADS, 2)                        \
+        tree_sweep_block_bwd_##SUFFIX(const T *gx, const T *piv, const T *x, T *du, T *dcoef,   \
+                                      const int *level_start, const int *child_start,           \
+                                      const int *parent, int levels, int nodes, int d, int r,   \
+                                      int heads, int trees, int shared_coef) {                  \
+        const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
+        tree_sweep_block_bwd<T, OPS>(gx, piv, x, du, dcoef, g, d, r, heads, trees, shared_coef); \
     }
 
 // f32 and f64, real and complex (the host harness in tests/kernels_on_cpu registers the same

@@ -245,9 +245,9 @@ shapes=(
   "--batch 8 --channels 768 --len 4096 --complex --shared-a --backward"
   "--batch 8 --channels 1536 --len 4096 --dtype bf16"
 )
-# The CUDA layouts side by side: a block per tree, trees across lanes, and (scalar blocks shared
-# by the batch) the sweep; Path-X's trees, which the lanes do not hold; 4 x 4 blocks on 1,024
-# leaves, which only a block per tree holds.
+# The CUDA layouts side by side: a block per tree, trees across lanes, and (coefficients shared
+# by the batch) the sweep; Path-X's trees and 4 x 4 blocks on 1,024 leaves, which the lanes do
+# not hold.
 lane_shapes=(
   "--batch 16 --heads 256 --leaves 1024 --arity 4"
   "--batch 16 --heads 256 --leaves 1024 --arity 4 --backward"
@@ -265,15 +265,12 @@ lane_shapes=(
 tree_shapes=()
 for s in "${lane_shapes[@]}"; do
   tree_shapes+=("$s --layout tree" "$s --layout lanes")
-  case "$s" in *--block*|*--per-sample*) ;; *) tree_shapes+=("$s --layout sweep") ;; esac
+  case "$s" in *--per-sample*) ;; *) tree_shapes+=("$s --layout sweep") ;; esac
 done
-for s in "--batch 16 --heads 64 --leaves 16384 --arity 2" "--batch 16 --heads 64 --leaves 16384 --arity 2 --backward"; do
+for s in "--batch 16 --heads 64 --leaves 16384 --arity 2" "--batch 16 --heads 64 --leaves 16384 --arity 2 --backward" \
+  "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4" "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4 --backward"; do
   tree_shapes+=("$s --layout tree" "$s --layout sweep")
 done
-tree_shapes+=(
-  "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4"
-  "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4 --backward"
-)
 # shellcheck disable=SC2086
 for s in "${shapes[@]}"; do bench scan $s; done
 # shellcheck disable=SC2086

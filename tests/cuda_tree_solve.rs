@@ -53,7 +53,7 @@ fn forward_backward(
     [to_vec(&out), g(&u), g(&a), g(&b), g(&c)]
 }
 
-/// Every tree × case in f32 and f64, in both layouts where the lanes take the blocks: x against the dense solve
+/// Every tree × case in f32 and f64, in every layout that takes the blocks: x against the dense solve
 /// (the f64 CPU twin for large systems), x and every gradient against the CPU twin.
 fn check(gpu: &Device, cases: &[TreeCase], rng_of: (&str, u64)) {
     let (mut rng, seed) = seeded_rng(rng_of.0, rng_of.1);
@@ -81,8 +81,7 @@ fn check(gpu: &Device, cases: &[TreeCase], rng_of: (&str, u64)) {
                 }
             };
             let layouts: &[TreeLayout] = match case.d {
-                1 => &[TreeLayout::Tree, TreeLayout::Lanes, TreeLayout::Sweep],
-                d if d <= LANE_MAX_D => &[TreeLayout::Tree, TreeLayout::Lanes],
+                d if d <= LANE_MAX_D => &[TreeLayout::Tree, TreeLayout::Lanes, TreeLayout::Sweep],
                 _ => &[TreeLayout::Tree],
             };
             for (dtype, tol) in [(DType::F32, 2e-5), (DType::F64, 1e-12)] {
@@ -149,15 +148,17 @@ fn cuda_large_trees_in_shared_and_global_workspace() {
         return;
     };
     let (mut rng, seed) = seeded_rng("cuda large trees", 103);
-    // 4,096-leaf 4-ary and 16,384-leaf binary (Path-X) trees, in every layout that takes them.
-    for (name, tree) in [
-        ("4-ary 4096", Tree::perfect(4096, 4).unwrap()),
-        ("binary 16384", Tree::perfect(16384, 2).unwrap()),
+    // 4,096-leaf 4-ary and 16,384-leaf binary (Path-X) trees, and 4 × 4 blocks on 1,024
+    // leaves, in every layout that takes them.
+    for (name, tree, d) in [
+        ("4-ary 4096", Tree::perfect(4096, 4).unwrap(), 1),
+        ("binary 16384", Tree::perfect(16384, 2).unwrap(), 1),
+        ("4-ary 1024, d = 4", Tree::perfect(1024, 4).unwrap(), 4),
     ] {
         let case = TreeCase {
             batch: 2,
             heads: 2,
-            d: 1,
+            d,
             r: 1,
             shared: true,
             complex: false,
@@ -169,7 +170,7 @@ fn cuda_large_trees_in_shared_and_global_workspace() {
         let cpu = (&Device::Cpu, TreeLayout::Auto);
         let cpu = forward_backward(&tree, &case, &x, &w, cpu, DType::F64);
         // Auto takes trees across lanes for the first (two fit in shared memory) and the sweep
-        // for the second (one tree's right-hand sides fit); the lanes do not take the second.
+        // for the others (one tree's right-hand sides fit), which the lanes do not take.
         let layouts: &[TreeLayout] = match tree.len() < 10_000 {
             true => &[TreeLayout::Auto, TreeLayout::Tree, TreeLayout::Sweep],
             false => &[TreeLayout::Auto, TreeLayout::Tree],

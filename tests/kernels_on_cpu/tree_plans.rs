@@ -70,7 +70,8 @@ fn tree_plans_place_the_workspace_by_the_device_limit() {
 
 /// The layout per launch: trees across lanes at the widest width that fits in shared memory and
 /// gives every multiprocessor two blocks, else the narrowest that fits; where none fits, the
-/// sweep for shared coefficients in f32 and f64, else a block per tree; errors for a layout
+/// sweep for shared coefficients in f32 and f64 (blocks up to 4 × 4), else a block per tree;
+/// errors for a layout
 /// asked for that does not take the solve.
 #[test]
 fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
@@ -180,6 +181,36 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
     let err = forward_plan(&quad, &coef, &coef, &coef, &u, lanes, h100).unwrap_err();
     assert!(
         err.to_string().contains("blocks up to d = 4 (d = 5)"),
+        "{err}"
+    );
+    // 4 x 4 blocks shared by 16 samples: two lanes would hold (3 · 16 + 2 · 4) · 1,365 values,
+    // 306 KB; the sweep, a tree's 4 · 1,365 right-hand sides (21,840 bytes) per block of 256
+    // threads, after the pivots of the 16 heads. Per-sample blocks: a block per tree.
+    let (coef, u) = (z(&[16, n, 4, 4]), z(&[16, 16, n, 4, 1]));
+    let o = TreeSolveOptions::default();
+    let p = forward_plans(&quad, &coef, &coef, &coef, &u, o, h100).unwrap();
+    assert_eq!(
+        (p[0].kernel.as_str(), p[0].grid, p[0].block),
+        ("tree_block_pivots_f32", [16, 1, 1], [256, 1, 1])
+    );
+    assert_eq!(p[0].outputs, vec![3 * 16 * n * 16]);
+    assert_eq!(
+        (p[1].kernel.as_str(), p[1].grid, p[1].block),
+        ("tree_sweep_block_fwd_f32", [256, 1, 1], [256, 1, 1])
+    );
+    assert_eq!(p[1].shared_bytes, n * 4 * 4);
+    let per_sample = z(&[16, 16, n, 4, 4]);
+    let p = forward_plan(&quad, &per_sample, &per_sample, &per_sample, &u, o, h100).unwrap();
+    assert_eq!(p.kernel, "tree_block_fwd_f32");
+    let sweep = TreeSolveOptions {
+        layout: TreeLayout::Sweep,
+        ..opts_real()
+    };
+    let (coef, u) = (z(&[4, n, 5, 5]), z(&[8, 4, n, 5, 1]));
+    let err = forward_plans(&quad, &coef, &coef, &coef, &u, sweep, h100).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("sweep layout needs blocks up to d = 4 (d = 5)"),
         "{err}"
     );
     // The backward of shared coefficients writes a gradient row per block of samples.

@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 use myosotis::ops::plan::DeviceLimits;
 use myosotis::ops::tree_solve::cuda::{
-    backward_plan, backward_plans, forward_plan, forward_plans, LANE_MAX_D,
+    backward_plan, backward_plans, forward_plan, forward_plans, LANE_MAX_D, SWEEP_MAX_D,
 };
 use myosotis::ops::{tree_solve, tree_solve_backward, TreeLayout, TreeSolveOptions};
 use myosotis::tree::Tree;
@@ -300,7 +300,7 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                     paths.push(("lanes", DeviceLimits::H100, TreeLayout::Lanes));
                     paths.push(("lanes, wide", FEW_SMS, TreeLayout::Lanes));
                 }
-                if case.d == 1 && matches!(dtype, DType::F32 | DType::F64) {
+                if case.d <= SWEEP_MAX_D && matches!(dtype, DType::F32 | DType::F64) {
                     paths.push(("sweep", DeviceLimits::H100, TreeLayout::Sweep));
                 }
                 for (path, shared, layout) in paths {
@@ -400,16 +400,23 @@ fn block_kernels_with_large_blocks() {
     check_kernels(&trees, &cases, true, ("block kernels, large blocks", 16));
 }
 
-/// Large trees: the forward of `tree` with d × d blocks in shared memory (H100) and in the
-/// global workspace equals the CPU twin.
-fn check_large_tree(name: &str, tree: &Tree, d: usize, dtype: DType, rng_of: (&str, u64)) {
+/// Large trees: the forward of `tree` with d × d blocks (per-sample, or shared by the batch)
+/// in shared memory (H100) and in the global workspace, and in the layout Auto takes, equals
+/// the CPU twin.
+fn check_large_tree(
+    name: &str,
+    tree: &Tree,
+    (d, shared): (usize, bool),
+    dtype: DType,
+    rng_of: (&str, u64),
+) {
     let (mut rng, seed) = seeded_rng(rng_of.0, rng_of.1);
     let case = TreeCase {
-        batch: 1,
+        batch: if shared { 3 } else { 1 },
         heads: 2,
         d,
         r: 1,
-        shared: false,
+        shared,
         complex: false,
     };
     let mut x = random_tree_inputs(tree, &case, &mut rng);
@@ -418,15 +425,18 @@ fn check_large_tree(name: &str, tree: &Tree, d: usize, dtype: DType, rng_of: (&s
     let [a, b, c, u] = tensors(tree, &case, &x, dtype);
     let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
     let twin = to_vec(&tree_solve(tree, &a, &b, &c, &u, opts(&case)).unwrap());
-    // Auto: trees across lanes where two fit in shared memory (H100), else a block per tree.
+    // Auto: trees across lanes where two fit in shared memory (H100), else the sweep for
+    // shared coefficients, else a block per tree.
     for (shared, layout) in [
         (DeviceLimits::H100, TreeLayout::Tree),
         (NO_SHARED, TreeLayout::Tree),
         (DeviceLimits::H100, TreeLayout::Auto),
     ] {
-        let what = format!("{name}, d = {d}, {shared:?}, {layout:?} (seed {seed})");
-        let plan = forward_plan(tree, &a, &b, &c, &u, opts_in(&case, layout), shared).unwrap();
-        let run = run_in_every_order(&plan, dtype, &[&x.u, &coef], seed);
+        let what = format!("{name}, {case:?}, {shared:?}, {layout:?} (seed {seed})");
+        let plans = forward_plans(tree, &a, &b, &c, &u, opts_in(&case, layout), shared).unwrap();
+        let sweeps = case.shared && layout == TreeLayout::Auto;
+        assert_eq!(plans.len(), 1 + sweeps as usize, "{what}");
+        let run = run_launches(&plans, dtype, &[&x.u, &coef], seed);
         assert_same(&run.outputs[0], &twin, &what);
     }
 }
@@ -435,32 +445,31 @@ fn check_large_tree(name: &str, tree: &Tree, d: usize, dtype: DType, rng_of: (&s
 /// Path-X's 16,384-leaf binary tree goes to the global workspace even on H100.
 #[test]
 fn tree_kernels_on_large_trees_in_shared_and_global_memory() {
+    let rng_of = ("tree kernels, large trees", 13);
     for (name, leaves, arity, dtype) in [
         ("binary 4096", 4096, 2, DType::F32),
         ("binary 16384", 16384, 2, DType::F32),
     ] {
         let tree = Tree::perfect(leaves, arity).unwrap();
-        check_large_tree(name, &tree, 1, dtype, ("tree kernels, large trees", 13));
+        check_large_tree(name, &tree, (1, false), dtype, rng_of);
     }
     let quad = Tree::quad(28, 28).unwrap();
-    check_large_tree(
-        "quad 28x28",
-        &quad,
-        1,
-        DType::F64,
-        ("tree kernels, large trees", 13),
-    );
+    check_large_tree("quad 28x28", &quad, (1, false), DType::F64, rng_of);
 }
 
 /// Levels wider than the block's 256 threads: threads own several parents in turn, reusing
-/// their LU scratch (zMNIST's quad tree; a 1,024-leaf binary tree has 512 parents on level 1).
+/// their LU scratch (zMNIST's quad tree; a 1,024-leaf binary tree has 512 parents on level 1);
+/// 4 × 4 blocks shared by the batch on 1,024 leaves, which the lanes do not hold: the sweep.
 #[test]
 fn block_kernels_on_large_trees_in_shared_and_global_memory() {
     let rng_of = ("block kernels, large trees", 18);
     let binary = Tree::perfect(1024, 2).unwrap();
-    check_large_tree("binary 1024", &binary, 2, DType::F32, rng_of);
+    check_large_tree("binary 1024", &binary, (2, false), DType::F32, rng_of);
+    check_large_tree("binary 1024", &binary, (2, true), DType::F64, rng_of);
     let quad = Tree::quad(32, 32).unwrap();
-    check_large_tree("quad 32x32", &quad, 3, DType::F64, rng_of);
+    check_large_tree("quad 32x32", &quad, (3, false), DType::F64, rng_of);
+    let quad = Tree::perfect(1024, 4).unwrap();
+    check_large_tree("4-ary 1024", &quad, (4, true), DType::F32, rng_of);
 }
 
 /// A singular pivot: the status word names the node (1 + node), forward and backward, in the
@@ -495,7 +504,7 @@ fn check_singular_pivot(d: usize, rng_of: (&str, u64)) {
         if d <= LANE_MAX_D {
             paths.push((DeviceLimits::H100, TreeLayout::Lanes));
         }
-        if d == 1 {
+        if d <= SWEEP_MAX_D {
             paths.push((DeviceLimits::H100, TreeLayout::Sweep));
         }
         for (shared, layout) in paths {

@@ -21,11 +21,13 @@
 //! lane's array at an odd stride.
 //! [`TreeLayout::Auto`] takes it when two trees or more fit ([`lane_choice`]).
 //!
-//! The sweep (`tree_pivots`, then `tree_sweep_fwd`/`tree_sweep_bwd`, `kernels/tree_sweep.cu`),
-//! for scalar blocks in f32 and f64: the pivots of each coefficient set eliminated once into a
-//! global buffer, then a block of [`SWEEP_THREADS`] per tree with only its n·r right-hand sides
-//! in shared memory. Auto takes it for coefficients shared by the batch where the lanes do not
-//! fit (Path-X's trees), so the samples of a head share one set of pivots.
+//! The sweep (`tree_pivots`, then `tree_sweep_fwd`/`tree_sweep_bwd`, `kernels/tree_sweep.cu`;
+//! `tree_block_pivots`, `tree_sweep_block_*` for blocks up to [`SWEEP_MAX_D`]), in f32 and f64:
+//! the pivots of each coefficient set eliminated once into a global buffer, then a block of
+//! [`SWEEP_THREADS`] ([`SWEEP_BLOCK_THREADS`] for d > 1) per tree with only its n·d·r
+//! right-hand sides in shared memory. Auto takes it for coefficients shared by the batch where
+//! the lanes do not fit (Path-X's trees; 4 × 4 blocks on 1,024 leaves), so the samples of a
+//! head share one set of pivots.
 
 use candle_core::{bail, DType, Result, Tensor};
 
@@ -48,6 +50,10 @@ pub const SMALL_TREE_BYTES: usize = 48 * 1024;
 pub const LANE_THREADS: u32 = 256;
 /// Threads per block of the sweep layout's kernels (SWEEP_THREADS in `kernels/tree_sweep.cu`).
 pub const SWEEP_THREADS: u32 = 512;
+/// Threads per block of the sweep layout's d × d kernels (SWEEP_BLOCK_THREADS).
+pub const SWEEP_BLOCK_THREADS: u32 = 256;
+/// The largest blocks the sweep layout takes (SWEEP_MAX_D in the kernel).
+pub const SWEEP_MAX_D: usize = 4;
 /// The largest blocks the lanes layout takes (LANE_MAX_D in the kernel).
 pub const LANE_MAX_D: usize = 4;
 /// Trees per block the lanes layout may take, widest first.
@@ -163,13 +169,13 @@ impl TreeSolveOp {
     fn sweep_bytes(&self, dtype: DType) -> usize {
         let acc = if dtype == DType::F64 { 8 } else { 4 };
         let w = if self.opts.complex { 2 } else { 1 };
-        self.dims.nodes * self.dims.r * acc * w
+        self.dims.nodes * self.dims.d * self.dims.r * acc * w
     }
 
-    /// Whether the sweep layout takes this solve: scalar blocks in f32 or f64 whose
-    /// right-hand sides fit in a block's shared memory.
+    /// Whether the sweep layout takes this solve: blocks up to [`SWEEP_MAX_D`] in f32 or f64
+    /// whose right-hand sides fit in a block's shared memory.
     fn sweeps(&self, dtype: DType, limits: DeviceLimits) -> bool {
-        self.dims.d == 1
+        self.dims.d <= SWEEP_MAX_D
             && matches!(dtype, DType::F32 | DType::F64)
             && limits.fits_shared(self.sweep_bytes(dtype))
     }
@@ -191,8 +197,8 @@ impl TreeSolveOp {
                 limits.shared_per_block
             ),
             (TreeLayout::Sweep, _) if !sweeps => bail!(
-                "tree_solve: the sweep layout needs d = 1 (d = {}), f32 or f64 ({dtype:?}) and a \
-                 tree's right-hand sides in a block's shared memory ({} bytes here, the device \
+                "tree_solve: the sweep layout needs blocks up to d = {SWEEP_MAX_D} (d = {}), f32 \
+                 or f64 ({dtype:?}) and a tree's right-hand sides in a block's shared memory ({} bytes here, the device \
                  grants {})",
                 self.dims.d,
                 self.sweep_bytes(dtype),
@@ -223,43 +229,62 @@ impl TreeSolveOp {
         ]
     }
 
-    /// `tree_pivots`: input coef, output the pivots (3, sets, nodes[, 2]) of T_G or (adjoint)
-    /// T_Gᴴ, a set per head for shared coefficients, else per tree.
+    /// `tree_pivots` (`tree_block_pivots` for d > 1): input coef, output the pivots
+    /// (3, sets, nodes, d, d[, 2]) of T_G or (adjoint) T_Gᴴ, a set per head for shared
+    /// coefficients, else per tree.
     fn pivots_plan(&self, dtype: DType, adjoint: bool) -> Result<LaunchPlan> {
         let Dims {
             batch,
             heads,
             nodes,
+            d,
             shared,
             ..
         } = self.dims;
         let op = "tree_solve";
         let sets = if shared { heads } else { batch * heads };
         let w = if self.opts.complex { 2 } else { 1 };
+        let mut args = vec![
+            KernelArg::Input(0),
+            KernelArg::Output(0),
+            KernelArg::Table(0),
+            KernelArg::Table(1),
+            KernelArg::Table(2),
+            KernelArg::I32(int_arg(op, "levels", self.tree.levels())?),
+            KernelArg::I32(int_arg(op, "nodes", nodes)?),
+        ];
+        if d > 1 {
+            args.push(KernelArg::I32(d as i32));
+        }
+        args.push(KernelArg::I32(int_arg(op, "coefficient sets", sets)?));
+        args.extend([KernelArg::I32(adjoint as i32), KernelArg::Status]);
+        let stem = if d > 1 {
+            "tree_block_pivots"
+        } else {
+            "tree_pivots"
+        };
         Ok(LaunchPlan {
-            kernel: kernel_name("tree_pivots", dtype, self.opts.complex)?,
-            grid: [int_arg(op, "coefficient sets", sets)? as u32, 1, 1],
-            block: [SWEEP_THREADS, 1, 1],
+            kernel: kernel_name(stem, dtype, self.opts.complex)?,
+            grid: [sets as u32, 1, 1],
+            block: [self.sweep_threads(), 1, 1],
             shared_bytes: 0,
-            args: vec![
-                KernelArg::Input(0),
-                KernelArg::Output(0),
-                KernelArg::Table(0),
-                KernelArg::Table(1),
-                KernelArg::Table(2),
-                KernelArg::I32(int_arg(op, "levels", self.tree.levels())?),
-                KernelArg::I32(int_arg(op, "nodes", nodes)?),
-                KernelArg::I32(sets as i32),
-                KernelArg::I32(adjoint as i32),
-                KernelArg::Status,
-            ],
-            outputs: vec![3 * sets * nodes * w],
+            args,
+            outputs: vec![3 * sets * nodes * d * d * w],
             tables: self.tables(),
             workspace_bytes: 0,
         })
     }
 
-    /// `tree_sweep_{pass}` with `inputs` tensor arguments (the pivots second) and `outputs`.
+    /// Threads per block of the sweep layout's kernels for this solve's block size.
+    fn sweep_threads(&self) -> u32 {
+        match self.dims.d {
+            1 => SWEEP_THREADS,
+            _ => SWEEP_BLOCK_THREADS,
+        }
+    }
+
+    /// `tree_sweep_{pass}` (`tree_sweep_block_{pass}` for d > 1) with `inputs` tensor arguments
+    /// (the pivots second) and `outputs`.
     fn sweep_plan(
         &self,
         pass: &str,
@@ -271,9 +296,9 @@ impl TreeSolveOp {
             batch,
             heads,
             nodes,
+            d,
             r,
             shared,
-            ..
         } = self.dims;
         let op = "tree_solve";
         let mut args: Vec<KernelArg> = (0..inputs)
@@ -283,15 +308,23 @@ impl TreeSolveOp {
             .collect();
         args.push(KernelArg::I32(int_arg(op, "levels", self.tree.levels())?));
         args.push(KernelArg::I32(int_arg(op, "nodes", nodes)?));
+        if d > 1 {
+            args.push(KernelArg::I32(d as i32));
+        }
         args.push(KernelArg::I32(int_arg(op, "r", r)?));
         args.push(KernelArg::I32(int_arg(op, "heads", heads)?));
         let trees = int_arg(op, "batch × heads", batch * heads)?;
         args.push(KernelArg::I32(trees));
         args.push(KernelArg::I32(shared as i32));
+        let stem = if d > 1 { "block_" } else { "" };
         Ok(LaunchPlan {
-            kernel: kernel_name(&format!("tree_sweep_{pass}"), dtype, self.opts.complex)?,
+            kernel: kernel_name(
+                &format!("tree_sweep_{stem}{pass}"),
+                dtype,
+                self.opts.complex,
+            )?,
             grid: [trees as u32, 1, 1],
-            block: [SWEEP_THREADS, 1, 1],
+            block: [self.sweep_threads(), 1, 1],
             shared_bytes: self.sweep_bytes(dtype),
             args,
             outputs,

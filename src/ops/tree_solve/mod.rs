@@ -69,8 +69,9 @@ pub enum TreeLayout {
     /// not fit.
     Lanes,
     /// The pivots of each coefficient set eliminated once, then a sweep per tree with its
-    /// right-hand sides in shared memory (`tree_pivots`, `tree_sweep_fwd`): d = 1, f32 and f64;
-    /// an error where it does not fit.
+    /// right-hand sides in shared memory (`tree_pivots`, `tree_sweep_fwd`; for d × d blocks
+    /// `tree_block_pivots`, `tree_sweep_block_fwd`): blocks up to 4 × 4, f32 and f64; an error
+    /// where it does not fit.
     Sweep,
 }
 
