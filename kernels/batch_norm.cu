@@ -6,7 +6,8 @@
 //   batch_norm_apply:     y = (x − μ) (γ k) + β, one thread per element;
 //   batch_norm_bwd_stats: part[block] = [Σ ∂y ⊙ x̂ | Σ ∂y] over the block's rows;
 //   batch_norm_pair:      ∂γ, ∂β = the column sums of those partial rows, two outputs;
-//   batch_norm_bwd:       ∂x = γ k (∂y − (Σ∂y + x̂ Σ∂y ⊙ x̂) / n), the sums the whole batch's.
+//   batch_norm_bwd:       ∂x = γ k (∂y − (Σ∂y + x̂ Σ∂y ⊙ x̂) / n), the sums the whole batch's;
+//   batch_norm_running:   the running averages of μ and of the unbiased σ², in place.
 // The stats launches take the row layout of rows.cuh and batch_norm_sums adds their partial
 // rows; the CPU twin is src/ops/batch_norm/mod.rs.
 #include "rows.cuh"
@@ -116,6 +117,23 @@ __device__ void batch_norm_bwd(const T *x, const T *mean, const T *var, const T 
     }
 }
 
+// In place, one thread per column, with m the decay and n = count[0]:
+// running_mean = running_mean m + μ (1 - m), running_var = running_var m + (σ² c) (1 - m) with
+// c = n / (n - 1), the operations of the CPU twin in its order.
+template <typename T>
+__device__ void batch_norm_running(T *rmean, T *rvar, const T *mean, const T *var,
+                                   const T *count, int h, u64 decay_bits) {
+    typedef typename AccOf<T>::F F;
+    const double m = f64_from_bits(decay_bits);
+    const F keep = F(m), take = F(1.0 - m);
+    const F n = to_acc(count[0]);
+    const F unbiased = n / (n - F(1));
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < h; i += gridDim.x * blockDim.x) {
+        store_s(rmean + i, to_acc(rmean[i]) * keep + to_acc(mean[i]) * take);
+        store_s(rvar + i, to_acc(rvar[i]) * keep + to_acc(var[i]) * unbiased * take);
+    }
+}
+
 #define BATCH_NORM_KERNELS(SUFFIX, T)                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                  \
         batch_norm_stats_##SUFFIX(const T *x, const T *mean, T *part, int rows, int per_block,  \
@@ -144,6 +162,11 @@ __device__ void batch_norm_bwd(const T *x, const T *mean, const T *var, const T 
         const T *x, const T *mean, const T *var, const T *w, const T *g, const T *dw,           \
         const T *db, const T *count, T *dx, int n, int h, u64 eps_bits) {                       \
         batch_norm_bwd<T>(x, mean, var, w, g, dw, db, count, dx, n, h, eps_bits);               \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(ROWS_THREADS) batch_norm_running_##SUFFIX(     \
+        T *rmean, T *rvar, const T *mean, const T *var, const T *count, int h,                  \
+        u64 decay_bits) {                                                                       \
+        batch_norm_running<T>(rmean, rvar, mean, var, count, h, decay_bits);                    \
     }
 
 // The instantiations (f32, and f64 for the tests; f16/bf16 batches are normalised in f32):

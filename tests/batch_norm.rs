@@ -1,14 +1,15 @@
 //! BatchNorm's fused training ops (`myosotis::ops::batch_norm`) against f64 loops, candle's
 //! autograd through the same norm in candle ops, and central differences of the ops
 //! themselves; the statistics of a batch cut into shards; the candle-op path (f16 on the CPU);
-//! bad operands.
+//! the running averages updated in place; bad operands.
 
 mod common;
 
 use candle_core::{DType, Device, Tensor, Var, D};
 use common::{rel_err, seeded_rng, tensor, to_vec, uniform};
 use myosotis::ops::{
-    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, column_stats,
+    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
+    column_stats,
 };
 
 const EPS: f64 = 1e-5;
@@ -228,6 +229,60 @@ fn batch_norm_ops_in_candle_ops_agree() {
     }
 }
 
+/// The running averages in place: against f64 loops, and to the bit against the same update
+/// in candle ops (running·m + batch·(1 − m), the variance times n / (n − 1)), in f32 and f64.
+#[test]
+fn batch_norm_running_averages_match_loops_and_candle_ops() {
+    let (mut rng, seed) = seeded_rng("batch_norm_running", 144);
+    for (dtype, tol) in [(DType::F32, 1e-6), (DType::F64, 1e-14)] {
+        for (h, rows, decay) in [(1, 2, 0.9), (7, 50, 0.99), (1000, 7, 0.37)] {
+            let what = format!("{dtype:?}, h {h}, {rows} rows, decay {decay} (seed {seed})");
+            let t = |v: &[f64]| tensor(v, &[v.len()], dtype, &Device::Cpu);
+            let (rm, rv) = (
+                uniform(&mut rng, h, -1.0, 1.0),
+                uniform(&mut rng, h, 0.5, 2.0),
+            );
+            let (mean, var) = (
+                uniform(&mut rng, h, -1.0, 1.0),
+                uniform(&mut rng, h, 0.0, 3.0),
+            );
+            let (mean_t, var_t, n_t) = (t(&mean), t(&var), t(&[rows as f64]));
+            let running = [
+                Var::from_tensor(&t(&rm)).unwrap(),
+                Var::from_tensor(&t(&rv)).unwrap(),
+            ];
+            let [rm_t, rv_t] = [running[0].as_tensor(), running[1].as_tensor()];
+            batch_norm_running([rm_t, rv_t], &mean_t, &var_t, &n_t, decay).unwrap();
+
+            let k = rows as f64 / (rows as f64 - 1.0);
+            let want_m: Vec<f64> = (0..h)
+                .map(|i| rm[i] * decay + mean[i] * (1.0 - decay))
+                .collect();
+            let want_v: Vec<f64> = (0..h)
+                .map(|i| rv[i] * decay + var[i] * k * (1.0 - decay))
+                .collect();
+            let e = rel_err(&to_vec(rm_t), &want_m).max(rel_err(&to_vec(rv_t), &want_v));
+            assert!(e < tol, "{what}: against f64 loops: {e:e}");
+
+            let unbiased = (&n_t / n_t.affine(1.0, -1.0).unwrap()).unwrap();
+            let update = |old: &[f64], batch: Tensor| {
+                ((t(old) * decay).unwrap() + (batch * (1.0 - decay)).unwrap()).unwrap()
+            };
+            let composed_m = update(&rm, mean_t.clone());
+            let composed_v = update(&rv, var_t.broadcast_mul(&unbiased).unwrap());
+            for (name, got, want) in [("mean", rm_t, &composed_m), ("variance", rv_t, &composed_v)]
+            {
+                let (got, want) = (to_vec(got), to_vec(want));
+                let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                assert_eq!(
+                    differ, 0,
+                    "{what}: {name}: values unlike candle ops' of {h}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn batch_norm_ops_name_a_bad_operand() {
     let x = Tensor::zeros((2, 3, 4), DType::F32, &Device::Cpu).unwrap();
@@ -254,4 +309,21 @@ fn batch_norm_ops_name_a_bad_operand() {
         e.contains("the variance is not of the input's dtype"),
         "{e}"
     );
+    let n = Tensor::new(&[8f32], &Device::Cpu).unwrap();
+    let e = batch_norm_running([&c(4), &c(3)], &c(4), &c(4), &n, 0.9)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the running variance [3] F32 does not match"),
+        "{e}"
+    );
+    let e = batch_norm_running([&c(4), &c(4)], &c(4), &c(4), &c(2), 0.9)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the row count (1)"), "{e}");
+    let same = c(4);
+    let e = batch_norm_running([&same, &same], &c(4), &c(4), &n, 0.9)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shares memory"), "{e}");
 }

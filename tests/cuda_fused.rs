@@ -10,9 +10,9 @@ mod common;
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
 use myosotis::ops::{
-    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, channel_add, channel_mul,
-    column_stats, gelu, gemm, gemm_relaid, layer_norm, s5_discretize, s5_readout, Mat,
-    S5Discretization,
+    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
+    channel_add, channel_mul, column_stats, gelu, gemm, gemm_relaid, layer_norm, s5_discretize,
+    s5_readout, Mat, S5Discretization,
 };
 
 const SHAPES: [(usize, usize); 6] = [(1, 1), (3, 5), (9, 33), (50, 128), (1000, 3), (4100, 96)];
@@ -124,7 +124,7 @@ fn cuda_channel_ops() {
 }
 
 /// BatchNorm's fused training ops (no autograd: the backward is their own), the statistics
-/// chained as the layer chains them.
+/// chained as the layer chains them, and the running averages updated from them.
 #[test]
 fn cuda_batch_norm() {
     let Some(gpu) = gpu("cuda_batch_norm") else {
@@ -156,11 +156,18 @@ fn cuda_batch_norm() {
             let y = batch_norm_apply(&x, &mean, &var, &w, &b, eps).unwrap();
             let [dw, db] = batch_norm_backward_stats(&x, &mean, &var, &g, eps).unwrap();
             let dx = batch_norm_backward(&x, &mean, &var, &w, &g, &dw, &db, &n, eps).unwrap();
-            [mean, var, y, dw, db, dx].iter().map(to_vec).collect()
+            let running = [w.copy().unwrap(), b.copy().unwrap()];
+            batch_norm_running([&running[0], &running[1]], &mean, &var, &n, 0.9).unwrap();
+            let [rm, rv] = running;
+            [mean, var, y, dw, db, dx, rm, rv]
+                .iter()
+                .map(to_vec)
+                .collect()
         };
         for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
             let (want, got) = (run(&Device::Cpu, dtype), run(&gpu, dtype));
-            for (k, name) in ["μ", "σ²", "y", "∂γ", "∂β", "∂x"].iter().enumerate() {
+            let names = ["μ", "σ²", "y", "∂γ", "∂β", "∂x", "running μ", "running σ²"];
+            for (k, name) in names.iter().enumerate() {
                 let e = rel_err(&got[k], &want[k]);
                 assert!(
                     e < tol,

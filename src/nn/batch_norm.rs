@@ -19,8 +19,8 @@ use candle_core::{
 use candle_nn::{Init, VarBuilder};
 
 use crate::ops::{
-    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, channel_add, channel_mul,
-    column_stats,
+    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
+    channel_add, channel_mul, column_stats,
 };
 
 /// The sum over every data-parallel shard of a batch of a tensor each shard computes: the same
@@ -140,6 +140,15 @@ impl BatchNorm {
     /// running = m · running + (1 − m) · batch for the mean and the variance (candle-nn's
     /// unbiased one: n / (n − 1) times the batch's), n the batch's rows.
     fn update_running(&self, mean: &Tensor, var: &Tensor, n: &Tensor) -> Result<()> {
+        let running = [self.running_mean.as_tensor(), self.running_var.as_tensor()];
+        let dtype = mean.dtype();
+        let fused = matches!(dtype, DType::F32 | DType::F64)
+            && running.iter().all(|r| r.dtype() == dtype)
+            && (mean.device().is_cpu() || mean.device().is_cuda());
+        if fused {
+            return batch_norm_running(running, mean, var, n, self.decay);
+        }
+        // A half-precision copy's averages, from f32 statistics.
         let m = self.decay;
         let unbiased = (n / n.affine(1.0, -1.0)?)?;
         let update = |running: &Var, batch: Tensor| -> Result<()> {

@@ -3,8 +3,23 @@
 //! hands all of them, with read access to the inputs, to one function (one launch).
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{bail, CpuStorage, InplaceOp1, Layout, Result, Storage, Tensor};
+
+/// In-place updates applied in this process (an in-place op makes no new tensor, so tensor
+/// counts miss it): AdamW's launches and hyper-parameter rows, BatchNorm's running averages.
+static UPDATES: AtomicU64 = AtomicU64::new(0);
+
+/// How many in-place updates the ops have applied so far.
+pub fn in_place_updates() -> u64 {
+    UPDATES.load(Ordering::Relaxed)
+}
+
+/// Counts `n` in-place updates (launches) of an op.
+pub(crate) fn count_updates(n: u64) {
+    UPDATES.fetch_add(n, Ordering::Relaxed);
+}
 
 /// The tensors an op updates and reads, by device.
 pub(crate) enum Held<'a> {

@@ -25,9 +25,10 @@ pub mod transpose;
 pub mod tree_solve;
 mod value;
 
-pub use adamw::{adamw_step, in_place_updates, AdamwHyper, AdamwParam};
+pub use adamw::{adamw_step, AdamwHyper, AdamwParam};
 pub use batch_norm::{
-    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, column_stats,
+    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
+    column_stats,
 };
 pub use channel::{channel_add, channel_add_backward, channel_mul, channel_mul_backward};
 pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
@@ -39,6 +40,7 @@ pub use head_solve::{
     head_solve, head_solve_backward, head_solve_skew, head_solve_skew_backward, HeadSkewGrads,
     HeadSolveGrads,
 };
+pub use in_place::in_place_updates;
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_composed};
 pub use masked_mean::{masked_mean, masked_mean_backward};
 pub use s5_discretize::{

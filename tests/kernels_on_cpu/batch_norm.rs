@@ -4,11 +4,12 @@
 use candle_core::{DType, Device, Tensor};
 use myosotis::ops::batch_norm::cuda;
 use myosotis::ops::{
-    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, column_stats,
+    batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
+    column_stats,
 };
 
 use crate::common::{rel_err, seeded_rng, tensor, to_vec, uniform};
-use crate::exec::{round_to, run_in_every_order};
+use crate::exec::{round_to, run_in_every_order, run_in_place_in_every_order};
 use crate::fused::SHAPES;
 use crate::{assert_same, DTYPES};
 
@@ -131,6 +132,46 @@ fn batch_norm_kernels_match_the_cpu_twin_and_the_reference() {
             let nt: Tensor = t(&count, &[1]);
             let dxt = batch_norm_backward(&xt, &mt, &vt, &wt, &gt, &dwt, &dbt, &nt, EPS).unwrap();
             assert_same(&dx, &to_vec(&dxt), &format!("{what}: ∂x"));
+        }
+    }
+}
+
+/// `batch_norm_running` in place: against f64 loops and, bit for bit, the CPU twin.
+#[test]
+fn batch_norm_running_kernel_matches_the_cpu_twin_and_the_reference() {
+    let (mut rng, seed) = seeded_rng("batch_norm_running_kernel", 30);
+    for (dtype, tol) in DTYPES.into_iter().filter(|(dt, _)| cuda::supports(1, *dt)) {
+        for (h, rows, decay) in [(1, 2, 0.9), (300, 7, 0.99), (5000, 1000, 0.1)] {
+            let what = format!("batch_norm running {dtype:?}, h {h} (seed {seed})");
+            let rm = round_to(&uniform(&mut rng, h, -1.0, 1.0), dtype);
+            let rv = round_to(&uniform(&mut rng, h, 0.5, 2.0), dtype);
+            let mean = round_to(&uniform(&mut rng, h, -1.0, 1.0), dtype);
+            let var = round_to(&uniform(&mut rng, h, 0.0, 3.0), dtype);
+            let count = [rows as f64];
+            let plan = cuda::running_plan(h, decay, dtype).unwrap();
+            let run = run_in_place_in_every_order(
+                &plan,
+                dtype,
+                &[&rm, &rv],
+                &[&mean, &var, &count],
+                seed,
+            );
+            let k = rows as f64 / (rows as f64 - 1.0);
+            let want_m: Vec<f64> = (0..h)
+                .map(|i| rm[i] * decay + mean[i] * (1.0 - decay))
+                .collect();
+            let want_v: Vec<f64> = (0..h)
+                .map(|i| rv[i] * decay + var[i] * k * (1.0 - decay))
+                .collect();
+            let (got_m, got_v) = (&run.outputs[0], &run.outputs[1]);
+            let e = rel_err(got_m, &want_m).max(rel_err(got_v, &want_v));
+            assert!(e < tol, "{what}: against f64 loops: {e:e}");
+
+            let t = |v: &[f64]| tensor(v, &[v.len()], dtype, &Device::Cpu);
+            let (rm_t, rv_t) = (t(&rm), t(&rv));
+            batch_norm_running([&rm_t, &rv_t], &t(&mean), &t(&var), &t(&count), decay).unwrap();
+            assert_same(got_m, &to_vec(&rm_t), &format!("{what}: running mean"));
+            assert_same(got_v, &to_vec(&rv_t), &format!("{what}: running variance"));
         }
     }
 }

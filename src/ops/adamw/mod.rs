@@ -9,12 +9,10 @@
 //! with s the gradient-clipping factor (a device scalar) or 1, and each parameter's
 //! hyper-parameters a row of a device table (its group's). No gradient flows through it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use candle_core::{bail, CpuStorage, DType, Device, Layout, Result, Tensor};
 use rayon::prelude::*;
 
-use crate::ops::in_place::{with_targets, Held};
+use crate::ops::in_place::{count_updates, with_targets, Held};
 
 pub mod cuda;
 
@@ -123,7 +121,7 @@ impl AdamwHyper {
                 }
             },
         )?;
-        UPDATES.fetch_add(1, Ordering::Relaxed);
+        count_updates(1);
         Ok(())
     }
 }
@@ -139,16 +137,6 @@ pub struct AdamwParam<'a> {
     pub grad: &'a Tensor,
     /// The row of the hyper-parameter table.
     pub group: usize,
-}
-
-/// In-place updates the optimiser has applied in this process (an in-place op makes no new
-/// tensor, so tensor counts miss it): one per launch of [`adamw_step`], one per
-/// [`AdamwHyper::fill`].
-static UPDATES: AtomicU64 = AtomicU64::new(0);
-
-/// How many in-place updates [`adamw_step`] has applied so far.
-pub fn in_place_updates() -> u64 {
-    UPDATES.load(Ordering::Relaxed)
 }
 
 /// One step of `params`, all of one dtype (f32 or f64) and device: θ and [m; v] updated in
@@ -236,10 +224,7 @@ pub fn adamw_step(params: &[AdamwParam], hyper: &Tensor, scale: Option<&Tensor>)
         }
     })?;
     // One launch per cuda::SEGMENTS parameters.
-    UPDATES.fetch_add(
-        sizes.len().div_ceil(cuda::SEGMENTS) as u64,
-        Ordering::Relaxed,
-    );
+    count_updates(sizes.len().div_ceil(cuda::SEGMENTS) as u64);
     Ok(())
 }
 

@@ -135,3 +135,26 @@ pub fn backward_plan(n: usize, h: usize, eps: f64, dtype: DType) -> Result<Launc
     pointers.push(KernelArg::Output(0));
     elementwise("batch_norm_bwd", n, h, eps, pointers, dtype)
 }
+
+/// `batch_norm_running`, in place: targets the running mean and variance (h values each),
+/// inputs μ, σ² and the row count (one value); the decay by its bits.
+pub fn running_plan(h: usize, decay: f64, dtype: DType) -> Result<LaunchPlan> {
+    Ok(LaunchPlan {
+        kernel: kernel_name("batch_norm_running", dtype, false)?,
+        grid: [element_blocks(h), 1, 1],
+        block: [ELEMENT_THREADS, 1, 1],
+        shared_bytes: 0,
+        args: vec![
+            KernelArg::Target(0),
+            KernelArg::Target(1),
+            KernelArg::Input(0),
+            KernelArg::Input(1),
+            KernelArg::Input(2),
+            KernelArg::I32(int_arg("batch_norm", "width", h)?),
+            KernelArg::U64(decay.to_bits()),
+        ],
+        outputs: vec![],
+        tables: vec![],
+        workspace_bytes: 0,
+    })
+}

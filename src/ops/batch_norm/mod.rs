@@ -8,7 +8,8 @@
 //! * [`batch_norm_apply`]: y = (x − μ) (γ k) + β;
 //! * [`batch_norm_backward_stats`]: ∂γ = Σ_rows ∂y ⊙ x̂ and ∂β = Σ_rows ∂y of these rows;
 //! * [`batch_norm_backward`]: ∂x = γ k (∂y − (∂β + x̂ ∂γ) / n), ∂γ and ∂β those of the whole
-//!   batch (μ and σ² depend on every row, so every row's ∂y reaches every ∂x).
+//!   batch (μ and σ² depend on every row, so every row's ∂y reaches every ∂x);
+//! * [`batch_norm_running`]: the running averages of μ and of the unbiased σ², in place.
 //!
 //! In candle ops the forward is about thirty ops (the centred copy, its square, the sums, the
 //! scale's square root and reciprocal, a product and a sum per row) and the backward about
@@ -17,10 +18,11 @@
 //! do not apply (f16/bf16, rows wider than [`cuda::supports`] takes, other devices) the same
 //! formulas run as candle ops.
 
-use candle_core::{bail, DType, Device, Result, Storage, Tensor, WithDType, D};
+use candle_core::{bail, CpuStorage, DType, Device, Layout, Result, Storage, Tensor, WithDType, D};
 use num_traits::Float;
 use rayon::prelude::*;
 
+use super::in_place::{count_updates, with_targets, Held};
 use super::rows::column_sums;
 use super::value::contiguous;
 
@@ -348,5 +350,99 @@ impl Elementwise {
             ),
             dt => bail!("{op}: dtype {dt:?} is not fused on the CPU"),
         }
+    }
+}
+
+/// BatchNorm's running averages, updated in place in one launch: with m the decay and n the
+/// rows of the whole batch (a (1) tensor, which stays on the device),
+/// running_mean ← running_mean·m + μ·(1 − m) and
+/// running_var ← running_var·m + (σ²·n/(n − 1))·(1 − m), the unbiased variance that
+/// candle-nn's BatchNorm keeps. The operations are those of the same update in candle ops, in
+/// their order, so the averages are the same to the bit on the CPU.
+pub fn batch_norm_running(
+    [running_mean, running_var]: [&Tensor; 2],
+    mean: &Tensor,
+    var: &Tensor,
+    n: &Tensor,
+    decay: f64,
+) -> Result<()> {
+    let op = "batch_norm running";
+    if mean.rank() != 1 || n.dims() != [1] || n.dtype() != mean.dtype() {
+        bail!(
+            "{op}: the mean must be (H) and the row count (1) of its dtype, got {:?} and {:?}",
+            mean.dims(),
+            n.dims()
+        );
+    }
+    same_shape(op, "the running mean", running_mean, mean)?;
+    same_shape(op, "the running variance", running_var, mean)?;
+    same_shape(op, "the variance", var, mean)?;
+    let (mean, var, n) = (mean.contiguous()?, var.contiguous()?, n.contiguous()?);
+    let targets = [running_mean, running_var];
+    with_targets(op, &targets, &[&mean, &var, &n], &mut |held| match held {
+        Held::Cpu {
+            mut targets,
+            inputs,
+        } => running_on_cpu(&mut targets, &inputs, decay),
+        #[cfg(feature = "cuda")]
+        Held::Cuda {
+            mut targets,
+            inputs,
+        } => {
+            let plan = cuda::running_plan(mean.elem_count(), decay, mean.dtype())?;
+            crate::cuda::launch_in_place(crate::cuda::BATCH_NORM, &plan, &mut targets, &inputs)
+        }
+    })?;
+    count_updates(1);
+    Ok(())
+}
+
+/// The CPU twin of `batch_norm_running`: targets (running mean, running variance), inputs
+/// (μ, σ², n).
+fn running_on_cpu(
+    targets: &mut [(&mut CpuStorage, &Layout)],
+    inputs: &[(&CpuStorage, &Layout)],
+    decay: f64,
+) -> Result<()> {
+    fn update<F: WithDType + Float>(
+        [rm, rv]: [&mut [F]; 2],
+        inputs: &[(&CpuStorage, &Layout)],
+        decay: f64,
+    ) -> Result<()> {
+        let (mean, var) = (
+            contiguous::<F>(inputs[0].0, inputs[0].1)?,
+            contiguous::<F>(inputs[1].0, inputs[1].1)?,
+        );
+        let n = contiguous::<F>(inputs[2].0, inputs[2].1)?[0];
+        let (keep, take) = (
+            F::from(decay).expect("m"),
+            F::from(1.0 - decay).expect("1 − m"),
+        );
+        let unbiased = n / (n - F::one());
+        for (r, &m) in rm.iter_mut().zip(mean) {
+            *r = *r * keep + m * take;
+        }
+        for (r, &v) in rv.iter_mut().zip(var) {
+            *r = *r * keep + v * unbiased * take;
+        }
+        Ok(())
+    }
+    fn part<'a, F>(v: &'a mut [F], l: &Layout) -> Result<&'a mut [F]> {
+        match l.contiguous_offsets() {
+            Some((a, b)) => Ok(&mut v[a..b]),
+            None => bail!("batch_norm running: a running average is not contiguous"),
+        }
+    }
+    let [(rm, lm), (rv, lv)] = targets else {
+        bail!("internal error: batch_norm running updates two tensors")
+    };
+    match (&mut **rm, &mut **rv) {
+        (CpuStorage::F32(a), CpuStorage::F32(b)) => {
+            update([part(a, lm)?, part(b, lv)?], inputs, decay)
+        }
+        (CpuStorage::F64(a), CpuStorage::F64(b)) => {
+            update([part(a, lm)?, part(b, lv)?], inputs, decay)
+        }
+        _ => bail!("batch_norm running: the running averages must be f32 or f64"),
     }
 }

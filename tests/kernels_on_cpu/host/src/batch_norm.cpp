@@ -5,7 +5,8 @@
 #define BATCH_NORM_ENTRIES(SUFFIX, T)                                                           \
     KERNEL_ENTRY(batch_norm_stats_##SUFFIX), KERNEL_ENTRY(batch_norm_sums_##SUFFIX),            \
         KERNEL_ENTRY(batch_norm_apply_##SUFFIX), KERNEL_ENTRY(batch_norm_bwd_stats_##SUFFIX),   \
-        KERNEL_ENTRY(batch_norm_pair_##SUFFIX), KERNEL_ENTRY(batch_norm_bwd_##SUFFIX),
+        KERNEL_ENTRY(batch_norm_pair_##SUFFIX), KERNEL_ENTRY(batch_norm_bwd_##SUFFIX),          \
+        KERNEL_ENTRY(batch_norm_running_##SUFFIX),
 static const KernelEntry entries[] = {BATCH_NORM_DTYPES(BATCH_NORM_ENTRIES)};
 
 const KernelEntry *batch_norm_kernels(size_t *n) {
