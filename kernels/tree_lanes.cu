@@ -51,30 +51,6 @@ struct LaneTrees {
     __device__ __forceinline__ int pivot_lanes() const { return shared ? 1 : blockDim.x; }
 };
 
-// Copies, for every live lane l and i < len, load(l, i) to store(l, i, value) with the whole
-// block, each thread issuing up to 32 bytes of loads before its first store (see batched_copy in
-// tree_steps.cuh): consecutive threads take consecutive i of one lane, so the loads coalesce.
-template <typename V, typename Load, typename Store>
-__device__ __forceinline__ void lanes_copy(const LaneTrees &g, int lanes, int len, Load load,
-                                           Store store) {
-    constexpr int loads = sizeof(V) >= 16 ? 1 : 32 / sizeof(V);
-    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
-    const int n = lanes * len;
-    for (int base = tid; base < n; base += loads * threads) {
-        V x[loads];
-#pragma unroll
-        for (int q = 0; q < loads; ++q) {
-            const int e = base + q * threads;
-            if (e < n) x[q] = load(e / len, e % len);
-        }
-#pragma unroll
-        for (int q = 0; q < loads; ++q) {
-            const int e = base + q * threads;
-            if (e < n) store(e / len, e % len, x[q]);
-        }
-    }
-}
-
 // Loads the block's state into the workspace ws for d x d blocks (d = 1: scalars), then waits
 // for the block: per pivot lane A', B' and C' (n d x d blocks each, at an odd stride; the
 // adjoint reads A' = A^H, B' = C^H, C' = B^H; O::one() for a lane without a tree), then per
@@ -87,7 +63,7 @@ __device__ __forceinline__ void lanes_load(const LaneTrees &g, int d, const T *c
     const int nd = n * dd, sn = lane_stride(nd), su = lane_stride(n * dr);
     const i64 set = (i64)(g.shared ? g.heads : g.batch * g.heads) * nd;
     lanes_copy<V>(
-        g, pl, 3 * nd,
+        pl, 3 * nd,
         [&](int p, int e) {
             // Pivot lane p's coefficient set: that of its tree (lane 0's when shared).
             const int t = g.tree(p);
@@ -100,7 +76,7 @@ __device__ __forceinline__ void lanes_load(const LaneTrees &g, int d, const T *c
         [&](int p, int e, V x) { ws[(i64)(e / nd) * pl * sn + p * sn + e % nd] = x; });
     V *uh = ws + 3 * pl * sn;
     lanes_copy<V>(
-        g, blockDim.x, n * dr,
+        blockDim.x, n * dr,
         [&](int l, int e) {
             const int t = g.tree(l);
             return t < 0 ? O::zero() : O::load(rhs, (i64)t * n * dr + e);

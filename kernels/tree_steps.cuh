@@ -27,6 +27,30 @@ __device__ __forceinline__ void batched_copy(int n, Load load, Store store) {
     }
 }
 
+// Copies, for every lane l < lanes and i < len, load(l, i) to store(l, i, value) with the whole
+// block of blockDim.x lanes x blockDim.y rows, each thread issuing up to 32 bytes of loads before
+// its first store (as batched_copy): consecutive threads take consecutive i of one lane, so the
+// loads coalesce.
+template <typename V, typename Load, typename Store>
+__device__ __forceinline__ void lanes_copy(int lanes, int len, Load load, Store store) {
+    constexpr int loads = sizeof(V) >= 16 ? 1 : 32 / sizeof(V);
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int n = lanes * len;
+    for (int base = tid; base < n; base += loads * threads) {
+        V x[loads];
+#pragma unroll
+        for (int q = 0; q < loads; ++q) {
+            const int e = base + q * threads;
+            if (e < n) x[q] = load(e / len, e % len);
+        }
+#pragma unroll
+        for (int q = 0; q < loads; ++q) {
+            const int e = base + q * threads;
+            if (e < n) store(e / len, e % len, x[q]);
+        }
+    }
+}
+
 // Solves m X = [R1 | R2] in place for a d x d `m` (destroyed) and row-major right-hand sides R1
 // (d x k1) and R2 (d x k2, k2 may be 0), by LU with partial pivoting. False, with the solve
 // abandoned, for a pivot that is zero or not finite. With D > 0 the size is D, known when

@@ -252,18 +252,36 @@ __device__ void tree_block_pivots_d(const T *coef, T *piv, const SweepTree &g, i
     }
 }
 
-// The sweep of a tree with d x d blocks, its pivots at piv + o: uh (n * d * r) holds its
-// right-hand sides on entry and x (or λ) on return. Upward, Â_c û_c = ũ_c and
-// ũ_p -= C'_c û_c; the root's Â x = ũ; downward, x_c = û_c + B̂_c x_p. A bad pivot was reported
-// by tree_block_pivots.
+// The trees of a block of the d x d sweep, blockDim.x lanes x blockDim.y rows: with coefficients
+// shared by the batch the lanes are samples of one head (block g * heads + h holds samples
+// g * lanes, ...), whose threads read that head's pivots together (a warp's lanes the same
+// addresses: one load for all); with per-sample coefficients a block holds one tree.
+struct SweepLanes {
+    int batch, heads, shared;
+
+    // The tree of lane l in this block, or -1 past the last sample.
+    __device__ __forceinline__ int tree(int l) const {
+        if (!shared) return (int)blockIdx.x;
+        const int b = (int)(blockIdx.x / heads) * (int)blockDim.x + l;
+        return b < batch ? b * heads + (int)blockIdx.x % heads : -1;
+    }
+    // The coefficient set of tree t (its head, or the tree itself).
+    __device__ __forceinline__ int coef_set(int t) const { return shared ? t % heads : t; }
+};
+
+// The sweep of a lane's tree with d x d blocks, its pivots at piv + o (live: the lane has a
+// tree; every thread reaches the barriers): uh (n * d * r) holds its right-hand sides on entry
+// and x (or λ) on return. Upward, Â_c û_c = ũ_c and ũ_p -= C'_c û_c; the root's Â x = ũ;
+// downward, x_c = û_c + B̂_c x_p. A bad pivot was reported by tree_block_pivots.
 template <typename T, typename O, int D>
 __device__ __forceinline__ void block_sweep(const SweepTree &g, int d_run, int r, const T *piv,
-                                            i64 set, i64 o, typename O::V *uh) {
+                                            i64 set, i64 o, bool live, typename O::V *uh) {
     typedef typename O::V V;
     const int d = D > 0 ? D : d_run, dd = d * d, dr = d * r;
     V m[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D];
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
+        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
+             p += blockDim.y) {
             V *up = uh + p * dr;
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const i64 ac = o + (i64)c * dd;
@@ -285,14 +303,15 @@ __device__ __forceinline__ void block_sweep(const SweepTree &g, int d_run, int r
         __syncthreads();
     }
     const int root = g.nodes - 1;
-    if (threadIdx.x == 0) {
+    if (live && threadIdx.y == 0) {
 #pragma unroll
         for (int e = 0; e < dd; ++e) m[e] = O::load(piv, o + (i64)root * dd + e);
         lu_solve<O, D>(m, uh + root * dr, r, nullptr, 0, d);
     }
     __syncthreads();
     for (int k = g.levels - 1; k >= 1; --k) {
-        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
+        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
+             p += blockDim.y) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
 #pragma unroll
                 for (int e = 0; e < dd; ++e) m[e] = O::load(piv, set + o + (i64)c * dd + e);
@@ -303,64 +322,92 @@ __device__ __forceinline__ void block_sweep(const SweepTree &g, int d_run, int r
     }
 }
 
+// Every lane's sweep: its right-hand sides loaded from rhs into the workspace (each lane's
+// n * d * r values at an odd stride, so that a warp's lanes fall in different banks), solved
+// with the pivots of its coefficient set (block_sweep for the d at hand, compiled in: see
+// tree_lanes.cu's lanes_block_solve_d; complex f64 excepted). Returns the workspace.
 template <typename T, typename O>
-__device__ void block_sweep_d(const SweepTree &g, int d, int r, const T *piv, i64 set, i64 o,
-                              typename O::V *uh) {
-    if constexpr (sizeof(typename O::V) > 8) {
-        block_sweep<T, O, 0>(g, d, r, piv, set, o, uh);
+__device__ typename O::V *lanes_sweep(const SweepTree &g, const SweepLanes &s, int d, int r,
+                                      const T *rhs, const T *piv) {
+    typedef typename O::V V;
+    V *ws = sweep_workspace<V>();
+    const int n = g.nodes, dd = d * d, ndr = n * d * r, su = ndr | 1;
+    lanes_copy<V>(
+        blockDim.x, ndr,
+        [&](int l, int e) {
+            const int t = s.tree(l);
+            return t < 0 ? O::zero() : O::load(rhs, (i64)t * ndr + e);
+        },
+        [&](int l, int e, V x) { ws[l * su + e] = x; });
+    __syncthreads();
+    const int t = s.tree(threadIdx.x);
+    const i64 set = (i64)(s.shared ? s.heads : s.batch * s.heads) * n * dd;
+    const i64 o = t < 0 ? 0 : (i64)s.coef_set(t) * n * dd;
+    V *uh = ws + threadIdx.x * su;
+    if constexpr (sizeof(V) > 8) {
+        block_sweep<T, O, 0>(g, d, r, piv, set, o, t >= 0, uh);
     } else {
         switch (d) {
-        case 2: block_sweep<T, O, 2>(g, d, r, piv, set, o, uh); break;
-        case 3: block_sweep<T, O, 3>(g, d, r, piv, set, o, uh); break;
-        case 4: block_sweep<T, O, 4>(g, d, r, piv, set, o, uh); break;
+        case 2: block_sweep<T, O, 2>(g, d, r, piv, set, o, t >= 0, uh); break;
+        case 3: block_sweep<T, O, 3>(g, d, r, piv, set, o, t >= 0, uh); break;
+        case 4: block_sweep<T, O, 4>(g, d, r, piv, set, o, t >= 0, uh); break;
         }
+    }
+    return ws;
+}
+
+// Writes every live lane's len values from the workspace ws (odd strides) to out.
+template <typename T, typename O>
+__device__ __forceinline__ void lanes_sweep_store(const SweepLanes &s, const typename O::V *ws,
+                                                  int len, T *out) {
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    for (int l = 0; l < (int)blockDim.x; ++l) {
+        const int t = s.tree(l);
+        if (t < 0) break;
+        for (int i = tid; i < len; i += threads)
+            O::store(out, (i64)t * len + i, ws[l * (len | 1) + i]);
     }
 }
 
 template <typename T, typename O>
 __device__ void tree_sweep_block_fwd(const T *u, const T *piv, T *x, const SweepTree &g,
-                                     int d, int r, int heads, int trees, int shared_coef) {
-    typedef typename O::V V;
-    V *uh = sweep_workspace<V>();
-    const int n = g.nodes, ndr = n * d * r;
-    const i64 set = (i64)(shared_coef ? heads : trees) * n * d * d;
-    for (int t = blockIdx.x; t < trees; t += gridDim.x) {
-        sweep_load<T, O>(u, (i64)t * ndr, ndr, uh);
-        const i64 o = (i64)(shared_coef ? t % heads : t) * n * d * d;
-        block_sweep_d<T, O>(g, d, r, piv, set, o, uh);
-        for (int i = threadIdx.x; i < ndr; i += blockDim.x) O::store(x, (i64)t * ndr + i, uh[i]);
-        __syncthreads();
-    }
+                                     const SweepLanes &s, int d, int r) {
+    const typename O::V *ws = lanes_sweep<T, O>(g, s, d, r, u, piv);
+    lanes_sweep_store<T, O>(s, ws, g.nodes * d * r, x);
 }
 
-// Backward with the adjoint's pivots: λ = T_G^-H ∂x, ∂u = λ, and per tree the blocks
+// Backward with the adjoint's pivots: λ = T_G^-H ∂x, ∂u = λ, and the blocks
 // ∂A_v = -Σ_r λ_v x_v^H, ∂B_v = -Σ_r λ_v x_parent^H, ∂C_v = -Σ_r λ_parent x_v^H (zero at the
-// root), (3, trees, nodes, d, d) as tree_solve.cu's tree_block_bwd writes them.
+// root), a row of n d x d blocks per block: per tree, (3, trees, nodes, d, d) as tree_solve.cu's
+// tree_block_bwd writes them, or for shared coefficients summed over the block's lanes in order,
+// (3, groups, heads, nodes, d, d) with groups = ceil(batch / lanes), as tree_lanes.cu's.
 template <typename T, typename O>
 __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *du, T *dcoef,
-                                     const SweepTree &g, int d, int r, int heads, int trees,
-                                     int shared_coef) {
+                                     const SweepTree &g, const SweepLanes &s, int d, int r) {
     typedef typename O::V V;
-    V *lam = sweep_workspace<V>();
-    const int n = g.nodes, dd = d * d, ndr = n * d * r, root = n - 1;
-    const i64 set = (i64)(shared_coef ? heads : trees) * n * dd, dset = (i64)trees * n * dd;
-    for (int t = blockIdx.x; t < trees; t += gridDim.x) {
-        const i64 x0 = (i64)t * ndr;
-        sweep_load<T, O>(gx, x0, ndr, lam);
-        block_sweep_d<T, O>(g, d, r, piv, set, (i64)(shared_coef ? t % heads : t) * n * dd, lam);
-        for (int i = threadIdx.x; i < ndr; i += blockDim.x) O::store(du, x0 + i, lam[i]);
-        for (int e = threadIdx.x; e < n * dd; e += blockDim.x) {
-            const int v = e / dd, i = e % dd / d, j = e % d, p = g.parent[v];
-            V da = O::zero(), db = O::zero(), dc = O::zero();
-            add_gradient_terms<T, O>(lam + (v * d + i) * r, lam + (p * d + i) * r, x,
+    const V *lam = lanes_sweep<T, O>(g, s, d, r, gx, piv);
+    const int n = g.nodes, dd = d * d, ndr = n * d * r, su = ndr | 1, root = n - 1;
+    lanes_sweep_store<T, O>(s, lam, ndr, du);
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const i64 rows = s.shared ? (i64)(s.batch + blockDim.x - 1) / blockDim.x * s.heads
+                              : (i64)s.batch * s.heads;
+    const i64 dset = rows * n * dd;
+    for (int e = tid; e < n * dd; e += threads) {
+        const int v = e / dd, i = e % dd / d, j = e % d, p = g.parent[v];
+        V da = O::zero(), db = O::zero(), dc = O::zero();
+        for (int l = 0; l < (int)blockDim.x; ++l) {
+            const int t = s.tree(l);
+            if (t < 0) break;
+            const V *lt = lam + l * su;
+            const i64 x0 = (i64)t * ndr;
+            add_gradient_terms<T, O>(lt + (v * d + i) * r, lt + (p * d + i) * r, x,
                                      x0 + (v * d + j) * r, x0 + (p * d + j) * r, r, v == root,
                                      da, db, dc);
-            const i64 d0 = (i64)t * n * dd + e;
-            O::store(dcoef, d0, O::sub(O::zero(), da));
-            O::store(dcoef, dset + d0, O::sub(O::zero(), db));
-            O::store(dcoef, 2 * dset + d0, O::sub(O::zero(), dc));
         }
-        __syncthreads();
+        const i64 d0 = (i64)blockIdx.x * n * dd + e;
+        O::store(dcoef, d0, O::sub(O::zero(), da));
+        O::store(dcoef, dset + d0, O::sub(O::zero(), db));
+        O::store(dcoef, 2 * dset + d0, O::sub(O::zero(), dc));
     }
 }
 
@@ -397,18 +444,19 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
     extern "C" __global__ void __launch_bounds__(SWEEP_BLOCK_THREADS, 2)                        \
         tree_sweep_block_fwd_##SUFFIX(const T *u, const T *piv, T *x, const int *level_start,   \
                                       const int *child_start, const int *parent, int levels,    \
-                                      int nodes, int d, int r, int heads, int trees,            \
+                                      int nodes, int d, int r, int batch, int heads,            \
                                       int shared_coef) {                                        \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
-        tree_sweep_block_fwd<T, OPS>(u, piv, x, g, d, r, heads, trees, shared_coef);            \
+        tree_sweep_block_fwd<T, OPS>(u, piv, x, g, SweepLanes{batch, heads, shared_coef}, d, r); \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(SWEEP_BLOCK_THREADS, 2)                        \
         tree_sweep_block_bwd_##SUFFIX(const T *gx, const T *piv, const T *x, T *du, T *dcoef,   \
                                       const int *level_start, const int *child_start,           \
                                       const int *parent, int levels, int nodes, int d, int r,   \
-                                      int heads, int trees, int shared_coef) {                  \
+                                      int batch, int heads, int shared_coef) {                  \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
-        tree_sweep_block_bwd<T, OPS>(gx, piv, x, du, dcoef, g, d, r, heads, trees, shared_coef); \
+        const SweepLanes s{batch, heads, shared_coef};                                          \
+        tree_sweep_block_bwd<T, OPS>(gx, piv, x, du, dcoef, g, s, d, r);                        \
     }
 
 // f32 and f64, real and complex (the host harness in tests/kernels_on_cpu registers the same

@@ -184,8 +184,10 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
         "{err}"
     );
     // 4 x 4 blocks shared by 16 samples: two lanes would hold (3 · 16 + 2 · 4) · 1,365 values,
-    // 306 KB; the sweep, a tree's 4 · 1,365 right-hand sides (21,840 bytes) per block of 256
-    // threads, after the pivots of the 16 heads. Per-sample blocks: a block per tree.
+    // 306 KB; the sweep, after the pivots of the 16 heads, samples of a head across the lanes
+    // of a block of 256 threads, each lane's 4 · 1,365 right-hand sides at an odd stride: 8
+    // lanes fit (16 do not), none gives 264 blocks, so two lanes, 128 blocks. Per-sample
+    // blocks: a block per tree.
     let (coef, u) = (z(&[16, n, 4, 4]), z(&[16, 16, n, 4, 1]));
     let o = TreeSolveOptions::default();
     let p = forward_plans(&quad, &coef, &coef, &coef, &u, o, h100).unwrap();
@@ -196,9 +198,11 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
     assert_eq!(p[0].outputs, vec![3 * 16 * n * 16]);
     assert_eq!(
         (p[1].kernel.as_str(), p[1].grid, p[1].block),
-        ("tree_sweep_block_fwd_f32", [256, 1, 1], [256, 1, 1])
+        ("tree_sweep_block_fwd_f32", [128, 1, 1], [2, 128, 1])
     );
-    assert_eq!(p[1].shared_bytes, n * 4 * 4);
+    assert_eq!(p[1].shared_bytes, 2 * ((n * 4) | 1) * 4);
+    let p = forward_plans(&quad, &coef, &coef, &coef, &u, o, few_sms).unwrap();
+    assert_eq!((p[1].grid, p[1].block), ([32, 1, 1], [8, 32, 1]));
     let per_sample = z(&[16, 16, n, 4, 4]);
     let p = forward_plan(&quad, &per_sample, &per_sample, &per_sample, &u, o, h100).unwrap();
     assert_eq!(p.kernel, "tree_block_fwd_f32");

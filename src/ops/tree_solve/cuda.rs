@@ -19,21 +19,27 @@
 //! coefficients shared by the batch, whose lanes are then samples of one head; else one per
 //! lane) A', B' (then B̂) and C' (n·d² values each), and per lane n·d·r right-hand sides, each
 //! lane's array at an odd stride.
-//! [`TreeLayout::Auto`] takes it when two trees or more fit ([`lane_choice`]).
+//! [`TreeLayout::Auto`](super::TreeLayout::Auto) takes it when two trees or more fit
+//! ([`lane_choice`]).
 //!
 //! The sweep (`tree_pivots`, then `tree_sweep_fwd`/`tree_sweep_bwd`, `kernels/tree_sweep.cu`;
 //! `tree_block_pivots`, `tree_sweep_block_*` for blocks up to [`SWEEP_MAX_D`]), in f32 and f64:
 //! the pivots of each coefficient set eliminated once into a global buffer, then a block of
-//! [`SWEEP_THREADS`] ([`SWEEP_BLOCK_THREADS`] for d > 1) per tree with only its n·d·r
-//! right-hand sides in shared memory. Auto takes it for coefficients shared by the batch where
-//! the lanes do not fit (Path-X's trees; 4 × 4 blocks on 1,024 leaves), so the samples of a
-//! head share one set of pivots.
+//! [`SWEEP_THREADS`] per tree with only its n·r right-hand sides in shared memory; for d × d
+//! blocks shared by the batch, a block of [`SWEEP_BLOCK_THREADS`] holds several samples of one
+//! head as lanes ([`lane_choice`] again), which read its pivots together. Auto takes it for
+//! coefficients shared by the batch where the lanes do not fit (Path-X's trees; 4 × 4 blocks
+//! on 1,024 leaves), so the samples of a head share one set of pivots. Which layout and its
+//! sizes: `cuda/layout.rs`.
 
 use candle_core::{bail, DType, Result, Tensor};
 
-use super::{check_args, Dims, TreeLayout, TreeSolveOp, TreeSolveOptions};
+use super::{check_args, Dims, TreeSolveOp, TreeSolveOptions};
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
 use crate::tree::Tree;
+
+mod layout;
+use layout::Resolved;
 
 /// Threads per block (TREE_THREADS in the kernel), and for the trees of [`SMALL_TREE_BYTES`].
 pub const THREADS: u32 = 256;
@@ -91,134 +97,6 @@ pub fn lu_slots(tree: &Tree) -> usize {
 }
 
 impl TreeSolveOp {
-    /// Bytes of state one tree needs.
-    fn workspace_per_tree(&self, dtype: DType) -> usize {
-        let acc = if dtype == DType::F64 { 8 } else { 4 };
-        let w = if self.opts.complex { 2 } else { 1 };
-        let Dims { nodes, d, r, .. } = self.dims;
-        let values = match d {
-            1 => nodes * (1 + r),
-            _ => nodes * d * (d + r) + lu_slots(&self.tree) * d * d,
-        };
-        values * acc * w
-    }
-
-    /// Bytes of a scalar-block tree's state with its couplings and child table staged beside
-    /// it (see the module doc); None for d > 1, which does not stage.
-    fn staged_per_tree(&self, dtype: DType) -> Option<usize> {
-        let Dims { nodes, d, .. } = self.dims;
-        let acc = if dtype == DType::F64 { 8 } else { 4 };
-        let w = if self.opts.complex { 2 } else { 1 };
-        (d == 1).then(|| self.workspace_per_tree(dtype) + 2 * nodes * acc * w + (nodes + 1) * 4)
-    }
-
-    /// Bytes of shared memory a block of `lanes` trees needs in the lanes layout.
-    fn lanes_bytes(&self, dtype: DType, lanes: u32) -> usize {
-        let acc = if dtype == DType::F64 { 8 } else { 4 };
-        let w = if self.opts.complex { 2 } else { 1 };
-        let Dims {
-            nodes,
-            d,
-            r,
-            shared,
-            ..
-        } = self.dims;
-        let pivot_lanes = if shared { 1 } else { lanes as usize };
-        let odd = |n: usize| n | 1;
-        (3 * pivot_lanes * odd(nodes * d * d) + lanes as usize * odd(nodes * d * r)) * acc * w
-    }
-
-    /// Blocks of the lanes layout's grid with `lanes` trees each: per head, the batch in
-    /// blocks, for shared coefficients; else all trees in blocks.
-    fn lane_blocks(&self, lanes: u32) -> usize {
-        let Dims {
-            batch,
-            heads,
-            shared,
-            ..
-        } = self.dims;
-        match shared {
-            true => heads * batch.div_ceil(lanes as usize),
-            false => (batch * heads).div_ceil(lanes as usize),
-        }
-    }
-
-    /// The lanes per block the lanes layout would take ([`lane_choice`]), None where it does
-    /// not take this solve.
-    fn lanes(&self, dtype: DType, limits: DeviceLimits) -> Option<u32> {
-        let Dims {
-            batch,
-            heads,
-            d,
-            shared,
-            ..
-        } = self.dims;
-        if d > LANE_MAX_D {
-            return None;
-        }
-        let cap = if shared { batch } else { batch * heads };
-        lane_choice(
-            limits,
-            cap,
-            |l| self.lane_blocks(l),
-            |l| self.lanes_bytes(dtype, l),
-        )
-    }
-
-    /// Bytes of shared memory a tree's right-hand sides take in the sweep layout.
-    fn sweep_bytes(&self, dtype: DType) -> usize {
-        let acc = if dtype == DType::F64 { 8 } else { 4 };
-        let w = if self.opts.complex { 2 } else { 1 };
-        self.dims.nodes * self.dims.d * self.dims.r * acc * w
-    }
-
-    /// Whether the sweep layout takes this solve: blocks up to [`SWEEP_MAX_D`] in f32 or f64
-    /// whose right-hand sides fit in a block's shared memory.
-    fn sweeps(&self, dtype: DType, limits: DeviceLimits) -> bool {
-        self.dims.d <= SWEEP_MAX_D
-            && matches!(dtype, DType::F32 | DType::F64)
-            && limits.fits_shared(self.sweep_bytes(dtype))
-    }
-
-    /// The layout this solve runs in on a device with `limits`: as asked, an error where that
-    /// layout does not take it; for [`TreeLayout::Auto`] trees across lanes where they fit,
-    /// else the sweep for coefficients shared by the batch, else a block per tree.
-    fn resolve(&self, dtype: DType, limits: DeviceLimits) -> Result<Resolved> {
-        let lanes = self.lanes(dtype, limits);
-        let sweeps = self.sweeps(dtype, limits);
-        Ok(match (self.opts.layout, lanes) {
-            (TreeLayout::Tree, _) => Resolved::Tree,
-            (TreeLayout::Lanes | TreeLayout::Auto, Some(l)) => Resolved::Lanes(l),
-            (TreeLayout::Lanes, None) => bail!(
-                "tree_solve: the lanes layout needs blocks up to d = {LANE_MAX_D} (d = {}) and two \
-                 trees in a block's shared memory ({} bytes here, the device grants {})",
-                self.dims.d,
-                self.lanes_bytes(dtype, 2),
-                limits.shared_per_block
-            ),
-            (TreeLayout::Sweep, _) if !sweeps => bail!(
-                "tree_solve: the sweep layout needs blocks up to d = {SWEEP_MAX_D} (d = {}), f32 \
-                 or f64 ({dtype:?}) and a tree's right-hand sides in a block's shared memory ({} bytes here, the device \
-                 grants {})",
-                self.dims.d,
-                self.sweep_bytes(dtype),
-                limits.shared_per_block
-            ),
-            (TreeLayout::Sweep, _) => Resolved::Sweep,
-            (TreeLayout::Auto, None) if sweeps && self.dims.shared => Resolved::Sweep,
-            (TreeLayout::Auto, None) => Resolved::Tree,
-        })
-    }
-
-    /// Coefficient-gradient rows the backward writes per head: one per sample, or for shared
-    /// coefficients in the lanes layout one per block of samples.
-    fn gradient_rows(&self, layout: Resolved) -> usize {
-        match (layout, self.dims.shared) {
-            (Resolved::Lanes(l), true) => self.dims.batch.div_ceil(l as usize),
-            _ => self.dims.batch,
-        }
-    }
-
     fn tables(&self) -> Vec<Vec<u32>> {
         let table = |v: &[usize]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
         let tree = &self.tree;
@@ -283,12 +161,14 @@ impl TreeSolveOp {
         }
     }
 
-    /// `tree_sweep_{pass}` (`tree_sweep_block_{pass}` for d > 1) with `inputs` tensor arguments
-    /// (the pivots second) and `outputs`.
+    /// `tree_sweep_{pass}` with `inputs` tensor arguments (the pivots second) and `outputs`: a
+    /// block per tree; for d > 1 `tree_sweep_block_{pass}`, a block per `lanes` samples of a
+    /// head (coefficients shared by the batch) or per tree.
     fn sweep_plan(
         &self,
         pass: &str,
         dtype: DType,
+        lanes: u32,
         inputs: usize,
         outputs: Vec<usize>,
     ) -> Result<LaunchPlan> {
@@ -308,24 +188,33 @@ impl TreeSolveOp {
             .collect();
         args.push(KernelArg::I32(int_arg(op, "levels", self.tree.levels())?));
         args.push(KernelArg::I32(int_arg(op, "nodes", nodes)?));
-        if d > 1 {
-            args.push(KernelArg::I32(d as i32));
-        }
-        args.push(KernelArg::I32(int_arg(op, "r", r)?));
-        args.push(KernelArg::I32(int_arg(op, "heads", heads)?));
         let trees = int_arg(op, "batch × heads", batch * heads)?;
-        args.push(KernelArg::I32(trees));
+        let (stem, grid, block) = match d {
+            1 => {
+                args.push(KernelArg::I32(int_arg(op, "r", r)?));
+                args.push(KernelArg::I32(int_arg(op, "heads", heads)?));
+                args.push(KernelArg::I32(trees));
+                ("tree_sweep", trees as usize, [SWEEP_THREADS, 1, 1])
+            }
+            _ => {
+                args.push(KernelArg::I32(d as i32));
+                for (what, v) in [("r", r), ("batch", batch), ("heads", heads)] {
+                    args.push(KernelArg::I32(int_arg(op, what, v)?));
+                }
+                let grid = match shared {
+                    true => heads * batch.div_ceil(lanes as usize),
+                    false => trees as usize,
+                };
+                let block = [lanes, SWEEP_BLOCK_THREADS / lanes, 1];
+                ("tree_sweep_block", grid, block)
+            }
+        };
         args.push(KernelArg::I32(shared as i32));
-        let stem = if d > 1 { "block_" } else { "" };
         Ok(LaunchPlan {
-            kernel: kernel_name(
-                &format!("tree_sweep_{stem}{pass}"),
-                dtype,
-                self.opts.complex,
-            )?,
-            grid: [trees as u32, 1, 1],
-            block: [self.sweep_threads(), 1, 1],
-            shared_bytes: self.sweep_bytes(dtype),
+            kernel: kernel_name(&format!("{stem}_{pass}"), dtype, self.opts.complex)?,
+            grid: [int_arg(op, "blocks", grid)? as u32, 1, 1],
+            block,
+            shared_bytes: self.sweep_bytes(dtype, lanes),
             args,
             outputs,
             tables: self.tables(),
@@ -407,7 +296,7 @@ impl TreeSolveOp {
         } = self.dims;
         match layout {
             Resolved::Lanes(lanes) => return self.lanes_plan(pass, dtype, lanes, inputs, outputs),
-            Resolved::Sweep => return self.sweep_plan(pass, dtype, inputs, outputs),
+            Resolved::Sweep(lanes) => return self.sweep_plan(pass, dtype, lanes, inputs, outputs),
             Resolved::Tree => {}
         }
         let op = "tree_solve";
@@ -493,7 +382,7 @@ impl TreeSolveOp {
         let layout = self.resolve(dtype, limits)?;
         let x = vec![self.rhs_len()];
         Ok(match layout {
-            Resolved::Sweep => vec![
+            Resolved::Sweep(_) => vec![
                 self.pivots_plan(dtype, false)?,
                 self.plan("fwd", dtype, limits, layout, 2, x)?,
             ],
@@ -513,21 +402,13 @@ impl TreeSolveOp {
         let dcoef = 3 * self.gradient_rows(layout) * heads * nodes * d * d * w;
         let outputs = vec![self.rhs_len(), dcoef];
         Ok(match layout {
-            Resolved::Sweep => vec![
+            Resolved::Sweep(_) => vec![
                 self.pivots_plan(dtype, true)?,
                 self.plan("bwd", dtype, limits, layout, 3, outputs)?,
             ],
             _ => vec![self.plan("bwd", dtype, limits, layout, 3, outputs)?],
         })
     }
-}
-
-/// The layout a solve runs in ([`TreeSolveOp::resolve`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Resolved {
-    Tree,
-    Lanes(u32),
-    Sweep,
 }
 
 /// The launches that `tree_solve(tree, a, b, c, u, opts)` makes on a GPU with `limits`, in

@@ -1,0 +1,172 @@
+//! Which CUDA layout a tree solve runs in on a device ([`TreeSolveOp::resolve`]), and the sizes
+//! that decide it: each layout's shared memory, the lanes per block, the gradient rows.
+
+use candle_core::{bail, DType, Result};
+
+use super::super::{Dims, TreeLayout, TreeSolveOp};
+use super::{lane_choice, lu_slots, LANE_MAX_D, SWEEP_MAX_D};
+use crate::ops::plan::DeviceLimits;
+
+impl TreeSolveOp {
+    /// Bytes of state one tree needs.
+    pub(super) fn workspace_per_tree(&self, dtype: DType) -> usize {
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        let w = if self.opts.complex { 2 } else { 1 };
+        let Dims { nodes, d, r, .. } = self.dims;
+        let values = match d {
+            1 => nodes * (1 + r),
+            _ => nodes * d * (d + r) + lu_slots(&self.tree) * d * d,
+        };
+        values * acc * w
+    }
+
+    /// Bytes of a scalar-block tree's state with its couplings and child table staged beside
+    /// it (see the module doc); None for d > 1, which does not stage.
+    pub(super) fn staged_per_tree(&self, dtype: DType) -> Option<usize> {
+        let Dims { nodes, d, .. } = self.dims;
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        let w = if self.opts.complex { 2 } else { 1 };
+        (d == 1).then(|| self.workspace_per_tree(dtype) + 2 * nodes * acc * w + (nodes + 1) * 4)
+    }
+
+    /// Bytes of shared memory a block of `lanes` trees needs in the lanes layout.
+    pub(super) fn lanes_bytes(&self, dtype: DType, lanes: u32) -> usize {
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        let w = if self.opts.complex { 2 } else { 1 };
+        let Dims {
+            nodes,
+            d,
+            r,
+            shared,
+            ..
+        } = self.dims;
+        let pivot_lanes = if shared { 1 } else { lanes as usize };
+        let odd = |n: usize| n | 1;
+        (3 * pivot_lanes * odd(nodes * d * d) + lanes as usize * odd(nodes * d * r)) * acc * w
+    }
+
+    /// Blocks of the lanes layout's grid with `lanes` trees each: per head, the batch in
+    /// blocks, for shared coefficients; else all trees in blocks.
+    pub(super) fn lane_blocks(&self, lanes: u32) -> usize {
+        let Dims {
+            batch,
+            heads,
+            shared,
+            ..
+        } = self.dims;
+        match shared {
+            true => heads * batch.div_ceil(lanes as usize),
+            false => (batch * heads).div_ceil(lanes as usize),
+        }
+    }
+
+    /// The lanes per block the lanes layout would take ([`lane_choice`]), None where it does
+    /// not take this solve.
+    pub(super) fn lanes(&self, dtype: DType, limits: DeviceLimits) -> Option<u32> {
+        let Dims {
+            batch,
+            heads,
+            d,
+            shared,
+            ..
+        } = self.dims;
+        if d > LANE_MAX_D {
+            return None;
+        }
+        let cap = if shared { batch } else { batch * heads };
+        lane_choice(
+            limits,
+            cap,
+            |l| self.lane_blocks(l),
+            |l| self.lanes_bytes(dtype, l),
+        )
+    }
+
+    /// Bytes of shared memory the right-hand sides of a block of `lanes` trees take in the
+    /// sweep layout (scalar blocks: one tree; d × d blocks: each lane's at an odd stride).
+    pub(super) fn sweep_bytes(&self, dtype: DType, lanes: u32) -> usize {
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        let w = if self.opts.complex { 2 } else { 1 };
+        let Dims { nodes, d, r, .. } = self.dims;
+        match d {
+            1 => nodes * r * acc * w,
+            _ => lanes as usize * ((nodes * d * r) | 1) * acc * w,
+        }
+    }
+
+    /// Whether the sweep layout takes this solve: blocks up to [`SWEEP_MAX_D`] in f32 or f64
+    /// whose right-hand sides fit in a block's shared memory.
+    pub(super) fn sweeps(&self, dtype: DType, limits: DeviceLimits) -> bool {
+        self.dims.d <= SWEEP_MAX_D
+            && matches!(dtype, DType::F32 | DType::F64)
+            && limits.fits_shared(self.sweep_bytes(dtype, 1))
+    }
+
+    /// The lanes per block of the sweep layout: for d × d blocks shared by the batch, samples
+    /// of one head that read its pivots together, as many as [`lane_choice`] takes (one where
+    /// no width fits); else one tree per block.
+    pub(super) fn sweep_lanes(&self, dtype: DType, limits: DeviceLimits) -> u32 {
+        let Dims {
+            batch,
+            heads,
+            d,
+            shared,
+            ..
+        } = self.dims;
+        if d == 1 || !shared {
+            return 1;
+        }
+        let blocks = |l: u32| heads * batch.div_ceil(l as usize);
+        lane_choice(limits, batch, blocks, |l| self.sweep_bytes(dtype, l)).unwrap_or(1)
+    }
+
+    /// The layout this solve runs in on a device with `limits`: as asked, an error where that
+    /// layout does not take it; for [`TreeLayout::Auto`] trees across lanes where they fit,
+    /// else the sweep for coefficients shared by the batch, else a block per tree.
+    pub(super) fn resolve(&self, dtype: DType, limits: DeviceLimits) -> Result<Resolved> {
+        let lanes = self.lanes(dtype, limits);
+        let sweeps = self.sweeps(dtype, limits);
+        Ok(match (self.opts.layout, lanes) {
+            (TreeLayout::Tree, _) => Resolved::Tree,
+            (TreeLayout::Lanes | TreeLayout::Auto, Some(l)) => Resolved::Lanes(l),
+            (TreeLayout::Lanes, None) => bail!(
+                "tree_solve: the lanes layout needs blocks up to d = {LANE_MAX_D} (d = {}) and two \
+                 trees in a block's shared memory ({} bytes here, the device grants {})",
+                self.dims.d,
+                self.lanes_bytes(dtype, 2),
+                limits.shared_per_block
+            ),
+            (TreeLayout::Sweep, _) if !sweeps => bail!(
+                "tree_solve: the sweep layout needs blocks up to d = {SWEEP_MAX_D} (d = {}), f32 \
+                 or f64 ({dtype:?}) and a tree's right-hand sides in a block's shared memory ({} \
+                 bytes here, the device grants {})",
+                self.dims.d,
+                self.sweep_bytes(dtype, 1),
+                limits.shared_per_block
+            ),
+            (TreeLayout::Sweep, _) => Resolved::Sweep(self.sweep_lanes(dtype, limits)),
+            (TreeLayout::Auto, None) if sweeps && self.dims.shared => {
+                Resolved::Sweep(self.sweep_lanes(dtype, limits))
+            }
+            (TreeLayout::Auto, None) => Resolved::Tree,
+        })
+    }
+
+    /// Coefficient-gradient rows the backward writes per head: one per sample, or for shared
+    /// coefficients in the lanes layout one per block of samples.
+    pub(super) fn gradient_rows(&self, layout: Resolved) -> usize {
+        match (layout, self.dims.shared) {
+            (Resolved::Lanes(l) | Resolved::Sweep(l), true) => self.dims.batch.div_ceil(l as usize),
+            _ => self.dims.batch,
+        }
+    }
+}
+
+/// The layout a solve runs in ([`TreeSolveOp::resolve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Resolved {
+    Tree,
+    Lanes(u32),
+    /// Lanes per block: samples of a head for d × d blocks shared by the batch, else 1.
+    Sweep(u32),
+}
