@@ -21,7 +21,7 @@ impl TreeSolveOp {
     }
 
     /// Bytes of a scalar-block tree's state with its couplings and child table staged beside
-    /// it (see the module doc); None for d > 1, which does not stage.
+    /// it (see the `cuda` module's doc); None for d > 1, which does not stage.
     pub(super) fn staged_per_tree(&self, dtype: DType) -> Option<usize> {
         let Dims { nodes, d, .. } = self.dims;
         let acc = if dtype == DType::F64 { 8 } else { 4 };
@@ -153,7 +153,7 @@ impl TreeSolveOp {
     }
 
     /// Coefficient-gradient rows the backward writes per head: one per sample, or for shared
-    /// coefficients in the lanes layout one per block of samples.
+    /// coefficients in the lanes layout and the d × d sweep one per block of samples.
     pub(super) fn gradient_rows(&self, layout: Resolved) -> usize {
         match (layout, self.dims.shared) {
             (Resolved::Lanes(l) | Resolved::Sweep(l), true) => self.dims.batch.div_ceil(l as usize),
