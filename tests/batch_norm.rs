@@ -6,7 +6,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use common::{rel_err, seeded_rng, tensor, to_vec, uniform};
+use common::{rel_err, running_averages_reference, seeded_rng, tensor, to_vec, uniform};
 use myosotis::ops::{
     batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
     column_stats,
@@ -254,13 +254,7 @@ fn batch_norm_running_averages_match_loops_and_candle_ops() {
             let [rm_t, rv_t] = [running[0].as_tensor(), running[1].as_tensor()];
             batch_norm_running([rm_t, rv_t], &mean_t, &var_t, &n_t, decay).unwrap();
 
-            let k = rows as f64 / (rows as f64 - 1.0);
-            let want_m: Vec<f64> = (0..h)
-                .map(|i| rm[i] * decay + mean[i] * (1.0 - decay))
-                .collect();
-            let want_v: Vec<f64> = (0..h)
-                .map(|i| rv[i] * decay + var[i] * k * (1.0 - decay))
-                .collect();
+            let [want_m, want_v] = running_averages_reference([&rm, &rv], &mean, &var, rows, decay);
             let e = rel_err(&to_vec(rm_t), &want_m).max(rel_err(&to_vec(rv_t), &want_v));
             assert!(e < tol, "{what}: against f64 loops: {e:e}");
 

@@ -659,3 +659,22 @@ pub fn assert_same_gradients(
         assert!(e < tol, "∂{name}: error {e:e}, {what}");
     }
 }
+
+/// BatchNorm's running averages after one update, as f64 loops: running·m + batch·(1 − m), the
+/// batch's variance made unbiased (× rows / (rows − 1)).
+pub fn running_averages_reference(
+    [rm, rv]: [&[f64]; 2],
+    mean: &[f64],
+    var: &[f64],
+    rows: usize,
+    decay: f64,
+) -> [Vec<f64>; 2] {
+    let k = rows as f64 / (rows as f64 - 1.0);
+    let m = (0..rm.len())
+        .map(|i| rm[i] * decay + mean[i] * (1.0 - decay))
+        .collect();
+    let v = (0..rv.len())
+        .map(|i| rv[i] * decay + var[i] * k * (1.0 - decay))
+        .collect();
+    [m, v]
+}

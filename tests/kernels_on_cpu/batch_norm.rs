@@ -8,7 +8,7 @@ use myosotis::ops::{
     column_stats,
 };
 
-use crate::common::{rel_err, seeded_rng, tensor, to_vec, uniform};
+use crate::common::{rel_err, running_averages_reference, seeded_rng, tensor, to_vec, uniform};
 use crate::exec::{round_to, run_in_every_order, run_in_place_in_every_order};
 use crate::fused::SHAPES;
 use crate::{assert_same, DTYPES};
@@ -156,13 +156,7 @@ fn batch_norm_running_kernel_matches_the_cpu_twin_and_the_reference() {
                 &[&mean, &var, &count],
                 seed,
             );
-            let k = rows as f64 / (rows as f64 - 1.0);
-            let want_m: Vec<f64> = (0..h)
-                .map(|i| rm[i] * decay + mean[i] * (1.0 - decay))
-                .collect();
-            let want_v: Vec<f64> = (0..h)
-                .map(|i| rv[i] * decay + var[i] * k * (1.0 - decay))
-                .collect();
+            let [want_m, want_v] = running_averages_reference([&rm, &rv], &mean, &var, rows, decay);
             let (got_m, got_v) = (&run.outputs[0], &run.outputs[1]);
             let e = rel_err(got_m, &want_m).max(rel_err(got_v, &want_v));
             assert!(e < tol, "{what}: against f64 loops: {e:e}");
