@@ -2,15 +2,16 @@
 // (batch, node, head) layout, and its backward. The algorithm is described in
 // src/ops/head_solve/mod.rs; the CPU twin is src/ops/head_solve/cpu.rs.
 //
-// Three kernels, each a 2-D block of HEAD_THREADS threads: blockDim.x consecutive heads ("lanes":
-// a warp reads and writes whole 32-byte sectors, e.g. 8 neighbouring complex values of each of 4
-// nodes) by blockDim.y rows (nodes of one level in turn, a barrier between levels). The host picks
-// the lanes per launch (src/ops/head_solve/cuda.rs): few heads per block give small batches
-// enough blocks, many heads per block suit large ones.
-// - `head_pivots`: per head, the pivots of T_G (or its adjoint), which do not depend on the
-//   batch: piv = [1/Â_v; B̂_v; C'_v] (3, nodes, heads);
-// - `head_sweep`: per (sample, head), the upward elimination and downward substitution,
-//   in place in the output (x doubles as the workspace);
+// Every kernel is a 2-D block: blockDim.x consecutive heads ("lanes": a warp reads and writes
+// whole 32-byte sectors of each node) by blockDim.y rows (nodes of one level in turn, a barrier
+// between levels). The host picks the layout and the lanes per launch
+// (src/ops/head_solve/cuda.rs).
+// - `head_staged`: per (sample, lanes), the whole solve in shared memory: the pivots formed on
+//   the way up from the coefficients, the right-hand sides read once and x written once;
+// - where a tree does not fit in shared memory, `head_pivots` (per head, the pivots of T_G or
+//   its adjoint, which do not depend on the batch: piv = [1/Â_v; B̂_v; C'_v] (3, nodes, heads))
+//   then `head_sweep` (per (sample, head), the elimination and substitution in place in the
+//   output);
 // - `head_reduce`: per (node, head), the coupling and bias gradients summed over the batch in
 //   order (no atomics: the sums are the same on every run).
 //
@@ -20,6 +21,8 @@
 #include "values.cuh"
 
 #define HEAD_THREADS 256
+// Threads per block of `head_staged`: more rows, to keep more loads in flight per block.
+#define HEAD_STAGED_THREADS 512
 
 struct HeadTree {
     const int *level_start; // levels + 1
@@ -27,11 +30,36 @@ struct HeadTree {
     int levels, nodes, heads;
 };
 
-// piv = [1/Â; B̂; C'] of T_G (ADJ = 0) or T_G^H (ADJ = 1), from coef = [B; C], each
-// (nodes, heads): B_v at (v, parent), C_v at (parent, v); or, with `skew`, from the skew form's
-// s (heads, nodes) in the parameters' own layout: B = -s, C = conj(s). The solved matrix has
-// B' = B, C' = C, or B' = conj(C), C' = conj(B) for the adjoint. Â_v = 1 + Σ_children C'_c B̂_c,
-// B̂_v = -B'_v / Â_v (zero at the root, whose B and C are unused).
+// The couplings of non-root node v and head h in the solved matrix: B'_v at (v, parent) and
+// C'_v at (parent, v), from coef = [B; C], each (nodes, heads), or with `skew` from the skew
+// form's s (heads, nodes) in the parameters' own layout: B = -s, C = conj(s). The solved matrix
+// is T_G (B' = B, C' = C) or, with `adjoint`, T_G^H (B' = conj(C), C' = conj(B)).
+template <typename T, typename O>
+__device__ __forceinline__ void couplings(const T *coef, int v, int h, const HeadTree &g,
+                                          int adjoint, int skew, typename O::V &bp,
+                                          typename O::V &cp) {
+    typedef typename O::V V;
+    V b, c;
+    if (skew) {
+        const V s = O::load(coef, (i64)h * g.nodes + v);
+        b = O::sub(O::zero(), s);
+        c = O::conj(s);
+    } else {
+        const i64 e = (i64)v * g.heads + h;
+        b = O::load(coef, e);
+        c = O::load(coef, (i64)g.nodes * g.heads + e);
+    }
+    bp = adjoint ? O::conj(c) : b;
+    cp = adjoint ? O::conj(b) : c;
+}
+
+// Records a singular or non-finite pivot of node v, head h (see the top of the file).
+__device__ __forceinline__ void report_pivot(int *status, int v, int h) {
+    if (atomicCAS(status, 0, 1 + v) == 0) status[1] = 1 + h;
+}
+
+// piv = [1/Â; B̂; C'] of the solved matrix (see `couplings`), each (nodes, heads).
+// Â_v = 1 + Σ_children C'_c B̂_c, B̂_v = -B'_v / Â_v (zero at the root, whose B and C are unused).
 template <typename T, typename O>
 __device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoint, int skew,
                             int *status) {
@@ -48,23 +76,11 @@ __device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoin
                     const i64 e = (i64)c * g.heads + h;
                     a = O::add(a, O::mul(O::load(piv, 2 * set + e), O::load(piv, set + e)));
                 }
-                if (!pivot_ok(a) && atomicCAS(status, 0, 1 + v) == 0) status[1] = 1 + h;
+                if (!pivot_ok(a)) report_pivot(status, v, h);
                 const V inv = O::inv(a);
                 const i64 e = (i64)v * g.heads + h;
                 V bp = O::zero(), cp = O::zero();
-                if (v != root) {
-                    V b, c;
-                    if (skew) {
-                        const V s = O::load(coef, (i64)h * g.nodes + v);
-                        b = O::sub(O::zero(), s);
-                        c = O::conj(s);
-                    } else {
-                        b = O::load(coef, e);
-                        c = O::load(coef, set + e);
-                    }
-                    bp = adjoint ? O::conj(c) : b;
-                    cp = adjoint ? O::conj(b) : c;
-                }
+                if (v != root) couplings<T, O>(coef, v, h, g, adjoint, skew, bp, cp);
                 O::store(piv, e, inv);
                 O::store(piv, set + e, O::sub(O::zero(), O::mul(bp, inv)));
                 O::store(piv, 2 * set + e, cp);
@@ -81,6 +97,23 @@ __device__ __forceinline__ i64 bias_at(int v, int h, int nodes, int leaves, int 
     return by_head ? (i64)h * (nodes - leaves) + (v - leaves) : (i64)(v - leaves) * heads + h;
 }
 
+// The right-hand side of node v, head h of one sample: rhs[v] for v < m (the sample's (m, heads)
+// values start at complex value r0 of rhs), plus bias[v - leaves] on the internal nodes when bias is given (laid out as
+// `bias_at` says); zero for the nodes beyond m without a bias.
+template <typename T, typename O>
+__device__ __forceinline__ typename O::V rhs_of(const T *rhs, i64 r0, const T *bias, int v, int h,
+                                                const HeadTree &g, int m, int leaves,
+                                                int bias_by_head) {
+    typedef typename O::V V;
+    V s = O::zero();
+    if (v < m) s = O::load(rhs, r0 + (i64)v * g.heads + h);
+    if (bias && v >= leaves) {
+        const V b = O::load(bias, bias_at(v, h, g.nodes, leaves, g.heads, bias_by_head));
+        s = v < m ? O::add(s, b) : b;
+    }
+    return s;
+}
+
 // x = M^-1 rhs for one sample (blockIdx.y) and blockDim.x heads, M = T_G or T_G^H as `piv`
 // says. The right-hand side of node v: rhs[v] for v < m (rhs is (batch, m, heads)), plus
 // bias[v - leaves] on the internal nodes when bias is given (laid out as `bias_at` says); zero
@@ -93,15 +126,9 @@ __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, cons
     const bool live = h < g.heads;
     const i64 set = (i64)g.nodes * g.heads;
     const i64 x0 = (i64)blockIdx.y * set, r0 = (i64)blockIdx.y * m * g.heads;
-    for (int v = threadIdx.y; live && v < g.nodes; v += blockDim.y) {
-        V s = O::zero();
-        if (v < m) s = O::load(rhs, r0 + (i64)v * g.heads + h);
-        if (bias && v >= leaves) {
-            const V b = O::load(bias, bias_at(v, h, g.nodes, leaves, g.heads, bias_by_head));
-            s = v < m ? O::add(s, b) : b;
-        }
-        O::store(x, x0 + (i64)v * g.heads + h, s);
-    }
+    for (int v = threadIdx.y; live && v < g.nodes; v += blockDim.y)
+        O::store(x, x0 + (i64)v * g.heads + h,
+                 rhs_of<T, O>(rhs, r0, bias, v, h, g, m, leaves, bias_by_head));
     __syncthreads();
     // Upward: the parents of level k fold in their children (û_c = ũ_c / Â_c).
     for (int k = 1; k < g.levels; ++k) {
@@ -130,6 +157,87 @@ __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, cons
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const i64 e = (i64)c * g.heads + h;
                 O::store(x, x0 + e, O::add(O::load(x, x0 + e), O::mul(O::load(piv, set + e), xp)));
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// x = M^-1 rhs for one sample (blockIdx.y) and blockDim.x heads, M = T_G or T_G^H as
+// `adjoint` says, entirely in shared memory: `head_pivots` and `head_sweep` in one pass, per
+// node the same arithmetic in the same order. The couplings are read from coef (see
+// `couplings`), the right-hand sides as `rhs_of` says (bias by head with `skew`); each is read
+// once and each x written once. Shared memory: the nodes' values (nodes, lanes), then a slot
+// per internal node and lane holding 1/Â_v from v's elimination and B̂_v from its parent's (a
+// leaf's Â is 1, and its B̂ is formed again on the way down).
+template <typename T, typename O>
+__device__ void head_staged(const T *__restrict__ rhs, const T *__restrict__ bias,
+                            const T *__restrict__ coef, T *__restrict__ x, const HeadTree &g,
+                            int m, int leaves, int adjoint, int skew, int *status) {
+    typedef typename O::V V;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lanes = blockDim.x, l = threadIdx.x;
+    V *xs = reinterpret_cast<V *>(smem);
+    V *pv = xs + g.nodes * lanes;
+    const int h = blockIdx.x * lanes + l;
+    const bool live = h < g.heads;
+    const i64 x0 = (i64)blockIdx.y * g.nodes * g.heads;
+    const i64 r0 = (i64)blockIdx.y * m * g.heads;
+    const int root = g.nodes - 1;
+    const V leaf_inv = O::inv(O::one());
+#pragma unroll 4
+    for (int v = threadIdx.y; live && v < g.nodes; v += blockDim.y)
+        xs[v * lanes + l] = rhs_of<T, O>(rhs, r0, bias, v, h, g, m, leaves, skew);
+    __syncthreads();
+    // Upward: the parents of level k eliminate their children: Â_p = 1 + Σ C'_c B̂_c and
+    // ũ_p = u_p - Σ C'_c û_c, with B̂_c = -B'_c / Â_c and û_c = ũ_c / Â_c.
+    for (int k = 1; k < g.levels; ++k) {
+        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
+             p += blockDim.y) {
+            V a = O::one(), acc = xs[p * lanes + l];
+#pragma unroll 4
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                V bp, cp;
+                couplings<T, O>(coef, c, h, g, adjoint, skew, bp, cp);
+                const V inv = c < leaves ? leaf_inv : pv[(c - leaves) * lanes + l];
+                const V bh = O::sub(O::zero(), O::mul(bp, inv));
+                a = O::add(a, O::mul(cp, bh));
+                const V uc = O::mul(xs[c * lanes + l], inv);
+                xs[c * lanes + l] = uc;
+                acc = O::sub(acc, O::mul(cp, uc));
+                if (c >= leaves) pv[(c - leaves) * lanes + l] = bh;
+            }
+            if (!pivot_ok(a)) report_pivot(status, p, h);
+            pv[(p - leaves) * lanes + l] = O::inv(a);
+            xs[p * lanes + l] = acc;
+        }
+        __syncthreads();
+    }
+    // The root, alone in the top level, by row 0, which also pushes it down first (no barrier).
+    if (live && threadIdx.y == 0) {
+        const V inv = root < leaves ? leaf_inv : pv[(root - leaves) * lanes + l];
+        const V xr = O::mul(xs[root * lanes + l], inv);
+        xs[root * lanes + l] = xr;
+        O::store(x, x0 + (i64)root * g.heads + h, xr);
+    }
+    // Downward: x_c = û_c + B̂_c x_p, written out as soon as it is known.
+    for (int k = g.levels - 1; k >= 1; --k) {
+        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
+             p += blockDim.y) {
+            const V xp = xs[p * lanes + l];
+#pragma unroll 4
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                V bh;
+                if (c < leaves) {
+                    V bp, cp;
+                    couplings<T, O>(coef, c, h, g, adjoint, skew, bp, cp);
+                    bh = O::sub(O::zero(), O::mul(bp, leaf_inv));
+                } else {
+                    bh = pv[(c - leaves) * lanes + l];
+                }
+                const V xc = O::add(xs[c * lanes + l], O::mul(bh, xp));
+                O::store(x, x0 + (i64)c * g.heads + h, xc);
+                if (c >= leaves) xs[c * lanes + l] = xc;
             }
         }
         __syncthreads();
@@ -185,6 +293,14 @@ __device__ void head_reduce(const T *lam, const T *x, T *dcoef, T *dbias, const 
                             int nodes, int heads, int m, int leaves, int bias_by_head) {        \
         const HeadTree g{level_start, child_start, levels, nodes, heads};                       \
         head_sweep<T, OPS>(rhs, bias, piv, x, g, m, leaves, bias_by_head);                      \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(HEAD_STAGED_THREADS)                            \
+        head_staged_##SUFFIX(const T *rhs, const T *bias, const T *coef, T *x,                  \
+                             const int *level_start, const int *child_start, int levels,        \
+                             int nodes, int heads, int m, int leaves, int adjoint, int skew,    \
+                             int *status) {                                                     \
+        const HeadTree g{level_start, child_start, levels, nodes, heads};                       \
+        head_staged<T, OPS>(rhs, bias, coef, x, g, m, leaves, adjoint, skew, status);           \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(HEAD_THREADS)                                   \
         head_reduce_##SUFFIX(const T *lam, const T *x, T *dcoef, T *dbias, const int *parent,   \

@@ -3,10 +3,11 @@
 #   bash gpu-bundle/run-within.sh SECONDS REPORT_DIR
 # First the checks of correctness side by side (their timings are not reported): the CUDA tests
 # of the sm_90 build in three groups, the V100 build's section, and compute-sanitizer over the
-# head solve; then, one at a time on an otherwise idle GPU, the timed sections: the training-step
-# profile (default size and the sMNIST, ListOps and sCIFAR presets), mixed precision, and the
-# benchmarks of the copy, the layer's head solve and the step. Each runner skips what would start
-# past its share of the time (MYO_GPU_DEADLINE) and every running check is stopped at it, so
+# head solve and the tree solve's large trees; then, one at a time on an otherwise idle GPU, the
+# timed sections: the kernel benchmarks (copy, the tree solve's layouts side by side, the
+# layer's head solve), the training-step profile (default size and the sMNIST, sCIFAR, Path-X
+# and ListOps presets), and the step benchmark. Each runner skips what would start past its
+# share of the time (MYO_GPU_DEADLINE) and every running check is stopped at it, so
 # REPORT_DIR/report.md, the reports joined, is written in time. Knobs: see run.sh.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,19 +29,27 @@ part() {
   MYO_GPU_DEADLINE=$end timeout $left bash "$here/run.sh" "$report/$2" "$3" >/dev/null 2>&1
 }
 sanitize() {
-  local s rc
+  local s rc log t left end=$1
   s=$(command -v compute-sanitizer || find /usr/local /opt -name compute-sanitizer -type f -print -quit 2>/dev/null)
   mkdir -p "$report/sanitizer"
-  for tool in memcheck racecheck; do
-    if [ -z "$s" ]; then echo "- compute-sanitizer: not found" && return; fi
-    timeout $(($1 - $(date +%s))) "$s" --tool $tool --error-exitcode 9 "$MYO_GPU_WORK/bin/test-cuda_head_solve" \
-      cuda_head_solve --test-threads=1 >"$report/sanitizer/$tool.log" 2>&1
-    rc=$?
-    echo "- $tool, test-cuda_head_solve: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^test result' "$report/sanitizer/$tool.log" | tr '\n' ' ')"
+  for t in "cuda_head_solve cuda_head_solve" "cuda_tree_solve cuda_large_trees"; do
+    # shellcheck disable=SC2086
+    set -- $t
+    for tool in memcheck racecheck; do
+      if [ -z "$s" ]; then echo "- compute-sanitizer: not found" && return; fi
+      left=$((end - $(date +%s)))
+      [ "$left" -gt 0 ] || { echo "- $tool, test-$1 $2: skipped (out of time)"; continue; }
+      log=$report/sanitizer/$tool-$1.log
+      timeout $left "$s" --tool $tool --error-exitcode 9 "$MYO_GPU_WORK/bin/test-$1" \
+        "$2" --test-threads=1 >"$log" 2>&1
+      rc=$?
+      echo "- $tool, test-$1 $2: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^test result' "$log" | tr '\n' ' ')"
+    done
   done >"$report/sanitizer/report.md"
 }
-# The correctness checks take at most 42% of the limit; the timed parts share what is left, 5:3:2.
-end=$(at "$start" 42)
+# The correctness checks take at most 40% of the limit; the timed parts share what is left,
+# 9 : 8 : 3.
+end=$(at "$start" 40)
 MYO_GPU_TESTS='cuda_tree*' part "$end" tests-tree tests &
 MYO_GPU_TESTS='cuda_parity*' part "$end" tests-parity tests &
 MYO_GPU_TESTS='cuda_[fghs]*' part "$end" tests-rest tests &
@@ -48,11 +57,11 @@ part "$end" v100 v100 &
 sanitize "$end" &
 wait
 timed=$(date +%s)
-MYO_GPU_PROFILES='default|smnist|listops|scifar' part "$(at "$timed" 50)" profile profile
-part "$(at "$timed" 80)" precision precision
-MYO_GPU_BENCH='copy|heads|step' part "$(at "$timed" 100)" bench bench
+MYO_GPU_BENCH='copy|tree|heads' part "$(at "$timed" 45)" bench bench
+MYO_GPU_PROFILES='default|smnist|scifar|pathx|listops' part "$(at "$timed" 85)" profile profile
+MYO_GPU_BENCH='step' part "$(at "$timed" 100)" step bench
 
-for r in tests-tree tests-parity tests-rest sanitizer v100 profile precision bench; do
+for r in tests-tree tests-parity tests-rest sanitizer v100 bench profile step; do
   echo
   echo "# $r"
   # The header of each part (commit, device) once, at the top.

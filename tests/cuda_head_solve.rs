@@ -8,7 +8,8 @@ mod common;
 use candle_core::{DType, Device, Var};
 use common::heads::*;
 use common::*;
-use myosotis::ops::head_solve::cuda::sweep_lanes;
+use myosotis::ops::head_solve::cuda::{staged_bytes, sweep_lanes};
+use myosotis::ops::plan::DeviceLimits;
 use myosotis::ops::{check_pivots, head_solve, head_solve_skew};
 use myosotis::tree::Tree;
 
@@ -154,38 +155,71 @@ fn cuda_head_solve_reports_a_singular_pivot() {
     check_pivots(&gpu).unwrap();
 }
 
-/// Grids large enough that the sweep takes 32 and 16 heads per block on this GPU (as
-/// `sweep_lanes` picks from its multiprocessor count): x and the gradients on CUDA against the
-/// CPU twin.
-#[test]
-fn cuda_head_solve_in_wide_blocks_matches_cpu_twin() {
-    let Some(gpu) = gpu("cuda_head_solve_in_wide_blocks_matches_cpu_twin") else {
-        return;
-    };
-    let Device::Cuda(dev) = &gpu else {
-        unreachable!("a CUDA device")
-    };
-    let sms = myosotis::cuda::limits(dev).unwrap().sms;
-    let (mut rng, seed) = seeded_rng("cuda head solve, wide blocks", 45);
-    let tree = Tree::perfect(64, 4).unwrap();
-    let heads = 128;
-    // 128 heads make 4 blocks of 32 per sample, 8 of 16: the fewest samples for each.
-    for (lanes, batch) in [(32, (2 * sms).div_ceil(4)), (16, (2 * sms).div_ceil(8))] {
-        assert_eq!(
-            sweep_lanes(batch, heads, sms),
-            lanes,
-            "{sms} SMs, batch {batch}"
-        );
-        let shape = (batch, heads, false);
-        let x = random_head_inputs(&tree, shape, Coupling::Skew, &mut rng);
+/// x and the gradients of Σ w ⊙ x on this GPU against the CPU twin, in f32, for `cases` of
+/// (what, tree, batch, heads).
+fn matches_cpu_twin(gpu: &Device, cases: &[(&str, &Tree, usize, usize)], seed_name: &str) {
+    let (mut rng, seed) = seeded_rng(seed_name, 45);
+    for &(what, tree, batch, heads) in cases {
+        let x = random_head_inputs(tree, (batch, heads, false), Coupling::Skew, &mut rng);
         let w = uniform(&mut rng, batch * tree.len() * heads * 2, -1.0, 1.0);
-        let what = format!("{lanes} lanes, batch {batch} (seed {seed})");
-        let cuda = forward_backward(&tree, &x, &w, &gpu, DType::F32);
-        check_pivots(&gpu).unwrap();
-        let cpu = forward_backward(&tree, &x, &w, &Device::Cpu, DType::F32);
+        let what = format!("{what}, batch {batch} (seed {seed})");
+        let cuda = forward_backward(tree, &x, &w, gpu, DType::F32);
+        check_pivots(gpu).unwrap();
+        let cpu = forward_backward(tree, &x, &w, &Device::Cpu, DType::F32);
         for (k, g) in ["x", "du", "dbias", "db", "dc"].iter().enumerate() {
             let e = rel_err(&cuda[k], &cpu[k]);
             assert!(e < 4e-4, "{g} CUDA vs CPU {e:e}, {what}");
         }
     }
+}
+
+/// The device's limits.
+fn limits_of(gpu: &Device) -> DeviceLimits {
+    let Device::Cuda(dev) = gpu else {
+        unreachable!("a CUDA device")
+    };
+    myosotis::cuda::limits(dev).unwrap()
+}
+
+/// The staged solve with more shared memory than a kernel gets without opting in: ListOps'
+/// 4,095-node tree.
+#[test]
+fn cuda_head_solve_staged_in_opted_in_shared_memory() {
+    let Some(gpu) = gpu("cuda_head_solve_staged_in_opted_in_shared_memory") else {
+        return;
+    };
+    let limits = limits_of(&gpu);
+    let listops = Tree::perfect(2048, 2).unwrap();
+    let bytes = staged_bytes(&listops, DType::F32);
+    assert!(
+        bytes > DeviceLimits::DEFAULT_SHARED && bytes <= limits.shared_per_block,
+        "{bytes} bytes staged, {limits:?}"
+    );
+    let cases = [("staged, ListOps' tree", &listops, 3, 37)];
+    matches_cpu_twin(&gpu, &cases, "cuda head solve, staged");
+}
+
+/// A tree too large to be staged: pivots and sweep, with grids large enough that the sweep
+/// takes 32 and 16 heads per block (as `sweep_lanes` picks from the multiprocessor count).
+/// (Named apart from the `cuda_head_solve` tests, which the bundle also runs under
+/// compute-sanitizer: these grids are large.)
+#[test]
+fn cuda_head_sweep_in_wide_blocks_matches_cpu_twin() {
+    let Some(gpu) = gpu("cuda_head_sweep_in_wide_blocks_matches_cpu_twin") else {
+        return;
+    };
+    let limits = limits_of(&gpu);
+    let large = Tree::ragged(4000, 3).unwrap();
+    let bytes = staged_bytes(&large, DType::F32);
+    assert!(bytes > limits.shared_per_block, "{bytes} bytes, {limits:?}");
+    // 128 heads make 4 blocks of 32 per sample, 8 of 16: the fewest samples for each.
+    let (sms, heads) = (limits.sms, 128);
+    let (b32, b16) = ((2 * sms).div_ceil(4), (2 * sms).div_ceil(8));
+    assert_eq!(sweep_lanes(b32, heads, sms), 32, "{sms} SMs");
+    assert_eq!(sweep_lanes(b16, heads, sms), 16, "{sms} SMs");
+    let cases = [
+        ("sweep of 32 lanes", &large, b32, heads),
+        ("sweep of 16 lanes", &large, b16, heads),
+    ];
+    matches_cpu_twin(&gpu, &cases, "cuda head solve, wide blocks");
 }

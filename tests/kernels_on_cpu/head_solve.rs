@@ -1,12 +1,12 @@
-//! The kernels of kernels/head_solve.cu through the harness — `head_pivots`, `head_sweep`,
-//! `head_reduce` — run as the op launches them: forward (pivots, then the sweep) and backward
-//! (the adjoint's pivots, the sweep of ∂x, the reduction), against the dense f64 solve and, bit
-//! for bit, the CPU twin.
+//! The kernels of kernels/head_solve.cu through the harness — `head_staged`, `head_pivots`,
+//! `head_sweep`, `head_reduce` — run as the op launches them: forward (a solve: staged, or pivots
+//! then the sweep) and backward (the adjoint's solve, then the reduction), against the dense f64
+//! solve and, bit for bit, the CPU twin.
 
 use candle_core::{DType, Device, Tensor};
 use myosotis::ops::head_solve::cuda::{
-    backward_plans, forward_plans, skew_backward_plans, skew_forward_plans, sweep_lanes, LANES,
-    ROWS, THREADS,
+    backward_plans, forward_plans, skew_backward_plans, skew_forward_plans, staged_bytes,
+    staged_lanes, sweep_lanes, Solve, LANES, ROWS, STAGED_THREADS, THREADS,
 };
 use myosotis::ops::plan::{DeviceLimits, KernelArg};
 use myosotis::ops::{head_solve, head_solve_backward, head_solve_skew, head_solve_skew_backward};
@@ -15,30 +15,76 @@ use myosotis::tree::Tree;
 use crate::assert_same;
 use crate::common::heads::*;
 use crate::common::*;
-use crate::exec::{round_to, run, run_in_every_order};
+use crate::exec::{round_to, run, run_in_every_order, HostRun};
 
 /// The head kernels' dtypes (half precision is solved in f32 by the op), with tolerances.
 const HEAD_DTYPES: [(DType, f64); 2] = [(DType::F64, 1e-12), (DType::F32, 2e-5)];
 
-/// Devices whose multiprocessor counts make the sweep of 2 samples × 37 heads take blocks of
-/// 32, 16 and 8 heads (see [`sweep_lanes`]).
-const SWEEP_WIDTHS: [(u32, DeviceLimits); 3] = [
+/// A device without shared memory to spare: every solve takes pivots and sweep.
+const NO_SHARED: DeviceLimits = DeviceLimits {
+    shared_per_block: 0,
+    ..DeviceLimits::H100
+};
+
+/// The layouts of a solve, by the devices that choose them: staged (an H100), and pivots and
+/// sweep with blocks of 32, 16 and 8 heads (see [`sweep_lanes`]: 2 samples × 37 heads on 1, 3
+/// and 132 multiprocessors), with the sweep's lanes (0 for staged).
+const LAYOUTS: [(u32, DeviceLimits); 4] = [
+    (0, DeviceLimits::H100),
     (
         32,
         DeviceLimits {
             sms: 1,
-            ..DeviceLimits::H100
+            ..NO_SHARED
         },
     ),
     (
         16,
         DeviceLimits {
             sms: 3,
-            ..DeviceLimits::H100
+            ..NO_SHARED
         },
     ),
-    (8, DeviceLimits::H100),
+    (8, NO_SHARED),
 ];
+
+/// Runs a solve's launches in every order of threads and blocks: rhs, the bias if the solve has
+/// one, coef. The status is the first launch's (the one that forms the pivots).
+fn run_solve(
+    solve: &Solve,
+    dtype: DType,
+    rhs: &[f64],
+    bias: Option<&[f64]>,
+    coef: &[f64],
+    seed: u64,
+) -> HostRun {
+    let (plan, piv) = match solve {
+        Solve::Staged(plan) => (plan, None),
+        Solve::Global { pivots, sweep } => (
+            sweep,
+            Some(run_in_every_order(pivots, dtype, &[coef], seed)),
+        ),
+    };
+    let last = piv.as_ref().map_or(coef, |p| &p.outputs[0][..]);
+    let inputs: Vec<&[f64]> = [Some(rhs), bias, Some(last)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut out = run_in_every_order(plan, dtype, &inputs, seed);
+    if let Some(p) = piv {
+        assert_eq!(out.status, 0, "the sweep sets no status");
+        (out.status, out.status_head) = (p.status, p.status_head);
+    }
+    out
+}
+
+/// The layout a solve took: the sweep's lanes, or 0 for staged.
+fn layout_of(solve: &Solve) -> u32 {
+    match solve {
+        Solve::Staged(_) => 0,
+        Solve::Global { sweep, .. } => sweep.block[0],
+    }
+}
 
 fn rounded(x: &HeadInputs, dtype: DType) -> HeadInputs {
     let r = |v: &[f64]| round_to(v, dtype);
@@ -51,7 +97,7 @@ fn rounded(x: &HeadInputs, dtype: DType) -> HeadInputs {
     }
 }
 
-/// x of the forward's two launches; the status of the pivots.
+/// x of the forward's launches; the status of the pivots.
 fn forward(
     tree: &Tree,
     x: &HeadInputs,
@@ -61,16 +107,11 @@ fn forward(
     limits: DeviceLimits,
 ) -> (Vec<f64>, i32) {
     let [u, bias, b, c] = ts;
-    let [pivots, sweep] = forward_plans(tree, u, bias, b, c, limits).unwrap();
+    let solve = forward_plans(tree, u, bias, b, c, limits).unwrap();
     let coef = [x.b.clone(), x.c.clone()].concat();
-    let piv = run_in_every_order(&pivots, dtype, &[&coef], seed);
-    let inputs: Vec<&[f64]> = match tree.len() > tree.leaves() {
-        true => vec![&x.u, &x.bias, &piv.outputs[0]],
-        false => vec![&x.u, &piv.outputs[0]],
-    };
-    let run = run_in_every_order(&sweep, dtype, &inputs, seed);
-    assert_eq!(run.status, 0);
-    (run.outputs[0].clone(), piv.status)
+    let bias = (tree.len() > tree.leaves()).then_some(&x.bias[..]);
+    let run = run_solve(&solve, dtype, &x.u, bias, &coef, seed);
+    (run.outputs[0].clone(), run.status)
 }
 
 #[test]
@@ -89,18 +130,22 @@ fn head_kernels_match_the_dense_solve_and_the_cpu_twin() {
             for coupling in [Coupling::Skew, Coupling::Dominant] {
                 for ((dtype, tol), (lanes, limits)) in HEAD_DTYPES
                     .into_iter()
-                    .flat_map(|d| SWEEP_WIDTHS.map(|w| (d, w)))
+                    .flat_map(|d| LAYOUTS.map(|w| (d, w)))
                 {
-                    let what = format!(
-                        "{name}, {shape:?}, {coupling:?}, {dtype:?}, sweep of {} lanes (seed {seed})",
-                        sweep_lanes(shape.0, shape.1, limits.sms)
-                    );
-                    if shape == (2, 37, true) {
-                        assert_eq!(sweep_lanes(2, 37, limits.sms), lanes, "{what}");
-                    }
                     let x = rounded(&random_head_inputs(tree, shape, coupling, &mut rng), dtype);
                     let ts = x.tensors(tree, dtype, &Device::Cpu);
                     let [u, bias, b, c] = &ts;
+                    let layout = layout_of(&forward_plans(tree, u, bias, b, c, limits).unwrap());
+                    let what = format!(
+                        "{name}, {shape:?}, {coupling:?}, {dtype:?}, {} (seed {seed})",
+                        match layout {
+                            0 => "staged".to_string(),
+                            l => format!("sweep of {l} lanes"),
+                        }
+                    );
+                    if shape == (2, 37, true) || lanes == 0 {
+                        assert_eq!(layout, lanes, "{what}");
+                    }
                     let (sol, status) = forward(tree, &x, &ts, dtype, seed, limits);
                     assert_eq!(status, 0, "{what}");
                     let e = rel_err(&sol, &dense(tree, &x));
@@ -113,12 +158,11 @@ fn head_kernels_match_the_dense_solve_and_the_cpu_twin() {
                     let g_t = tensor(&g, twin.dims(), dtype, &Device::Cpu);
                     let want = dense_grads(tree, &x, &g);
                     let twin = head_solve_backward(tree, u, bias, b, c, &twin, &g_t).unwrap();
-                    let [pivots, sweep, reduce] =
-                        backward_plans(tree, u, bias, b, c, limits).unwrap();
+                    let (solve, reduce) = backward_plans(tree, u, bias, b, c, limits).unwrap();
+                    assert_eq!(layout_of(&solve), layout, "{what}");
                     let coef = [x.b.clone(), x.c.clone()].concat();
-                    let piv = run_in_every_order(&pivots, dtype, &[&coef], seed);
-                    assert_eq!(piv.status, 0, "{what}");
-                    let lam = run_in_every_order(&sweep, dtype, &[&g, &piv.outputs[0]], seed);
+                    let lam = run_solve(&solve, dtype, &g, None, &coef, seed);
+                    assert_eq!(lam.status, 0, "{what}");
                     let lam = &lam.outputs[0];
                     let red = run_in_every_order(&reduce, dtype, &[lam, &sol], seed);
                     // ∂u: λ on the first m nodes of every sample.
@@ -164,8 +208,11 @@ fn head_kernels_skew_form() {
     ];
     for (name, tree) in &trees {
         for shape in [(2, 3, false), (2, 37, true)] {
-            for (dtype, tol) in HEAD_DTYPES {
-                let what = format!("{name}, {shape:?}, {dtype:?} (seed {seed})");
+            // The skew form staged and in sweeps of 32 heads, the general form in sweeps of 8.
+            for ((dtype, tol), limits) in HEAD_DTYPES
+                .into_iter()
+                .flat_map(|d| [LAYOUTS[0].1, LAYOUTS[1].1].map(|l| (d, l)))
+            {
                 let x = rounded(
                     &random_head_inputs(tree, shape, Coupling::Skew, &mut rng),
                     dtype,
@@ -176,17 +223,16 @@ fn head_kernels_skew_form() {
                 let (s, bias) = x.skew_form(tree);
                 let s_t = tensor(&s, &[heads, n, 2], dtype, &Device::Cpu);
                 let bias_t = tensor(&bias, &[heads, internal, 2], dtype, &Device::Cpu);
-                // The skew form in blocks of 32 heads, the general one in the H100's choice.
-                let wide = SWEEP_WIDTHS[0].1;
-                let [pivots, sweep] = skew_forward_plans(tree, u, &bias_t, &s_t, wide).unwrap();
-                let piv = run_in_every_order(&pivots, dtype, &[&s], seed);
-                assert_eq!(piv.status, 0, "{what}");
-                let inputs: Vec<&[f64]> = match internal > 0 {
-                    true => vec![&x.u, &bias, &piv.outputs[0]],
-                    false => vec![&x.u, &piv.outputs[0]],
-                };
-                let sol = run_in_every_order(&sweep, dtype, &inputs, seed).outputs[0].clone();
-                let (general, _) = forward(tree, &x, &ts, dtype, seed, DeviceLimits::H100);
+                let solve = skew_forward_plans(tree, u, &bias_t, &s_t, limits).unwrap();
+                let what = format!(
+                    "{name}, {shape:?}, {dtype:?}, layout {} (seed {seed})",
+                    layout_of(&solve)
+                );
+                let with_bias = (internal > 0).then_some(&bias[..]);
+                let sol = run_solve(&solve, dtype, &x.u, with_bias, &s, seed);
+                assert_eq!(sol.status, 0, "{what}");
+                let sol = sol.outputs[0].clone();
+                let (general, _) = forward(tree, &x, &ts, dtype, seed, NO_SHARED);
                 assert_same(&sol, &general, &format!("x vs the general form, {what}"));
                 let twin = head_solve_skew(tree, u, &bias_t, &s_t).unwrap();
                 assert_same(&sol, &to_vec(&twin), &format!("x, {what}"));
@@ -194,10 +240,8 @@ fn head_kernels_skew_form() {
                 let g = round_to(&uniform(&mut rng, sol.len(), -1.0, 1.0), dtype);
                 let g_t = tensor(&g, twin.dims(), dtype, &Device::Cpu);
                 let twin = head_solve_skew_backward(tree, u, &bias_t, &s_t, &twin, &g_t).unwrap();
-                let [pivots, sweep, reduce] =
-                    skew_backward_plans(tree, u, &bias_t, &s_t, wide).unwrap();
-                let piv = run_in_every_order(&pivots, dtype, &[&s], seed);
-                let lam = run_in_every_order(&sweep, dtype, &[&g, &piv.outputs[0]], seed);
+                let (solve, reduce) = skew_backward_plans(tree, u, &bias_t, &s_t, limits).unwrap();
+                let lam = run_solve(&solve, dtype, &g, None, &s, seed);
                 let red = run_in_every_order(&reduce, dtype, &[&lam.outputs[0], &sol], seed);
                 // ∂s = conj(∂C) − ∂B and ∂bias, by head, from the f64 reference.
                 let [_, dbias, db, dc] = dense_grads(tree, &x, &g);
@@ -249,14 +293,57 @@ fn head_kernels_on_the_zmnist_tree() {
     );
     let ts = x.tensors(&tree, dtype, &Device::Cpu);
     let [u, bias, b, c] = &ts;
-    let [pivots, sweep] = forward_plans(&tree, u, bias, b, c, DeviceLimits::H100).unwrap();
-    // 64 heads in blocks of LANES, two samples.
+    let twin = head_solve(&tree, u, bias, b, c).unwrap();
+    // Staged: 64 heads in blocks of 4, two samples, every node's value and every internal node's
+    // pivot slot per lane.
+    let Solve::Staged(staged) = forward_plans(&tree, u, bias, b, c, DeviceLimits::H100).unwrap()
+    else {
+        panic!("a 1,047-node tree is staged on an H100")
+    };
+    assert_eq!(staged_lanes(dtype), 4);
+    let block = [4, STAGED_THREADS / 4, 1];
+    assert_eq!((staged.grid, staged.block), ([16, 2, 1], block));
+    let (n, internal) = (tree.len(), tree.len() - tree.leaves());
+    assert_eq!(staged.shared_bytes, (n + internal) * 4 * 8);
+    assert_eq!(staged_bytes(&tree, dtype), staged.shared_bytes);
+    // Pivots and sweep: 64 heads in blocks of LANES.
+    let Solve::Global { pivots, sweep } = forward_plans(&tree, u, bias, b, c, NO_SHARED).unwrap()
+    else {
+        panic!("no shared memory, no staged solve")
+    };
     let h = 64 / LANES;
     assert_eq!((pivots.grid, pivots.block), ([h, 1, 1], [LANES, ROWS, 1]));
     assert_eq!((sweep.grid, sweep.block), ([h, 2, 1], [LANES, ROWS, 1]));
-    let (sol, _) = forward(&tree, &x, &ts, dtype, seed, DeviceLimits::H100);
-    let twin = head_solve(&tree, u, bias, b, c).unwrap();
-    assert_same(&sol, &to_vec(&twin), &format!("x (seed {seed})"));
+    for limits in [DeviceLimits::H100, NO_SHARED] {
+        let (sol, _) = forward(&tree, &x, &ts, dtype, seed, limits);
+        assert_same(&sol, &to_vec(&twin), &format!("x (seed {seed})"));
+    }
+}
+
+/// The staged solve takes a tree while a block's values fit in the device's shared memory:
+/// ListOps' 4,095-node binary tree on an H100 (196 KB in f32, and in f64, whose blocks have half
+/// the lanes), not on a V100 (96 KB); Path-X's 32,767 nodes nowhere.
+#[test]
+fn head_solve_is_staged_where_the_tree_fits() {
+    let staged = |tree: &Tree, dtype: DType, limits: DeviceLimits| {
+        let z = |s: &[usize]| Tensor::zeros(s, dtype, &Device::Cpu).unwrap();
+        let (n, l) = (tree.len(), tree.leaves());
+        let (u, bias, s) = (z(&[2, l, 8, 2]), z(&[8, n - l, 2]), z(&[8, n, 2]));
+        let fwd = skew_forward_plans(tree, &u, &bias, &s, limits).unwrap();
+        let (bwd, _) = skew_backward_plans(tree, &u, &bias, &s, limits).unwrap();
+        assert_eq!(layout_of(&fwd), layout_of(&bwd));
+        matches!(fwd, Solve::Staged(_))
+    };
+    let listops = Tree::perfect(2048, 2).unwrap();
+    assert_eq!(staged_bytes(&listops, DType::F32), (4095 + 2047) * 32);
+    assert!(staged(&listops, DType::F32, DeviceLimits::H100));
+    assert!(!staged(&listops, DType::F32, DeviceLimits::V100));
+    assert!(staged(&listops, DType::F64, DeviceLimits::H100));
+    assert_eq!(staged_bytes(&listops, DType::F64), (4095 + 2047) * 32);
+    let zmnist = Tree::quad(28, 28).unwrap();
+    assert!(staged(&zmnist, DType::F64, DeviceLimits::V100));
+    let pathx = Tree::perfect(16_384, 2).unwrap();
+    assert!(!staged(&pathx, DType::F32, DeviceLimits::H100));
 }
 
 /// The sweep's heads per block by shape on an H100 (132 SMs): 8 at (16 samples, 64 heads),
@@ -276,13 +363,18 @@ fn head_sweep_lanes_follow_the_grid() {
         z(&[256, n - tree.leaves(), 2]),
         z(&[256, n, 2]),
     );
-    let [_, sweep] = skew_forward_plans(&tree, &u, &bias, &s, DeviceLimits::H100).unwrap();
-    assert_eq!(
-        (sweep.grid, sweep.block),
-        ([8, 64, 1], [32, THREADS / 32, 1])
-    );
-    let [_, sweep, _] = skew_backward_plans(&tree, &u, &bias, &s, DeviceLimits::V100).unwrap();
-    assert_eq!(sweep.block, [32, THREADS / 32, 1]);
+    let sweep = |solve| match solve {
+        Solve::Global { sweep, .. } => sweep,
+        Solve::Staged(_) => panic!("no shared memory, no staged solve"),
+    };
+    let fwd = sweep(skew_forward_plans(&tree, &u, &bias, &s, NO_SHARED).unwrap());
+    assert_eq!((fwd.grid, fwd.block), ([8, 64, 1], [32, THREADS / 32, 1]));
+    let v100 = DeviceLimits {
+        shared_per_block: 0,
+        ..DeviceLimits::V100
+    };
+    let (bwd, _) = skew_backward_plans(&tree, &u, &bias, &s, v100).unwrap();
+    assert_eq!(sweep(bwd).block, [32, THREADS / 32, 1]);
 }
 
 /// A singular pivot sets the status words to 1 + node and 1 + head, forward and backward.
@@ -293,20 +385,34 @@ fn head_kernels_report_a_singular_pivot_with_its_node() {
     let [u, bias, b, c] = x.tensors(&tree, DType::F32, &Device::Cpu);
     let parent = tree.parent(4).unwrap() as i32;
     let coef = [x.b.clone(), x.c.clone()].concat();
-    let [fwd, _] = forward_plans(&tree, &u, &bias, &b, &c, DeviceLimits::H100).unwrap();
-    let [bwd, _, _] = backward_plans(&tree, &u, &bias, &b, &c, DeviceLimits::H100).unwrap();
-    for (plan, what) in [(fwd, "forward"), (bwd, "backward")] {
-        let r = run(
-            &plan,
-            DType::F32,
-            &[&coef],
-            kernels_on_cpu::Order::Ascending,
-        )
-        .unwrap();
-        assert_eq!(
-            (r.status, r.status_head),
-            (1 + parent, 2),
-            "{what}: node, head 1"
-        );
+    for limits in [DeviceLimits::H100, NO_SHARED] {
+        let fwd = forward_plans(&tree, &u, &bias, &b, &c, limits).unwrap();
+        let (bwd, _) = backward_plans(&tree, &u, &bias, &b, &c, limits).unwrap();
+        for (solve, what) in [(fwd, "forward"), (bwd, "backward")] {
+            let what = format!("{what}, layout {}", layout_of(&solve));
+            // The launch that forms the pivots: with the right-hand sides when staged.
+            let r = match &solve {
+                Solve::Staged(plan) => {
+                    let g = vec![0.5; plan.outputs[0]];
+                    let inputs: Vec<&[f64]> = match what.starts_with("forward") {
+                        true => vec![&x.u, &x.bias, &coef],
+                        false => vec![&g, &coef],
+                    };
+                    run(plan, DType::F32, &inputs, kernels_on_cpu::Order::Ascending)
+                }
+                Solve::Global { pivots, .. } => run(
+                    pivots,
+                    DType::F32,
+                    &[&coef],
+                    kernels_on_cpu::Order::Ascending,
+                ),
+            }
+            .unwrap();
+            assert_eq!(
+                (r.status, r.status_head),
+                (1 + parent, 2),
+                "{what}: node, head 1"
+            );
+        }
     }
 }

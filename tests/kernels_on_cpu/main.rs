@@ -77,6 +77,7 @@ fn every_kernel_entry_point_is_tested() {
         ("tree_sweep_block_bwd", both, &wide),
         ("head_pivots", complex, &wide),
         ("head_sweep", complex, &wide),
+        ("head_staged", complex, &wide),
         ("head_reduce", complex, &wide),
         ("dropout_keep", real, &all),
         ("adamw_step", real, &wide),
@@ -172,6 +173,11 @@ fn kernel_constants_match_the_plans() {
             &read("head_solve.cu"),
             "HEAD_THREADS",
             myosotis::ops::head_solve::cuda::THREADS as usize,
+        ),
+        (
+            &read("head_solve.cu"),
+            "HEAD_STAGED_THREADS",
+            myosotis::ops::head_solve::cuda::STAGED_THREADS as usize,
         ),
         (
             &read("dropout.cu"),

@@ -1,6 +1,7 @@
-//! The CPU twin of `kernels/head_solve.cu`: the same three steps with the same arithmetic in
-//! the same order per (sample, node, head), so that the kernels run by the host harness match
-//! it bit for bit. Samples are solved in parallel; within a node the loop runs over the heads,
+//! The CPU twin of `kernels/head_solve.cu`: the pivots, the sweep and the reduction with the
+//! same arithmetic in the same order per (sample, node, head), so that the kernels run by the
+//! host harness match it bit for bit (`head_staged` forms the same pivots on its way up, per
+//! block instead of once). Samples are solved in parallel; within a node the loop runs over the heads,
 //! which are contiguous, so it vectorises.
 
 use std::borrow::Cow;

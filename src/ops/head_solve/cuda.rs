@@ -2,15 +2,15 @@
 //! launch below and by the host harness in `tests/kernels_on_cpu`) and, with the `cuda`
 //! feature, their execution on candle's stream.
 //!
-//! Blocks of [`THREADS`] threads: lanes (consecutive heads) × rows. The forward is two
-//! launches, `head_pivots` (a block per [`LANES`] heads) then `head_sweep` (a block per sample
-//! and [`sweep_lanes`] heads); the backward three, `head_pivots` of the adjoint, `head_sweep`
-//! of ∂x and `head_reduce` (a block per [`ROWS`] nodes and [`LANES`] heads). No workspace and
-//! no shared memory: the sweep works in place in its output.
-//!
-//! Global traffic of a sweep per (sample, node, head) complex value: the right-hand side read
-//! once, x written once and read and written again by each pass (the working set of a block,
-//! nodes × 32 values, stays in L2); the pivots, read by every sample, stay in L2 too.
+//! A solve ([`Solve`]) is one `head_staged` launch where a tree's values for a block's lanes fit
+//! in shared memory: a block per sample and [`staged_lanes`] heads, which forms the pivots on
+//! its way up and reads each right-hand side once and writes each x once (global traffic per
+//! (sample, node, head) complex value: one read, one write; the couplings, read by every sample,
+//! stay in L2). Larger trees take two launches: `head_pivots` (a block per [`LANES`] heads)
+//! writes the pivots, then `head_sweep` (a block per sample and [`sweep_lanes`] heads) works in
+//! place in its output (x written, then read and written again by each pass). The forward is a
+//! solve; the backward a solve of the adjoint, then `head_reduce` (a block per [`ROWS`] nodes
+//! and [`LANES`] heads).
 
 use candle_core::{bail, DType, Result, Tensor};
 
@@ -20,6 +20,8 @@ use crate::tree::Tree;
 
 /// Threads per block (HEAD_THREADS in the kernel), lanes × rows.
 pub const THREADS: u32 = 256;
+/// Threads per block of `head_staged` (HEAD_STAGED_THREADS), lanes × rows.
+pub const STAGED_THREADS: u32 = 512;
 /// Heads per block of `head_pivots` and `head_reduce`, and the narrowest sweep: consecutive
 /// heads, a 32-byte sector of each node.
 pub const LANES: u32 = 8;
@@ -36,6 +38,41 @@ pub fn sweep_lanes(batch: usize, heads: usize, sms: usize) -> u32 {
         .into_iter()
         .find(|&lanes| heads.div_ceil(lanes as usize) * batch >= 2 * sms)
         .unwrap_or(LANES)
+}
+
+/// Heads per block of `head_staged`: the complex values of a node in one 32-byte sector, 4 in
+/// f32 and 2 in f64 (the narrowest blocks, so that small batches get many of them).
+pub fn staged_lanes(dtype: DType) -> u32 {
+    (32 / (2 * dtype.size_in_bytes())) as u32
+}
+
+/// The shared memory of a `head_staged` block: every node's value and every internal node's
+/// pivot slot, per lane.
+pub fn staged_bytes(tree: &Tree, dtype: DType) -> usize {
+    (2 * tree.len() - tree.leaves()) * staged_lanes(dtype) as usize * 2 * dtype.size_in_bytes()
+}
+
+/// The launches of one solve, x = M⁻¹ rhs (M = T_G, or T_Gᴴ in the backward).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Solve {
+    /// `head_staged`: inputs (rhs, bias when the solve has one, coef); output x.
+    Staged(LaunchPlan),
+    /// `head_pivots` (input coef; output piv), then `head_sweep` (inputs rhs, bias when the
+    /// solve has one, piv; output x).
+    Global {
+        pivots: LaunchPlan,
+        sweep: LaunchPlan,
+    },
+}
+
+impl Solve {
+    /// The launches in order.
+    pub fn plans(&self) -> Vec<&LaunchPlan> {
+        match self {
+            Solve::Staged(p) => vec![p],
+            Solve::Global { pivots, sweep } => vec![pivots, sweep],
+        }
+    }
 }
 
 fn table(v: &[usize]) -> Vec<u32> {
@@ -82,40 +119,101 @@ fn sweep_plan(
     dtype: DType,
     limits: DeviceLimits,
 ) -> Result<LaunchPlan> {
+    let lanes = sweep_lanes(d.batch, d.heads, limits.sms);
+    let by_head = KernelArg::I32((with_bias && d.skew) as i32);
+    let block = [lanes, THREADS / lanes, 1];
+    let name = kernel_name("head_sweep", dtype, true)?;
+    sample_plan(tree, d, m, with_bias, (name, block, 0), vec![by_head])
+}
+
+/// `head_staged`: inputs (rhs (batch, m, heads, 2), bias when `with_bias`, coef); output x.
+fn staged_plan(
+    tree: &Tree,
+    d: &Dims,
+    m: usize,
+    with_bias: bool,
+    adjoint: bool,
+    dtype: DType,
+) -> Result<LaunchPlan> {
+    let lanes = staged_lanes(dtype);
+    let block = [lanes, STAGED_THREADS / lanes, 1];
+    let name = kernel_name("head_staged", dtype, true)?;
+    let shared = staged_bytes(tree, dtype);
+    let tail = vec![
+        KernelArg::I32(adjoint as i32),
+        KernelArg::I32(d.skew as i32),
+        KernelArg::Status,
+    ];
+    sample_plan(tree, d, m, with_bias, (name, block, shared), tail)
+}
+
+/// A launch of a block per sample and `block[0]` heads, (kernel, block, shared bytes) as given:
+/// arguments (rhs, bias or null, the third input, x, the level and child tables, levels, nodes,
+/// heads, m, leaves), then `tail`.
+fn sample_plan(
+    tree: &Tree,
+    d: &Dims,
+    m: usize,
+    with_bias: bool,
+    (kernel, block, shared_bytes): (String, [u32; 3], usize),
+    tail: Vec<KernelArg>,
+) -> Result<LaunchPlan> {
     let op = "head_solve";
+    let (bias, third) = match with_bias {
+        true => (KernelArg::Input(1), KernelArg::Input(2)),
+        false => (KernelArg::Null, KernelArg::Input(1)),
+    };
     if d.batch > 65_535 {
         bail!(
             "head_solve: batch {} exceeds the CUDA grid's 65,535",
             d.batch
         );
     }
-    let (bias, piv) = match with_bias {
-        true => (KernelArg::Input(1), KernelArg::Input(2)),
-        false => (KernelArg::Null, KernelArg::Input(1)),
-    };
-    let lanes = sweep_lanes(d.batch, d.heads, limits.sms);
+    let mut args = vec![
+        KernelArg::Input(0),
+        bias,
+        third,
+        KernelArg::Output(0),
+        KernelArg::Table(0),
+        KernelArg::Table(1),
+        KernelArg::I32(int_arg(op, "levels", tree.levels())?),
+        KernelArg::I32(int_arg(op, "nodes", d.nodes)?),
+        KernelArg::I32(int_arg(op, "heads", d.heads)?),
+        KernelArg::I32(int_arg(op, "m", m)?),
+        KernelArg::I32(int_arg(op, "leaves", d.leaves)?),
+    ];
+    args.extend(tail);
     Ok(LaunchPlan {
-        kernel: kernel_name("head_sweep", dtype, true)?,
-        grid: [lane_blocks(d.heads, lanes)?, d.batch as u32, 1],
-        block: [lanes, THREADS / lanes, 1],
-        shared_bytes: 0,
-        args: vec![
-            KernelArg::Input(0),
-            bias,
-            piv,
-            KernelArg::Output(0),
-            KernelArg::Table(0),
-            KernelArg::Table(1),
-            KernelArg::I32(int_arg(op, "levels", tree.levels())?),
-            KernelArg::I32(int_arg(op, "nodes", d.nodes)?),
-            KernelArg::I32(int_arg(op, "heads", d.heads)?),
-            KernelArg::I32(int_arg(op, "m", m)?),
-            KernelArg::I32(int_arg(op, "leaves", d.leaves)?),
-            KernelArg::I32((with_bias && d.skew) as i32),
-        ],
+        kernel,
+        grid: [lane_blocks(d.heads, block[0])?, d.batch as u32, 1],
+        block,
+        shared_bytes,
+        args,
         outputs: vec![d.batch * d.nodes * d.heads * 2],
         tables: vec![table(tree.level_starts()), table(tree.child_starts())],
         workspace_bytes: 0,
+    })
+}
+
+/// A solve of `m` right-hand sides per sample (plus the bias when `with_bias`): staged where
+/// the tree fits in the device's shared memory, else pivots and sweep.
+fn solve_plans(
+    tree: &Tree,
+    d: &Dims,
+    m: usize,
+    with_bias: bool,
+    adjoint: bool,
+    dt: DType,
+    limits: DeviceLimits,
+) -> Result<Solve> {
+    if staged_bytes(tree, dt) <= limits.shared_per_block {
+        return Ok(Solve::Staged(staged_plan(
+            tree, d, m, with_bias, adjoint, dt,
+        )?));
+    }
+    Ok(Solve::Global {
+        pivots: pivots_plan(tree, d, dt, adjoint)?,
+        sweep: sweep_plan(tree, d, m, with_bias, dt, limits)?,
     })
 }
 
@@ -159,9 +257,9 @@ fn reduce_plan(tree: &Tree, d: &Dims, dtype: DType) -> Result<LaunchPlan> {
     })
 }
 
-/// The launches of `head_solve(tree, u, bias, b, c)`: `head_pivots` (input coef = [b; c]
-/// stacked on a new first axis; output piv), then `head_sweep` (inputs u, bias, piv; output x).
-/// The status word is 1 + the first node with a bad pivot, or 0.
+/// The launches of `head_solve(tree, u, bias, b, c)`: a solve with inputs u, bias and
+/// coef = [b; c] stacked on a new first axis (see [`Solve`]). The status word is 1 + the first
+/// node with a bad pivot, or 0.
 pub fn forward_plans(
     tree: &Tree,
     u: &Tensor,
@@ -169,36 +267,28 @@ pub fn forward_plans(
     b: &Tensor,
     c: &Tensor,
     limits: DeviceLimits,
-) -> Result<[LaunchPlan; 2]> {
+) -> Result<Solve> {
     forward_plans_of(tree, &check_args(tree, u, bias, b, c)?, u.dtype(), limits)
 }
 
-/// [`forward_plans`] of `head_solve_skew(tree, u, bias, s)`: `head_pivots` reads s itself.
+/// [`forward_plans`] of `head_solve_skew(tree, u, bias, s)`: the kernels read s itself.
 pub fn skew_forward_plans(
     tree: &Tree,
     u: &Tensor,
     bias: &Tensor,
     s: &Tensor,
     limits: DeviceLimits,
-) -> Result<[LaunchPlan; 2]> {
+) -> Result<Solve> {
     forward_plans_of(tree, &check_skew_args(tree, u, bias, s)?, u.dtype(), limits)
 }
 
-fn forward_plans_of(
-    tree: &Tree,
-    d: &Dims,
-    dt: DType,
-    limits: DeviceLimits,
-) -> Result<[LaunchPlan; 2]> {
-    Ok([
-        pivots_plan(tree, d, dt, false)?,
-        sweep_plan(tree, d, d.m, d.internal() > 0, dt, limits)?,
-    ])
+fn forward_plans_of(tree: &Tree, d: &Dims, dt: DType, limits: DeviceLimits) -> Result<Solve> {
+    solve_plans(tree, d, d.m, d.internal() > 0, false, dt, limits)
 }
 
-/// The launches of the backward: `head_pivots` of the adjoint (input coef; output piv),
-/// `head_sweep` (inputs ∂x, piv; output λ, of which ∂u is the first m nodes) and `head_reduce`
-/// (inputs λ, x; outputs [∂b; ∂c] and, if the tree has internal nodes, ∂bias).
+/// The launches of the backward: the adjoint's solve (inputs ∂x and coef; output λ, of which ∂u
+/// is the first m nodes), then `head_reduce` (inputs λ, x; outputs [∂b; ∂c] and, if the tree
+/// has internal nodes, ∂bias).
 pub fn backward_plans(
     tree: &Tree,
     u: &Tensor,
@@ -206,11 +296,11 @@ pub fn backward_plans(
     b: &Tensor,
     c: &Tensor,
     limits: DeviceLimits,
-) -> Result<[LaunchPlan; 3]> {
+) -> Result<(Solve, LaunchPlan)> {
     backward_plans_of(tree, &check_args(tree, u, bias, b, c)?, u.dtype(), limits)
 }
 
-/// [`backward_plans`] of `head_solve_skew(tree, u, bias, s)`: `head_pivots` reads s, and
+/// [`backward_plans`] of `head_solve_skew(tree, u, bias, s)`: the solve reads s, and
 /// `head_reduce` writes ∂s and ∂bias in their layouts.
 pub fn skew_backward_plans(
     tree: &Tree,
@@ -218,7 +308,7 @@ pub fn skew_backward_plans(
     bias: &Tensor,
     s: &Tensor,
     limits: DeviceLimits,
-) -> Result<[LaunchPlan; 3]> {
+) -> Result<(Solve, LaunchPlan)> {
     backward_plans_of(tree, &check_skew_args(tree, u, bias, s)?, u.dtype(), limits)
 }
 
@@ -227,12 +317,11 @@ fn backward_plans_of(
     d: &Dims,
     dt: DType,
     limits: DeviceLimits,
-) -> Result<[LaunchPlan; 3]> {
-    Ok([
-        pivots_plan(tree, d, dt, true)?,
-        sweep_plan(tree, d, d.nodes, false, dt, limits)?,
+) -> Result<(Solve, LaunchPlan)> {
+    Ok((
+        solve_plans(tree, d, d.nodes, false, true, dt, limits)?,
         reduce_plan(tree, d, dt)?,
-    ])
+    ))
 }
 
 #[cfg(feature = "cuda")]
@@ -242,29 +331,51 @@ pub(super) use launch::{backward, forward};
 mod launch {
     use candle_core::backend::BackendStorage;
     use candle_core::op::BackpropOp;
-    use candle_core::{bail, CudaStorage, Layout, Result, Storage, Tensor};
+    use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor};
 
     use super::super::HeadSolveOp;
-    use super::{pivots_plan, reduce_plan, sweep_plan};
+    use super::{backward_plans_of, forward_plans_of, Solve};
     use crate::cuda::{self, HEAD_SOLVE};
+
+    type Operand<'a> = (&'a CudaStorage, &'a Layout);
+
+    /// Runs a solve's launches: rhs, the bias if the solve has one, coef.
+    fn run(
+        dev: &CudaDevice,
+        solve: &Solve,
+        dt: DType,
+        rhs: Operand,
+        bias: Option<Operand>,
+        coef: Operand,
+    ) -> Result<CudaStorage> {
+        let (plan, piv) = match solve {
+            Solve::Staged(plan) => (plan, None),
+            Solve::Global { pivots, sweep } => {
+                let piv = cuda::launch(dev, HEAD_SOLVE, pivots, dt, &[coef])?.remove(0);
+                (sweep, Some((piv, Layout::contiguous(pivots.outputs[0]))))
+            }
+        };
+        let last = match &piv {
+            Some((p, l)) => (p, l),
+            None => coef,
+        };
+        let inputs: Vec<Operand> = [Some(rhs), bias, Some(last)]
+            .into_iter()
+            .flatten()
+            .collect();
+        Ok(cuda::launch(dev, HEAD_SOLVE, plan, dt, &inputs)?.remove(0))
+    }
 
     pub(in crate::ops::head_solve) fn forward(
         op: &HeadSolveOp,
-        u: (&CudaStorage, &Layout),
-        bias: (&CudaStorage, &Layout),
-        coef: (&CudaStorage, &Layout),
+        u: Operand,
+        bias: Operand,
+        coef: Operand,
     ) -> Result<CudaStorage> {
         let (dev, dt, d) = (u.0.device(), u.0.dtype(), &op.dims);
-        let plan = pivots_plan(&op.tree, d, dt, false)?;
-        let piv = cuda::launch(dev, HEAD_SOLVE, &plan, dt, &[coef])?.remove(0);
-        let piv_l = Layout::contiguous(plan.outputs[0]);
-        let with_bias = d.internal() > 0;
-        let plan = sweep_plan(&op.tree, d, d.m, with_bias, dt, cuda::limits(dev)?)?;
-        let inputs = match with_bias {
-            true => vec![u, bias, (&piv, &piv_l)],
-            false => vec![u, (&piv, &piv_l)],
-        };
-        Ok(cuda::launch(dev, HEAD_SOLVE, &plan, dt, &inputs)?.remove(0))
+        let solve = forward_plans_of(&op.tree, d, dt, cuda::limits(dev)?)?;
+        let bias = (d.internal() > 0).then_some(bias);
+        run(dev, &solve, dt, u, bias, coef)
     }
 
     pub(in crate::ops::head_solve) fn backward(
@@ -283,14 +394,10 @@ mod launch {
         }
         let (coef, x, g) = (s[0], s[1], s[2]);
         let (dev, dt, d) = (g.0.device().clone(), g.0.dtype(), &op.dims);
-        let plan = pivots_plan(&op.tree, d, dt, true)?;
-        let piv = cuda::launch(&dev, HEAD_SOLVE, &plan, dt, &[coef])?.remove(0);
-        let piv_l = Layout::contiguous(plan.outputs[0]);
-        let plan = sweep_plan(&op.tree, d, d.nodes, false, dt, cuda::limits(&dev)?)?;
-        let lam = cuda::launch(&dev, HEAD_SOLVE, &plan, dt, &[g, (&piv, &piv_l)])?.remove(0);
-        let lam_l = Layout::contiguous(plan.outputs[0]);
-        let plan = reduce_plan(&op.tree, d, dt)?;
-        let mut out = cuda::launch(&dev, HEAD_SOLVE, &plan, dt, &[(&lam, &lam_l), x])?;
+        let (solve, reduce) = backward_plans_of(&op.tree, d, dt, cuda::limits(&dev)?)?;
+        let lam = run(&dev, &solve, dt, g, None, coef)?;
+        let lam_l = Layout::contiguous(reduce_input(&solve));
+        let mut out = cuda::launch(&dev, HEAD_SOLVE, &reduce, dt, &[(&lam, &lam_l), x])?;
         let wrap = |s: CudaStorage, shape: Vec<usize>| {
             Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false)
         };
@@ -301,5 +408,10 @@ mod launch {
         let dcoef = wrap(out.remove(0), d.coef_shape());
         let lam = wrap(lam, vec![d.batch, d.nodes, d.heads, 2]);
         Ok((lam, dbias, dcoef))
+    }
+
+    /// The elements of a solve's output.
+    fn reduce_input(solve: &Solve) -> usize {
+        solve.plans().last().expect("a solve has launches").outputs[0]
     }
 }

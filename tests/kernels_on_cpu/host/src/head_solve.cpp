@@ -4,7 +4,7 @@
 
 #define HEAD_ENTRIES(SUFFIX, T, OPS)                                                              \
     KERNEL_ENTRY(head_pivots_##SUFFIX), KERNEL_ENTRY(head_sweep_##SUFFIX),                        \
-        KERNEL_ENTRY(head_reduce_##SUFFIX),
+        KERNEL_ENTRY(head_staged_##SUFFIX), KERNEL_ENTRY(head_reduce_##SUFFIX),
 static const KernelEntry entries[] = {HEAD_DTYPES(HEAD_ENTRIES)};
 
 const KernelEntry *head_solve_kernels(size_t *n) {
