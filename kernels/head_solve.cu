@@ -163,6 +163,14 @@ __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, cons
     }
 }
 
+// Where node v's values lie in `head_staged`'s shared arrays, in units of a node's lanes (one
+// 32-byte sector, 8 banks): v with its low two bits XORed by the next two. Rows take
+// consecutive parents, so a half-warp reads children 2 or 4 nodes apart: unswizzled, a quad
+// tree's (128 bytes apart) would all fall in the same 8 banks; swizzled, never
+// (docs/performance.md counts the other strides). An array of n nodes takes n rounded up to a
+// multiple of 4 slots.
+__device__ __forceinline__ int staged_slot(int v) { return v ^ ((v >> 2) & 3); }
+
 // x = M^-1 rhs for one sample (blockIdx.y) and blockDim.x heads, M = T_G or T_G^H as
 // `adjoint` says, entirely in shared memory: `head_pivots` and `head_sweep` in one pass, per
 // node the same arithmetic in the same order. The couplings are read from coef (see
@@ -178,7 +186,10 @@ __device__ void head_staged(const T *__restrict__ rhs, const T *__restrict__ bia
     extern __shared__ __align__(16) unsigned char smem[];
     const int lanes = blockDim.x, l = threadIdx.x;
     V *xs = reinterpret_cast<V *>(smem);
-    V *pv = xs + g.nodes * lanes;
+    V *pv = xs + ((g.nodes + 3) & ~3) * lanes;
+    // Node v's value, and internal node v's pivot slot, of this thread's lane.
+    auto X = [&](int v) -> V & { return xs[staged_slot(v) * lanes + l]; };
+    auto P = [&](int v) -> V & { return pv[staged_slot(v - leaves) * lanes + l]; };
     const int h = blockIdx.x * lanes + l;
     const bool live = h < g.heads;
     const i64 x0 = (i64)blockIdx.y * g.nodes * g.heads;
@@ -187,44 +198,44 @@ __device__ void head_staged(const T *__restrict__ rhs, const T *__restrict__ bia
     const V leaf_inv = O::inv(O::one());
 #pragma unroll 4
     for (int v = threadIdx.y; live && v < g.nodes; v += blockDim.y)
-        xs[v * lanes + l] = rhs_of<T, O>(rhs, r0, bias, v, h, g, m, leaves, skew);
+        X(v) = rhs_of<T, O>(rhs, r0, bias, v, h, g, m, leaves, skew);
     __syncthreads();
     // Upward: the parents of level k eliminate their children: Â_p = 1 + Σ C'_c B̂_c and
     // ũ_p = u_p - Σ C'_c û_c, with B̂_c = -B'_c / Â_c and û_c = ũ_c / Â_c.
     for (int k = 1; k < g.levels; ++k) {
         for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
              p += blockDim.y) {
-            V a = O::one(), acc = xs[p * lanes + l];
+            V a = O::one(), acc = X(p);
 #pragma unroll 4
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 V bp, cp;
                 couplings<T, O>(coef, c, h, g, adjoint, skew, bp, cp);
-                const V inv = c < leaves ? leaf_inv : pv[(c - leaves) * lanes + l];
+                const V inv = c < leaves ? leaf_inv : P(c);
                 const V bh = O::sub(O::zero(), O::mul(bp, inv));
                 a = O::add(a, O::mul(cp, bh));
-                const V uc = O::mul(xs[c * lanes + l], inv);
-                xs[c * lanes + l] = uc;
+                const V uc = O::mul(X(c), inv);
+                X(c) = uc;
                 acc = O::sub(acc, O::mul(cp, uc));
-                if (c >= leaves) pv[(c - leaves) * lanes + l] = bh;
+                if (c >= leaves) P(c) = bh;
             }
             if (!pivot_ok(a)) report_pivot(status, p, h);
-            pv[(p - leaves) * lanes + l] = O::inv(a);
-            xs[p * lanes + l] = acc;
+            P(p) = O::inv(a);
+            X(p) = acc;
         }
         __syncthreads();
     }
     // The root, alone in the top level, by row 0, which also pushes it down first (no barrier).
     if (live && threadIdx.y == 0) {
-        const V inv = root < leaves ? leaf_inv : pv[(root - leaves) * lanes + l];
-        const V xr = O::mul(xs[root * lanes + l], inv);
-        xs[root * lanes + l] = xr;
+        const V inv = root < leaves ? leaf_inv : P(root);
+        const V xr = O::mul(X(root), inv);
+        X(root) = xr;
         O::store(x, x0 + (i64)root * g.heads + h, xr);
     }
     // Downward: x_c = û_c + B̂_c x_p, written out as soon as it is known.
     for (int k = g.levels - 1; k >= 1; --k) {
         for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
              p += blockDim.y) {
-            const V xp = xs[p * lanes + l];
+            const V xp = X(p);
 #pragma unroll 4
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 V bh;
@@ -233,11 +244,11 @@ __device__ void head_staged(const T *__restrict__ rhs, const T *__restrict__ bia
                     couplings<T, O>(coef, c, h, g, adjoint, skew, bp, cp);
                     bh = O::sub(O::zero(), O::mul(bp, leaf_inv));
                 } else {
-                    bh = pv[(c - leaves) * lanes + l];
+                    bh = P(c);
                 }
-                const V xc = O::add(xs[c * lanes + l], O::mul(bh, xp));
+                const V xc = O::add(X(c), O::mul(bh, xp));
                 O::store(x, x0 + (i64)c * g.heads + h, xc);
-                if (c >= leaves) xs[c * lanes + l] = xc;
+                if (c >= leaves) X(c) = xc;
             }
         }
         __syncthreads();

@@ -47,9 +47,11 @@ pub fn staged_lanes(dtype: DType) -> u32 {
 }
 
 /// The shared memory of a `head_staged` block: every node's value and every internal node's
-/// pivot slot, per lane.
+/// pivot slot, per lane, each array rounded up to a multiple of 4 nodes (the kernel's
+/// `staged_slot` permutes nodes within aligned groups of 4).
 pub fn staged_bytes(tree: &Tree, dtype: DType) -> usize {
-    (2 * tree.len() - tree.leaves()) * staged_lanes(dtype) as usize * 2 * dtype.size_in_bytes()
+    let slots = tree.len().next_multiple_of(4) + (tree.len() - tree.leaves()).next_multiple_of(4);
+    slots * staged_lanes(dtype) as usize * 2 * dtype.size_in_bytes()
 }
 
 /// The launches of one solve, x = M⁻¹ rhs (M = T_G, or T_Gᴴ in the backward).
