@@ -16,7 +16,8 @@
 # epoch) skips every run that would start after it, with a line in the report, so that the report
 # is always written; MYO_GPU_PROFILES and MYO_GPU_TRAIN (extended regular expressions) keep the
 # profile rows whose "model|size" and the training rows whose "model|task" they match, and
-# MYO_GPU_BENCH (e.g. 'copy|heads|step') the benchmarks of the ops it names.
+# MYO_GPU_BENCH (e.g. 'copy|heads|step') the benchmarks of the ops it names; MYO_GPU_QUICK=1
+# runs each benchmark once, without its plain-candle reference and bench.jsonl's copy.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
@@ -224,6 +225,11 @@ if want bench; then
 bench() {
   [[ "$1" =~ ^(${MYO_GPU_BENCH:-.*})$ ]] || return 0
   in_time "bench $*" || return 0
+  if [ "${MYO_GPU_QUICK:-0}" = 1 ]; then
+    case $1 in copy | step) ;; *) set -- "$@" --no-reference ;; esac
+    "$myo" bench "$@" --device cuda >>"$report/report.md" 2>&1 || status=1
+    return 0
+  fi
   "$myo" bench "$@" --device cuda >>"$report/report.md" 2>&1 || status=1
   case $1 in scan | tree | heads)
     "$myo" bench "$@" --device cuda --json --no-reference >>"$report/bench.jsonl" 2>/dev/null ;;
@@ -247,29 +253,30 @@ shapes=(
 )
 # The CUDA layouts side by side: a block per tree, trees across lanes, and (coefficients shared
 # by the batch) the sweep; Path-X's trees and 4 x 4 blocks on 1,024 leaves, which the lanes do
-# not hold.
+# not hold, only the first and the last. The shapes of the tree solve's targets come first.
 lane_shapes=(
   "--batch 16 --heads 256 --leaves 1024 --arity 4"
   "--batch 16 --heads 256 --leaves 1024 --arity 4 --backward"
+  "--batch 16 --heads 64 --leaves 16384 --arity 2"
+  "--batch 16 --heads 64 --leaves 16384 --arity 2 --backward"
+  "--batch 16 --heads 64 --leaves 1024 --arity 4 --block 2"
+  "--batch 16 --heads 64 --leaves 1024 --arity 4 --block 2 --backward"
+  "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4"
+  "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4 --backward"
   "--batch 16 --heads 64 --leaves 1024 --arity 4"
   "--batch 16 --heads 64 --leaves 1024 --arity 4 --backward"
   "--batch 16 --heads 256 --leaves 1024 --arity 4 --complex"
   "--batch 16 --heads 256 --leaves 1024 --arity 4 --complex --backward"
   "--batch 16 --heads 256 --leaves 1024 --arity 4 --per-sample"
   "--batch 16 --heads 256 --leaves 1024 --arity 4 --per-sample --backward"
-  "--batch 16 --heads 64 --leaves 1024 --arity 4 --block 2"
-  "--batch 16 --heads 64 --leaves 1024 --arity 4 --block 2 --backward"
   "--batch 16 --heads 16 --leaves 256 --arity 4 --block 4"
   "--batch 16 --heads 16 --leaves 256 --arity 4 --block 4 --backward"
 )
 tree_shapes=()
 for s in "${lane_shapes[@]}"; do
-  tree_shapes+=("$s --layout tree" "$s --layout lanes")
+  tree_shapes+=("$s --layout tree")
+  case "$s" in *"--leaves 16384"* | *"--leaves 1024 --arity 4 --block 4"*) ;; *) tree_shapes+=("$s --layout lanes") ;; esac
   case "$s" in *--per-sample*) ;; *) tree_shapes+=("$s --layout sweep") ;; esac
-done
-for s in "--batch 16 --heads 64 --leaves 16384 --arity 2" "--batch 16 --heads 64 --leaves 16384 --arity 2 --backward" \
-  "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4" "--batch 16 --heads 16 --leaves 1024 --arity 4 --block 4 --backward"; do
-  tree_shapes+=("$s --layout tree" "$s --layout sweep")
 done
 # shellcheck disable=SC2086
 for s in "${shapes[@]}"; do bench scan $s; done
