@@ -58,6 +58,12 @@ __device__ __forceinline__ void report_pivot(int *status, int v, int h) {
     if (atomicCAS(status, 0, 1 + v) == 0) status[1] = 1 + h;
 }
 
+// B̂_v = -B'_v / Â_v, from B'_v and 1/Â_v.
+template <typename O>
+__device__ __forceinline__ typename O::V b_hat(typename O::V bp, typename O::V inv) {
+    return O::sub(O::zero(), O::mul(bp, inv));
+}
+
 // piv = [1/Â; B̂; C'] of the solved matrix (see `couplings`), each (nodes, heads).
 // Â_v = 1 + Σ_children C'_c B̂_c, B̂_v = -B'_v / Â_v (zero at the root, whose B and C are unused).
 template <typename T, typename O>
@@ -82,7 +88,7 @@ __device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoin
                 V bp = O::zero(), cp = O::zero();
                 if (v != root) couplings<T, O>(coef, v, h, g, adjoint, skew, bp, cp);
                 O::store(piv, e, inv);
-                O::store(piv, set + e, O::sub(O::zero(), O::mul(bp, inv)));
+                O::store(piv, set + e, b_hat<O>(bp, inv));
                 O::store(piv, 2 * set + e, cp);
             }
         }
@@ -97,9 +103,10 @@ __device__ __forceinline__ i64 bias_at(int v, int h, int nodes, int leaves, int 
     return by_head ? (i64)h * (nodes - leaves) + (v - leaves) : (i64)(v - leaves) * heads + h;
 }
 
-// The right-hand side of node v, head h of one sample: rhs[v] for v < m (the sample's (m, heads)
-// values start at complex value r0 of rhs), plus bias[v - leaves] on the internal nodes when bias is given (laid out as
-// `bias_at` says); zero for the nodes beyond m without a bias.
+// The right-hand side of node v, head h of one sample: rhs[v] for v < m (the sample's
+// (m, heads) values start at complex value r0 of rhs), plus bias[v - leaves] on the internal
+// nodes when bias is given (laid out as `bias_at` says); zero for the nodes beyond m without a
+// bias.
 template <typename T, typename O>
 __device__ __forceinline__ typename O::V rhs_of(const T *rhs, i64 r0, const T *bias, int v, int h,
                                                 const HeadTree &g, int m, int leaves,
@@ -115,9 +122,7 @@ __device__ __forceinline__ typename O::V rhs_of(const T *rhs, i64 r0, const T *b
 }
 
 // x = M^-1 rhs for one sample (blockIdx.y) and blockDim.x heads, M = T_G or T_G^H as `piv`
-// says. The right-hand side of node v: rhs[v] for v < m (rhs is (batch, m, heads)), plus
-// bias[v - leaves] on the internal nodes when bias is given (laid out as `bias_at` says); zero
-// for the nodes beyond m without a bias.
+// says; the right-hand sides as `rhs_of` says (rhs is (batch, m, heads)).
 template <typename T, typename O>
 __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, const HeadTree &g,
                            int m, int leaves, int bias_by_head) {
@@ -211,7 +216,7 @@ __device__ void head_staged(const T *__restrict__ rhs, const T *__restrict__ bia
                 V bp, cp;
                 couplings<T, O>(coef, c, h, g, adjoint, skew, bp, cp);
                 const V inv = c < leaves ? leaf_inv : P(c);
-                const V bh = O::sub(O::zero(), O::mul(bp, inv));
+                const V bh = b_hat<O>(bp, inv);
                 a = O::add(a, O::mul(cp, bh));
                 const V uc = O::mul(X(c), inv);
                 X(c) = uc;
@@ -242,7 +247,7 @@ __device__ void head_staged(const T *__restrict__ rhs, const T *__restrict__ bia
                 if (c < leaves) {
                     V bp, cp;
                     couplings<T, O>(coef, c, h, g, adjoint, skew, bp, cp);
-                    bh = O::sub(O::zero(), O::mul(bp, leaf_inv));
+                    bh = b_hat<O>(bp, leaf_inv);
                 } else {
                     bh = P(c);
                 }

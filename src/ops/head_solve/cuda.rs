@@ -67,16 +67,6 @@ pub enum Solve {
     },
 }
 
-impl Solve {
-    /// The launches in order.
-    pub fn plans(&self) -> Vec<&LaunchPlan> {
-        match self {
-            Solve::Staged(p) => vec![p],
-            Solve::Global { pivots, sweep } => vec![pivots, sweep],
-        }
-    }
-}
-
 fn table(v: &[usize]) -> Vec<u32> {
     v.iter().map(|&x| x as u32).collect()
 }
@@ -398,7 +388,7 @@ mod launch {
         let (dev, dt, d) = (g.0.device().clone(), g.0.dtype(), &op.dims);
         let (solve, reduce) = backward_plans_of(&op.tree, d, dt, cuda::limits(&dev)?)?;
         let lam = run(&dev, &solve, dt, g, None, coef)?;
-        let lam_l = Layout::contiguous(reduce_input(&solve));
+        let lam_l = Layout::contiguous(d.batch * d.nodes * d.heads * 2);
         let mut out = cuda::launch(&dev, HEAD_SOLVE, &reduce, dt, &[(&lam, &lam_l), x])?;
         let wrap = |s: CudaStorage, shape: Vec<usize>| {
             Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false)
@@ -410,10 +400,5 @@ mod launch {
         let dcoef = wrap(out.remove(0), d.coef_shape());
         let lam = wrap(lam, vec![d.batch, d.nodes, d.heads, 2]);
         Ok((lam, dbias, dcoef))
-    }
-
-    /// The elements of a solve's output.
-    fn reduce_input(solve: &Solve) -> usize {
-        solve.plans().last().expect("a solve has launches").outputs[0]
     }
 }
