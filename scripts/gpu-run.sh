@@ -300,7 +300,7 @@ if want profile; then
   echo
   echo "## Training step profile (forward, loss, backward, AdamW; CUPTI kernel trace)"
   echo
-  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy | memory MiB: held + step peak | CPU bench, one shard, 16 threads: steps/s | captured ms/step (graph kernels; vs eager; graph memory asked / used / reserved MiB) |"
+  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy | memory MiB: held + step peak | CPU bench, 16 threads (shards, as myo train): steps/s | captured ms/step (graph kernels; vs eager; graph memory asked / used / reserved MiB) |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >>"$report/report.md"
 profiles=(

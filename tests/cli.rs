@@ -216,6 +216,43 @@ fn bench_flags_are_consistent_and_numbers_have_three_digits() {
     }
 }
 
+/// `myo bench step --threads N` on the CPU times the step as `myo train` takes it: the batch cut
+/// into N shards (at most one per example), for every kind of input (tokens, pairs of them,
+/// feature vectors, frames with regression targets) and with BatchNorm, whose shards meet at
+/// their batch sums.
+#[test]
+fn bench_step_on_threads_times_the_sharded_training_step() {
+    let small = "--d-model 8 --state-size 4 --layers 1 --warmup 0 --repeats 1 --json";
+    for (flags, shards) in [
+        ("--task listops --batch-size 3 --threads 2", 2),
+        ("--task retrieval --batch-size 2 --threads 2", 2),
+        ("--task smnist --norm batch --batch-size 4 --threads 2", 2),
+        (
+            "--model myo --task zmnist --norm batch --batch-size 3 --threads 2",
+            2,
+        ),
+        ("--task pendulum --batch-size 2 --threads 3", 2),
+        ("--task smnist --batch-size 2 --threads 1", 1),
+    ] {
+        let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))
+            .args(["bench", "step"])
+            .args(flags.split(' ').chain(small.split(' ')))
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{flags}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+        assert_eq!(report["shards"], shards, "{flags}");
+        assert!(
+            report["step"]["median_ms"].as_f64().unwrap() > 0.0,
+            "{flags}"
+        );
+    }
+}
+
 /// `myo train` with `args`, which must succeed (`ok`) or fail; its standard error.
 fn myo_train(args: &[&str], ok: bool) -> String {
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_myo"))

@@ -1,17 +1,19 @@
 //! The benchmark of a whole training step: its time, and what it executes.
 
 use super::*;
-use crate::data::dataset::{Batch, Target};
+use crate::data::dataset::{Batch, Dataset};
 use crate::device::parse_device;
-use crate::nn::{GradSink, Pooling};
+use crate::nn::{GradSink, NormKind, Pooling};
 use crate::ops::in_place_updates;
 use crate::train::config::RunArgs;
+use crate::train::dist::World;
 use crate::train::optim::{OptimConfig, Optimizer};
 use crate::train::precision::Precision;
 use crate::train::run::Exec;
-use crate::train::trainer::score;
+use crate::train::trainer::{score, train_batch, Batching};
 use candle_core::backprop::GradStore;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// `myo bench step`'s flags: a run's definition (only its shapes are used: no data is read) and
 /// where and how to time its step.
@@ -22,7 +24,8 @@ pub struct StepArgs {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// CPU threads (see `myo train --threads`).
+    /// CPU threads: the timed step is cut into as many data-parallel shards, as `myo train
+    /// --threads` runs it (the other timings and the counts are of one shard).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Untimed steps first.
@@ -64,7 +67,7 @@ impl StepArgs {
             );
         }
         let device = parse_device(&self.device)?;
-        Exec::for_process(&device, Some(self.threads))?;
+        let exec = Exec::for_process(&device, Some(self.threads))?;
         let mut run = self.run.clone();
         if run.data_dir.is_none() && run.task_name()? != "listops" {
             run.data_dir = Some("(not read)".into());
@@ -77,6 +80,7 @@ impl StepArgs {
             model: cfg.model,
             optim: cfg.optim,
             batch: cfg.batch_size,
+            shards: exec.shards,
             warmup: self.warmup,
             repeats: self.repeats,
             profile_steps: self.profile_steps,
@@ -94,6 +98,9 @@ pub struct StepBench {
     pub model: ClassifierConfig,
     pub optim: OptimConfig,
     pub batch: usize,
+    /// Data-parallel shards of the timed step, each on a thread of its own, as `myo train`
+    /// cuts a batch on the CPU ([`Batching::shards`]); 1: the whole batch at once.
+    pub shards: usize,
     /// Sequence length (the tree's leaves for Myo).
     pub len: usize,
     pub warmup: usize,
@@ -153,6 +160,8 @@ pub struct StepReport {
     pub config: serde_json::Value,
     /// Forward + loss + backward + AdamW of the whole model.
     pub step: Timing,
+    /// The data-parallel shards [`Self::step`] was cut into (CPU threads; 1 elsewhere).
+    pub shards: usize,
     /// Forward + backward of one sequence layer alone (on its input shape), times the layers.
     pub layers: Timing,
     /// Forward alone of the whole model.
@@ -251,6 +260,8 @@ fn count<R>(device: &Device, f: impl FnOnce() -> Result<R>) -> Result<(R, OpCoun
 struct Setup {
     model: SequenceClassifier,
     opt: Optimizer,
+    /// The random examples, and all of them as one batch.
+    data: Dataset,
     batch: Batch,
     step: u64,
     /// The dropout kernels read the step's key from the device's key word (a captured step).
@@ -300,6 +311,23 @@ impl Setup {
         self.opt.prepare()?;
         self.body()
     }
+
+    /// The step as `myo train` takes it: the batch cut into `shards` on threads of their own,
+    /// their gradients summed, then AdamW.
+    fn train_step(&mut self, shards: usize) -> Result<()> {
+        let batching = Batching {
+            batch_size: self.data.len(),
+            pad_to: None,
+            shards,
+            accumulate: 1,
+            batch_norm: self.model.config().norm == NormKind::Batch,
+        };
+        let idx: Vec<usize> = (0..self.data.len()).collect();
+        let device = self.batch.x.device().clone();
+        let world = Arc::new(World::single());
+        let (m, opt, data) = (&self.model, &mut self.opt, &self.data);
+        train_batch(m, opt, data, batching, 0, &device, &world, &idx).map(drop)
+    }
 }
 
 impl StepBench {
@@ -320,41 +348,13 @@ impl StepBench {
             opt.mirror(&vars, &compute, self.precision)?;
             model = copy;
         }
-        let (b, l) = (self.batch, self.len);
-        // Pairs of sequences: two rows per example.
-        let rows = if self.model.pairs { 2 * b } else { b };
-        let x = match self.model.encoder {
-            EncoderConfig::Linear { features } => {
-                Tensor::randn(0f32, 1., (rows, l, features), device)?
-            }
-            EncoderConfig::Embedding { vocab } => {
-                Tensor::rand(0f32, vocab as f32, (rows, l), device)?.to_dtype(DType::U32)?
-            }
-            EncoderConfig::Frames { side } => Tensor::rand(0f32, 1., (b, l, side * side), device)?,
-        };
-        let classes = self.model.classes;
-        // Regression at every step: targets per step, and intervals of 1 to 3 time units.
-        let (target, dt) = match self.model.pooling {
-            Pooling::None => (
-                Target::Values(Tensor::randn(0f32, 1., (b, l, classes), device)?),
-                Some(Tensor::rand(1f32, 3., (b, l), device)?),
-            ),
-            _ => (
-                Target::Labels(
-                    Tensor::rand(0f32, classes as f32, b, device)?.to_dtype(DType::U32)?,
-                ),
-                None,
-            ),
-        };
-        let batch = Batch {
-            x,
-            lengths: Tensor::full(l as u32, rows, device)?,
-            target,
-            dt,
-        };
+        let data = self.random_data()?;
+        let idx: Vec<usize> = (0..data.len()).collect();
+        let batch = data.batch(&idx, None, device)?;
         let s = Setup {
             model,
             opt,
+            data,
             batch,
             step: 0,
             key_on_device: false,
@@ -363,10 +363,69 @@ impl StepBench {
         Ok((s, vars))
     }
 
+    /// `batch` random examples of the task's shape: sequences of `len` tokens or feature
+    /// vectors (pairs of them for a pair task) with labels, or for regression feature vectors
+    /// with targets and intervals of 1 to 3 time units at every step.
+    fn random_data(&self) -> Result<Dataset> {
+        let (b, len, cpu) = (self.batch, self.len, &Device::Cpu);
+        let draw = |t: Tensor| t.flatten_all()?.to_vec1::<f32>();
+        let labels = || {
+            let n = self.model.classes as f32;
+            Tensor::rand(0f32, n, b, cpu)?
+                .to_dtype(DType::U32)?
+                .to_vec1::<u32>()
+        };
+        let features = match self.model.encoder {
+            EncoderConfig::Linear { features } => features,
+            EncoderConfig::Frames { side } => side * side,
+            EncoderConfig::Embedding { vocab } => {
+                let tokens = || -> Result<Vec<Vec<u32>>> {
+                    let t = Tensor::rand(0f32, vocab as f32, (b, len), cpu)?;
+                    t.to_dtype(DType::U32)?.to_vec2::<u32>()
+                };
+                return Ok(match self.model.pairs {
+                    true => Dataset::Pairs {
+                        first: tokens()?,
+                        second: tokens()?,
+                        labels: labels()?,
+                    },
+                    false => Dataset::Tokens {
+                        seqs: tokens()?,
+                        labels: labels()?,
+                    },
+                });
+            }
+        };
+        let values = draw(Tensor::randn(0f32, 1., (b, len, features), cpu)?)?;
+        if self.model.pooling != Pooling::None {
+            let labels = labels()?;
+            return Ok(Dataset::Real {
+                values,
+                len,
+                features,
+                labels,
+            });
+        }
+        let outputs = self.model.classes;
+        Ok(Dataset::Series {
+            values,
+            dt: draw(Tensor::rand(1f32, 3., (b, len), cpu)?)?,
+            targets: draw(Tensor::randn(0f32, 1., (b, len, outputs), cpu)?)?,
+            len,
+            features,
+            outputs,
+        })
+    }
+
     pub fn run(&self, device: &Device) -> Result<StepReport> {
         let (b, l, h) = (self.batch, self.len, self.model.d_model);
         let (mut s, _) = self.setup(device)?;
-        let whole = time_median(device, self.warmup, self.repeats, || s.step())?;
+        // Shards only on the CPU (Exec::for_process), and at most one per example.
+        let shards = self.shards.clamp(1, b);
+        let whole = time_median(device, self.warmup, self.repeats, || match shards {
+            1 => s.step(),
+            n => s.train_step(n),
+        })?;
         let forward = time_median(device, self.warmup, self.repeats, || {
             let x = &s.batch;
             s.model
@@ -435,6 +494,7 @@ impl StepBench {
             ),
             config: serde_json::to_value(&self.model).unwrap_or_default(),
             step: whole,
+            shards,
             layers,
             forward,
             precision: self.precision,
@@ -540,14 +600,18 @@ impl std::fmt::Display for StepReport {
             "step  device={}  precision={}  {}",
             self.device, self.precision, self.shape
         )?;
-        for (what, t) in [
-            ("whole step        ", self.step),
-            ("  in the layers   ", self.layers),
-            ("forward (eval)    ", self.forward),
+        let sharded = match self.shards {
+            1 => String::new(),
+            n => format!("; {n} shards on {n} threads, as myo train (the rest: one shard)"),
+        };
+        for (what, t, how) in [
+            ("whole step        ", self.step, sharded.as_str()),
+            ("  in the layers   ", self.layers, ""),
+            ("forward (eval)    ", self.forward, ""),
         ] {
             writeln!(
                 f,
-                "  {what}  median {:>7} ms  (min {}, {} samples)",
+                "  {what}  median {:>7} ms  (min {}, {} samples{how})",
                 significant(t.median_ms),
                 significant(t.min_ms),
                 t.repeats

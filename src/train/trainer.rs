@@ -124,7 +124,7 @@ fn sharded_together<T: Send>(
 /// gradients add up to the whole batch's; then the optimiser step (across ranks). Returns the
 /// batch's mean loss and correct count, summed over the ranks, on the device.
 #[allow(clippy::too_many_arguments)]
-fn train_batch(
+pub(crate) fn train_batch(
     model: &SequenceClassifier,
     opt: &mut Optimizer,
     data: &Dataset,
