@@ -17,7 +17,8 @@
 # is always written; MYO_GPU_PROFILES and MYO_GPU_TRAIN (extended regular expressions) keep the
 # profile rows whose "model|size" and the training rows whose "model|task" they match, and
 # MYO_GPU_BENCH (e.g. 'copy|heads|step') the benchmarks of the ops it names; MYO_GPU_QUICK=1
-# runs each benchmark once, without its plain-candle reference and bench.jsonl's copy.
+# runs each benchmark once, without its plain-candle reference and bench.jsonl's copy;
+# MYO_GPU_CPU (a regular expression on "model|size") the profile rows that also time the CPU.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
@@ -356,7 +357,7 @@ else:
   kernels=$(awk '/^steps /{print $3}' "$report/profile-$tag.txt")
   busy=$(sed -n 's/.*busy of the timed step *\([0-9.]*\)%.*/\1%/p' "$report/profile-$tag.txt")
   cpu_sps=
-  if [ -n "$cpu" ]; then
+  if [ -n "$cpu" ] && [[ "$model|$size" =~ ${MYO_GPU_CPU:-.} ]]; then
     # shellcheck disable=SC2086
     cpu_ms=$(timeout 300 "$myo" bench step $flags --device cpu --threads 16 --warmup 1 --repeats 3 --json 2>/dev/null |
       python3 -c 'import json,sys; print(json.load(sys.stdin)["step"]["median_ms"])' 2>/dev/null)
