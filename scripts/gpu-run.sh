@@ -160,8 +160,8 @@ want train && {
   echo
   echo "## Training (myo train: 2 epochs of 3,200 samples, batch 32 = 200 steps on CUDA, with the steps captured as CUDA graphs and without; 20 steps on the CPU)"
   echo
-  echo "| model | task | CUDA: loss epoch 1 → 2, val acc | CUDA steps/s captured | eager (its losses) | CPU steps/s | CUDA samples/s captured |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "| model | task | CUDA: loss epoch 1 → 2, val acc | CUDA steps/s captured | its fastest 50 steps | eager (its losses) | CPU steps/s | CUDA samples/s captured |"
+  echo "|---|---|---|---|---|---|---|---|"
 } >>"$report/report.md"
 runs=(
   "s5|listops|--model s5"
@@ -193,7 +193,7 @@ want train && for r in "${runs[@]}"; do
     --max-eval-samples 32 --out "$out-cpu" --overwrite >"$report/train-$tag-cpu.log" 2>&1
   if [ $rc -ne 0 ] || [ ! -f "$out/metrics.jsonl" ]; then
     status=1
-    echo "| $model | $task | failed (exit $rc): $(tail -1 "$report/train-$tag.log") | | | | |" >>"$report/report.md"
+    echo "| $model | $task | failed (exit $rc): $(tail -1 "$report/train-$tag.log") | | | | | |" >>"$report/report.md"
     continue
   fi
   cp "$out/metrics.jsonl" "$report/metrics-$tag.jsonl"
@@ -203,6 +203,10 @@ want train && for r in "${runs[@]}"; do
   acc=$(field "$(grep '"split":"val"' "$out/metrics.jsonl" | tail -1)" accuracy)
   gpu_sps=$(awk -v s="$(field "$t" step)" -v t="$(field "$t" seconds)" 'BEGIN { printf "%.1f", s / t }')
   gpu_xps=$(awk -v s="$(field "$t" step)" -v t="$(field "$t" seconds)" 'BEGIN { printf "%.0f", 32 * s / t }')
+  # The run's clock includes its start, the evaluations and the captures; the step records
+  # (every 50 steps) time their stretch alone: the fastest is the steady rate.
+  fastest=$(grep '"split":"step"' "$out/metrics.jsonl" | sed -n 's/.*"samples_per_s":\([^,}]*\).*/\1/p' |
+    sort -g | tail -1 | awk '{ if ($1 != "") printf "%.1f", $1 / 32 }')
   e=$(last_train "$out-eager" 2>/dev/null)
   eager_sps=$( [ -n "$e" ] && awk -v s="$(field "$e" step)" -v t="$(field "$e" seconds)" 'BEGIN { printf "%.1f", s / t }')
   if [ -z "$e" ]; then
@@ -217,7 +221,7 @@ want train && for r in "${runs[@]}"; do
   cpu_sps=$( [ -n "$c" ] && awk -v s="$(field "$c" step)" -v t="$(field "$c" seconds)" 'BEGIN { printf "%.2f", s / t }')
   falling=$(awk -v a="$l1" -v b="$l2" 'BEGIN { print (b < a) ? "falling" : "NOT FALLING" }')
   [ "$falling" = falling ] || status=1
-  echo "| $model | $task | $l1 → $l2 ($falling), $acc | $gpu_sps | ${eager_sps:-failed} ($same) | ${cpu_sps:-failed} | $gpu_xps |" >>"$report/report.md"
+  echo "| $model | $task | $l1 → $l2 ($falling), $acc | $gpu_sps | ${fastest:--} | ${eager_sps:-failed} ($same) | ${cpu_sps:-failed} | $gpu_xps |" >>"$report/report.md"
 done
 
 if want bench; then
