@@ -132,6 +132,8 @@ fn training_on_listops_lowers_the_loss() {
         let batching = Batching {
             batch_size: 16,
             pad_to,
+            bucketed: false,
+            longest: None,
             shards: 2,
             accumulate: 1,
             batch_norm: false,
@@ -181,6 +183,58 @@ fn training_on_listops_lowers_the_loss() {
         );
         assert!((0.0..=1.0).contains(&after.accuracy.unwrap()));
     }
+}
+
+/// Token batches take the batch's longest rounded up to a quarter of the split's longest (at
+/// most to it): at most four lengths, one captured step each on CUDA. A tree's padding and
+/// sequences of one length are left as they are.
+#[test]
+fn batches_padded_per_batch_take_at_most_four_lengths() {
+    let lens = [10, 17, 33, 64, 50, 1, 48, 49];
+    let data = Dataset::Tokens {
+        seqs: lens.iter().map(|&n| vec![1; n]).collect(),
+        labels: vec![0; lens.len()],
+    };
+    let batching = |pad_to, bucketed| Batching {
+        batch_size: 1,
+        pad_to,
+        bucketed,
+        longest: None,
+        shards: 1,
+        accumulate: 1,
+        batch_norm: false,
+    };
+    let pads = |b: Batching, data: &Dataset| -> Vec<Option<usize>> {
+        let b = b.over(data);
+        (0..data.len()).map(|i| b.padding(data, &[i])).collect()
+    };
+    let expect = |v: &[usize]| v.iter().map(|&n| Some(n)).collect::<Vec<_>>();
+    assert_eq!(
+        pads(batching(None, true), &data),
+        expect(&[16, 32, 48, 64, 64, 16, 48, 64])
+    );
+    assert_eq!(pads(batching(None, false), &data), expect(&lens));
+    assert_eq!(pads(batching(Some(64), true), &data), expect(&[64; 8]));
+    // The batch's longest decides, for every shard of it.
+    let b = batching(None, true).over(&data);
+    assert_eq!(b.padding(&data, &[0, 2]), Some(48));
+    // A split whose longest is 50: a quarter rounds up to 13, so 13, 26, 39, then 50.
+    let short = Dataset::Pairs {
+        first: lens.iter().map(|&n| vec![1; n.min(50)]).collect(),
+        second: vec![vec![1; 2]; lens.len()],
+        labels: vec![0; lens.len()],
+    };
+    assert_eq!(
+        pads(batching(None, true), &short),
+        expect(&[13, 26, 39, 50, 50, 13, 50, 50])
+    );
+    let real = Dataset::Real {
+        values: vec![0.0; 6],
+        len: 3,
+        features: 1,
+        labels: vec![0, 1],
+    };
+    assert_eq!(pads(batching(None, true), &real), vec![None, None]);
 }
 
 #[test]
@@ -245,6 +299,8 @@ fn sharded_batch_takes_the_same_step(norm: NormKind) {
         let batching = Batching {
             batch_size,
             pad_to: None,
+            bucketed: false,
+            longest: None,
             shards,
             accumulate,
             batch_norm: norm == NormKind::Batch,
@@ -335,6 +391,8 @@ fn failed_epoch(
     let batching = Batching {
         batch_size: 8,
         pad_to,
+        bucketed: false,
+        longest: None,
         shards: 1,
         accumulate: 1,
         batch_norm: false,

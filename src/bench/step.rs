@@ -318,6 +318,8 @@ impl Setup {
         let batching = Batching {
             batch_size: self.data.len(),
             pad_to: None,
+            bucketed: false,
+            longest: None,
             shards,
             accumulate: 1,
             batch_norm: self.model.config().norm == NormKind::Batch,

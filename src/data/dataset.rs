@@ -257,6 +257,16 @@ impl Dataset {
         })
     }
 
+    /// The longest token sequence (of a pair's two, the longer); `None` for sequences of one
+    /// length.
+    pub fn longest(&self) -> Option<usize> {
+        match self {
+            Dataset::Tokens { seqs, .. } => seqs.iter().map(Vec::len).max(),
+            Dataset::Pairs { first, second, .. } => first.iter().chain(second).map(Vec::len).max(),
+            Dataset::Real { .. } | Dataset::Series { .. } => None,
+        }
+    }
+
     /// The padding of batch `idx`: `pad_to`, else the longest token sequence of the whole batch, so
     /// that every shard pads as the unsharded batch would (padding reaches a bidirectional layer).
     pub fn padding(&self, idx: &[usize], pad_to: Option<usize>) -> Option<usize> {

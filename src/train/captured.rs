@@ -20,14 +20,14 @@
 use candle_core::{CudaDevice, DType, Result, Tensor};
 
 use super::optim::Optimizer;
-use super::trainer::score;
+use super::trainer::{score, PAD_LENGTHS};
 use crate::cuda::graph::{prepare_step, StepGraph};
 use crate::data::dataset::{Batch, Dataset, Target};
 use crate::nn::{DropoutKey, GradSink, Mode, SequenceClassifier};
 
-/// Graphs kept at most: one per batch shape (a task padded per batch has several); batches of
-/// further shapes step eagerly.
-const MAX_GRAPHS: usize = 4;
+/// Graphs kept at most: one per batch shape (a task padded per batch has up to
+/// [`PAD_LENGTHS`]); batches of further shapes step eagerly.
+const MAX_GRAPHS: usize = PAD_LENGTHS;
 
 /// The captured steps of one run, by batch shape.
 pub(crate) struct CapturedSteps {

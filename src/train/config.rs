@@ -157,6 +157,8 @@ impl RunConfig {
         Batching {
             batch_size: self.batch_size,
             pad_to,
+            bucketed: true,
+            longest: None,
             shards: shards.max(1),
             accumulate: if training { self.accumulate.max(1) } else { 1 },
             batch_norm: training && self.model.norm == NormKind::Batch,

@@ -21,12 +21,22 @@ use crate::data::dataset::{Batch, Dataset, Target};
 use crate::nn::loss::log_softmax_nll;
 use crate::nn::{Decoder, DropoutKey, GradSink, Mode, SequenceClassifier, Shards};
 
+/// The most lengths that the token batches of a split take when [`Batching::bucketed`].
+pub const PAD_LENGTHS: usize = 4;
+
 /// How a split is cut into batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Batching {
     pub batch_size: usize,
     /// Pad token sequences to this length (a Myo tree's leaves) instead of the batch's longest.
     pub pad_to: Option<usize>,
+    /// Without `pad_to`, pad token sequences to the batch's longest rounded up to a multiple of
+    /// a [`PAD_LENGTHS`]th of the split's longest (at most to it), so that a split's batches
+    /// take at most [`PAD_LENGTHS`] lengths: on CUDA each length's step is captured once and
+    /// replayed (`train::captured`). `false`: to the batch's longest.
+    pub bucketed: bool,
+    /// The split's longest sequence ([`Batching::over`]).
+    pub longest: Option<usize>,
     /// Data-parallel shards per batch (1: none): each shard's forward and backward run on its
     /// own rayon worker and the gradients are summed, in shard order (deterministic). Meant
     /// for the CPU with candle's own ops single-threaded (as `myo train` sets up), where one
@@ -48,6 +58,25 @@ impl Batching {
     /// Examples per optimiser step: `accumulate` micro-batches of `batch_size`.
     pub fn step_size(&self) -> usize {
         self.batch_size.max(1) * self.accumulate.max(1)
+    }
+
+    /// This batching of `data`: with its longest sequence, which the buckets divide.
+    pub fn over(self, data: &Dataset) -> Batching {
+        let longest = self.bucketed.then(|| data.longest()).flatten();
+        Batching { longest, ..self }
+    }
+
+    /// The length that the batch `idx` of `data` is padded to (`None`: sequences of one
+    /// length), `self` being [`Batching::over`] `data`.
+    pub fn padding(&self, data: &Dataset, idx: &[usize]) -> Option<usize> {
+        let batch = data.padding(idx, self.pad_to)?;
+        Some(match (self.pad_to, self.bucketed, self.longest) {
+            (None, true, Some(max)) if batch < max => {
+                let step = max.div_ceil(PAD_LENGTHS);
+                (batch.div_ceil(step) * step).min(max)
+            }
+            _ => batch,
+        })
     }
 }
 
@@ -135,7 +164,7 @@ pub(crate) fn train_batch(
     idx: &[usize],
 ) -> Result<(Tensor, Tensor)> {
     // One padding for the whole batch, as without micro-batches.
-    let pad = data.padding(idx, batching.pad_to);
+    let pad = batching.padding(data, idx);
     let step = opt.step_count() as u64;
     let loss_scale = opt.loss_scale();
     let master: &Optimizer = opt;
@@ -403,11 +432,12 @@ pub fn evaluate(
     device: &Device,
     world: &World,
 ) -> Result<Evaluation> {
+    let batching = batching.over(data);
     one_shard_on_cuda(device, batching)?;
     let mut pending = Pending::default();
     let order: Vec<usize> = (0..data.len()).collect();
     for idx in order.chunks(batching.batch_size.max(1)) {
-        let pad = data.padding(idx, batching.pad_to);
+        let pad = batching.padding(data, idx);
         let mine = &idx[part(idx.len(), world.rank(), world.size())];
         if mine.is_empty() {
             continue;
@@ -561,6 +591,7 @@ impl Epoch<'_> {
             world,
             graphs,
         } = *self;
+        let batching = batching.over(data);
         one_shard_on_cuda(device, batching)?;
         // Ranks sum BatchNorm's statistics in the forward pass: each must hold part of every
         // batch (a rank with none would skip the forward pass, and the collectives would
@@ -637,7 +668,7 @@ impl Epoch<'_> {
             #[cfg(feature = "cuda")]
             let replayed: Option<Result<StepOut>> = match &mut captured {
                 Some(c) if idx.len() == batching.batch_size => {
-                    let pad = data.padding(idx, batching.pad_to);
+                    let pad = batching.padding(data, idx);
                     c.step(model, opt, data, pad, seed, idx)
                         .transpose()
                         .map(|r| r.map(|r| (r.loss, r.correct, r.logged)))
