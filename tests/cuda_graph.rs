@@ -75,7 +75,7 @@ fn cuda_graph_replays_the_eager_step() {
 
 /// `myo train` on CUDA with its steps captured and replayed against the same run with every
 /// step eager: the same losses, gradient norms and final checkpoint, to the bit. ListOps padded
-/// per batch (several batch shapes, so several graphs), a short last batch (eager), dropout and
+/// in up to four lengths (several batch shapes, so several graphs), a short last batch (eager), dropout and
 /// BatchNorm's running statistics; S5 with clipping and a gradient norm logged every step, Myo
 /// without clipping and a norm logged every third step.
 #[test]
@@ -86,8 +86,8 @@ fn cuda_graph_trains_as_the_eager_steps() {
         return;
     };
     // The graphs last the run (its epochs and the parts between evaluations): Myo's batches
-    // have one shape, captured once; S5's ListOps batches are padded to their longest sequence,
-    // at most 4 shapes kept.
+    // have one shape, captured once; S5's ListOps batches take at most PAD_LENGTHS (4) lengths,
+    // each captured once.
     for (model, log_every, captures) in [
         (&["--model", "s5", "--clip", "1.0"][..], 1, 4),
         (&["--model", "myo", "--activation", "half_glu1"], 3, 1),
