@@ -75,9 +75,9 @@ fn cuda_graph_replays_the_eager_step() {
 
 /// `myo train` on CUDA with its steps captured and replayed against the same run with every
 /// step eager: the same losses, gradient norms and final checkpoint, to the bit. ListOps padded
-/// in up to four lengths (several batch shapes, so several graphs), a short last batch (eager), dropout and
-/// BatchNorm's running statistics; S5 with clipping and a gradient norm logged every step, Myo
-/// without clipping and a norm logged every third step.
+/// in up to four lengths (several batch shapes, so several graphs), a short last batch (eager),
+/// dropout and BatchNorm's running statistics; S5 with clipping and a gradient norm logged
+/// every step, Myo without clipping and a norm logged every third step.
 #[test]
 fn cuda_graph_trains_as_the_eager_steps() {
     use myosotis::train::args::RunArgs;
