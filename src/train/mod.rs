@@ -1,10 +1,11 @@
-//! Training: what defines a run and how flags resolve into one (`config`, `preset`), whole
-//! runs (`run`), the epoch loop (`trainer`), the optimiser (AdamW in the model's parameter
-//! groups, warm-up + cosine schedule), a run folder's files and checkpoints (`checkpoint`),
-//! the curves (`plot`), what `myo train` shows of a run (`progress`), and on CUDA the
-//! training step captured as a CUDA graph (`captured`).
+//! Training: what defines a run and how flags resolve into one (`config`, `preset`), whole runs
+//! (`run`), how a split is cut into batches (`batching`), the epoch loop (`trainer`), the optimiser
+//! (AdamW in the model's parameter groups, warm-up + cosine schedule), a run folder's files and
+//! checkpoints (`checkpoint`), the curves (`plot`), what `myo train` shows of a run (`progress`),
+//! and on CUDA the training step captured as a CUDA graph (`captured`).
 
 pub mod args;
+pub mod batching;
 #[cfg(feature = "cuda")]
 mod captured;
 pub mod checkpoint;
