@@ -11,7 +11,7 @@ and one optimiser step, each alone. This script splits the trace at pauses longe
 Per window: kernels (and memcpy/memset) per step, the sum of their GPU times per step, and
 busy = that sum over the window's span (first start to last end). With --step-ms (the bench's
 median step time without the tracer) busy is also given against it. --top lists the kernels
-that launch most often in the K steps.
+that take the most GPU time in the K steps, then those that launch most often.
 """
 import argparse
 import collections
@@ -69,7 +69,18 @@ def main():
             line += f"  busy of the timed step {100 * busy_ns / n / 1e6 / a.step_ms:5.1f}%"
         print(line)
     counts = collections.Counter(e[3] for e in ws[-4] if e[2] == "K")
+    times = collections.Counter()
+    for e in ws[-4]:
+        if e[2] == "K":
+            times[e[3]] += e[1] - e[0]
+    total = max(sum(times.values()), 1)
     if a.top:
+        print(f"kernels by GPU time per step (of {len(times)} kinds): µs/step, share, launches/step")
+        for name, t in times.most_common(a.top):
+            print(
+                f"  {t / a.steps / 1e3:9.1f}  {100 * t / total:5.1f}%  {counts[name] / a.steps:6.1f}"
+                f"  {name[:100]}"
+            )
         print(f"most launched kernels per step (of {len(counts)} kinds):")
         for name, c in counts.most_common(a.top):
             print(f"  {c / a.steps:7.1f}  {name[:110]}")

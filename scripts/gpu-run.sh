@@ -358,6 +358,7 @@ else:
   CUDA_INJECTION64_PATH=$work/lib/libcupti-trace.so MYO_CUPTI_TRACE=$trace LD_LIBRARY_PATH=$work/lib:$LD_LIBRARY_PATH \
     timeout 240 "$myo" bench step $flags --device cuda --warmup 1 --repeats 1 --profile-steps 10 --cuda-graph false >/dev/null 2>>"$report/step-$tag.log"
   python3 "$bin/cupti-summary.py" "$trace" --steps 10 --step-ms "$ms" --top 25 >"$report/profile-$tag.txt" 2>&1
+  gzip -c "$trace" >"$report/trace-$tag.csv.gz" 2>/dev/null || true
   kernels=$(awk '/^steps /{print $3}' "$report/profile-$tag.txt")
   busy=$(sed -n 's/.*busy of the timed step *\([0-9.]*\)%.*/\1%/p' "$report/profile-$tag.txt")
   cpu_sps=

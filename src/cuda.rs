@@ -123,6 +123,12 @@ pub const MASKED_MEAN: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/masked_mean.ptx")),
 };
 
+/// `kernels/embedding.cu`.
+pub const EMBEDDING: Module = Module {
+    name: "myosotis_embedding",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx")),
+};
+
 /// `kernels/cross_entropy.cu`.
 pub const CROSS_ENTROPY: Module = Module {
     name: "myosotis_cross_entropy",

@@ -1,4 +1,4 @@
-//! The fused GELU, LayerNorm, BatchNorm, channel, block epilogue, GLU gate, loss and S5
+//! The fused GELU, LayerNorm, BatchNorm, channel, block epilogue, GLU gate, loss, embedding and S5
 //! discretisation ops and the strided products (`gemm`) on CUDA against their CPU twins (f32
 //! and f64, up to the GPU's fused multiply-adds) and in f16/bf16 (GELU) against the f32 CPU op,
 //! forward and gradients, on awkward shapes. Compiled with `--features cuda` (CI compiles
@@ -315,6 +315,30 @@ fn cuda_masked_mean() {
         },
         &|r, h| vec![vec![r, h]],
     );
+}
+
+/// The embedding of a 13-row table at `rows` ids that repeat (one, and several of the
+/// backward's stages of 256), forward and ∂W the CPU twin's.
+#[test]
+fn cuda_embedding() {
+    use myosotis::ops::embedding;
+    let Some(gpu) = gpu("cuda_embedding") else {
+        return;
+    };
+    let (mut rng, _) = seeded_rng("cuda_embedding", 36);
+    for (rows, h) in SHAPES {
+        let ids: Vec<u32> = (0..rows as u32).map(|i| (i * 7 + 3) % 13).collect();
+        let op = |t: &[Tensor]| {
+            embedding(&t[0], &Tensor::new(ids.as_slice(), t[0].device()).unwrap()).unwrap()
+        };
+        let w = vec![(uniform(&mut rng, 13 * h, -2.0, 2.0), vec![13, h])];
+        let g = uniform(&mut rng, rows * h, -1.0, 1.0);
+        for dtype in [DType::F64, DType::F32] {
+            let want = run(&op, &w, &g, &Device::Cpu, dtype);
+            let got = run(&op, &w, &g, &gpu, dtype);
+            assert_eq!(got, want, "{dtype:?} {rows} x {h}");
+        }
+    }
 }
 
 /// The loss op and its backward on CUDA against the CPU twin (f32, f64), with more rows than

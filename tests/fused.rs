@@ -636,3 +636,57 @@ fn gate_matches_the_candle_ops_and_finite_differences() {
         );
     }
 }
+
+/// The embedding equals candle's `index_select` forward (bit for bit, f32) and its gradient
+/// candle's `index_add` (f64, to rounding: the sums run in another order), for ids of two
+/// dimensions with repeats over several of the backward's stages; it passes finite differences
+/// (f64), and names an id outside the table.
+#[test]
+fn embedding_matches_candle_and_finite_differences() {
+    use myosotis::ops::embedding;
+    let (mut rng, _) = seeded_rng("embedding", 109);
+    let cpu = Device::Cpu;
+    let (b, l, h, vocab) = (3, 150, 37, 11);
+    let ids: Vec<f64> = (0..b * l)
+        .map(|_| rng.random_range(0..vocab) as f64)
+        .collect();
+    let it = tensor(&ids, &[b, l], DType::U32, &cpu);
+    let w = randn(&mut rng, vocab * h);
+    let g = randn(&mut rng, b * l * h);
+    for dtype in [DType::F32, DType::F64] {
+        let wv = Var::from_tensor(&tensor(&w, &[vocab, h], dtype, &cpu)).unwrap();
+        let fused = embedding(wv.as_tensor(), &it).unwrap();
+        let plain = candle_nn::Embedding::new(wv.as_tensor().clone(), h);
+        let plain = candle_core::Module::forward(&plain, &it).unwrap();
+        assert_eq!(fused.dims(), [b, l, h]);
+        assert_eq!(to_vec(&fused), to_vec(&plain), "{dtype:?} forward");
+        let gt = tensor(&g, &[b, l, h], dtype, &cpu);
+        let grad = |y: &Tensor| {
+            let grads = (y * &gt).unwrap().sum_all().unwrap().backward().unwrap();
+            to_vec(grads.get(&wv).unwrap())
+        };
+        let tol = if dtype == DType::F64 { 1e-13 } else { 1e-5 };
+        assert!(
+            rel_err(&grad(&fused), &grad(&plain)) < tol,
+            "{dtype:?} backward"
+        );
+    }
+    check_fd(
+        "embedding",
+        &[(w.clone(), vec![vocab, h])],
+        |ts| embedding(&ts[0], &it).unwrap(),
+        &mut rng,
+    );
+    let wt = tensor(&w, &[vocab, h], DType::F32, &cpu);
+    let bad = tensor(&[1.0, 11.0], &[2], DType::U32, &cpu);
+    let e = embedding(&wt, &bad).unwrap_err().to_string();
+    assert!(
+        e.contains("token id 11 at position 1 is outside the vocabulary of 11"),
+        "{e}"
+    );
+    let e = embedding(&wt, &wt).unwrap_err().to_string();
+    assert!(
+        e.contains("ids of dtype F32, expected an integer dtype"),
+        "{e}"
+    );
+}

@@ -589,7 +589,7 @@ impl SequenceClassifier {
         let dt = dt.as_ref();
         let mut h = match &self.encoder {
             Encoder::Linear(l) => dense(l, x)?,
-            Encoder::Embedding(e) => e.forward(x)?,
+            Encoder::Embedding(e) => crate::ops::embedding(e.embeddings(), x)?,
             Encoder::Frames(f) => f.forward_timed(x, dt.filter(|_| f.appends_dt()))?,
         };
         let layer_dt = dt.filter(|_| self.cfg.timing == Timing::Continuous);

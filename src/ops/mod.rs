@@ -1,7 +1,7 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
 //! `head_solve/`, `dropout/`, `epilogue/`, `masked_mean/`, `cross_entropy/`, `adamw/`, `gelu/`,
-//! `layer_norm/`, `batch_norm/`, `channel/`, `s5_discretize/`, `s5_readout/`: the candle
-//! `CustomOp` glue, the CPU twin of the CUDA kernel, the launch plans); `rows` is the row
+//! `embedding/`, `layer_norm/`, `batch_norm/`, `channel/`, `s5_discretize/`, `s5_readout/`: the
+//! candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch plans); `rows` is the row
 //! layout LayerNorm, BatchNorm and the channel ops share; the CPU-only transpose is one file.
 
 pub mod adamw;
@@ -9,6 +9,7 @@ pub mod batch_norm;
 pub mod channel;
 pub mod cross_entropy;
 pub mod dropout;
+pub mod embedding;
 pub mod epilogue;
 pub mod gelu;
 pub mod gemm;
@@ -33,6 +34,7 @@ pub use batch_norm::{
 pub use channel::{channel_add, channel_add_backward, channel_mul, channel_mul_backward};
 pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
 pub use dropout::dropout_keep;
+pub use embedding::embedding;
 pub use epilogue::{epilogue, epilogue_backward};
 pub use gelu::gelu;
 pub use gemm::{gemm, gemm_relaid, Mat};

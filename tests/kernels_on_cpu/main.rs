@@ -4,7 +4,7 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|gate|masked_mean|cross_entropy|layer_norm|channel|batch_norm|s5]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|gate|embedding|masked_mean|cross_entropy|layer_norm|channel|batch_norm|s5]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 mod adamw;
@@ -13,6 +13,7 @@ mod batch_norm;
 mod common;
 mod cross_entropy;
 mod dropout;
+mod embedding;
 mod epilogue;
 mod exec;
 mod fused;
@@ -87,6 +88,8 @@ fn every_kernel_entry_point_is_tested() {
         ("epilogue_bwd", real, &all),
         ("gate_fwd", real, &wide),
         ("gate_bwd", real, &wide),
+        ("embedding_fwd", real, &wide),
+        ("embedding_bwd", real, &wide),
         ("masked_mean_fwd", real, &wide),
         ("masked_mean_bwd", real, &wide),
         ("cross_entropy_fwd", real, &wide),

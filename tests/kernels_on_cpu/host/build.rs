@@ -29,6 +29,7 @@ fn main() {
             "src/epilogue.cpp",
             "src/masked_mean.cpp",
             "src/cross_entropy.cpp",
+            "src/embedding.cpp",
         ])
         .opt_level(2)
         // The arithmetic of the CPU twins: no fused multiply-adds.
