@@ -640,10 +640,10 @@ fn gate_matches_the_candle_ops_and_finite_differences() {
 /// The embedding equals candle's `index_select` forward (bit for bit, f32) and its gradient
 /// candle's `index_add` (f64, to rounding: the sums run in another order), for ids of two
 /// dimensions with repeats over several of the backward's stages; it passes finite differences
-/// (f64), and names an id outside the table.
+/// (f64), and names an id outside the table. `embedding_backward` alone gives the same ∂W.
 #[test]
 fn embedding_matches_candle_and_finite_differences() {
-    use myosotis::ops::embedding;
+    use myosotis::ops::{embedding, embedding_backward};
     let (mut rng, _) = seeded_rng("embedding", 109);
     let cpu = Device::Cpu;
     let (b, l, h, vocab) = (3, 150, 37, 11);
@@ -670,6 +670,10 @@ fn embedding_matches_candle_and_finite_differences() {
             rel_err(&grad(&fused), &grad(&plain)) < tol,
             "{dtype:?} backward"
         );
+        // The backward on its own (Myo's per-level sums) is the op's gradient.
+        let flat = it.flatten_all().unwrap();
+        let alone = embedding_backward(&flat, &gt.reshape((b * l, h)).unwrap(), vocab).unwrap();
+        assert_eq!(to_vec(&alone), grad(&fused), "{dtype:?} backward alone");
     }
     check_fd(
         "embedding",
@@ -689,4 +693,8 @@ fn embedding_matches_candle_and_finite_differences() {
         e.contains("ids of dtype F32, expected an integer dtype"),
         "{e}"
     );
+    let e = embedding_backward(&bad, &wt, vocab)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ids [2] of U32 for a gradient [11, 37]"), "{e}");
 }

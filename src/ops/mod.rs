@@ -34,7 +34,7 @@ pub use batch_norm::{
 pub use channel::{channel_add, channel_add_backward, channel_mul, channel_mul_backward};
 pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
 pub use dropout::dropout_keep;
-pub use embedding::embedding;
+pub use embedding::{embedding, embedding_backward};
 pub use epilogue::{epilogue, epilogue_backward};
 pub use gelu::gelu;
 pub use gemm::{gemm, gemm_relaid, Mat};

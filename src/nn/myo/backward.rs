@@ -14,7 +14,7 @@ use candle_core::{DType, Result, Tensor};
 use super::{Coupling, Myo};
 use crate::nn::by_hand::{by_hand, Backward, GradSink};
 use crate::ops::{
-    channel_mul, channel_mul_backward, gemm, gemm_relaid, head_solve_skew,
+    channel_mul, channel_mul_backward, embedding_backward, gemm, gemm_relaid, head_solve_skew,
     head_solve_skew_backward, s5_readout, s5_readout_backward, Mat,
 };
 use crate::tree::Tree;
@@ -165,9 +165,13 @@ impl Backward for MyoBackward {
         let g = head_solve_skew_backward(&self.tree, xs, &self.bias, &self.s, xs, &dxs)?;
         let (dv, ds) = (g.bias, g.s);
         let ds = match &self.levels {
+            // Σ over each level's nodes: the nodes' (heads, 2) rows summed by level.
             Some((level, levels)) => {
-                let zeros = Tensor::zeros((heads, *levels, 2), ds.dtype(), ds.device())?;
-                zeros.index_add(level, &ds, 1)?
+                let by_node = ds.transpose(0, 1)?.reshape((ds.dim(1)?, 2 * heads))?;
+                embedding_backward(level, &by_node, *levels)?
+                    .reshape((*levels, heads, 2))?
+                    .transpose(0, 1)?
+                    .contiguous()?
             }
             None => ds,
         };

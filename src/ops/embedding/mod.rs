@@ -60,6 +60,29 @@ pub fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
     ids.apply_op2(&w.contiguous()?, op)?.reshape(dims)
 }
 
+/// The backward of [`embedding`] on its own, ∂W (vocab, h) = Σ over the positions n with
+/// `ids[n]` = v of `g[n, :]`, for `ids` (n) of an integer dtype in 0..vocab and `g` (n, h): the
+/// sum of rows by index (candle's `index_add` into zeros) as one launch.
+pub fn embedding_backward(ids: &Tensor, g: &Tensor, vocab: usize) -> Result<Tensor> {
+    let (n, h) = g.dims2()?;
+    if ids.dims() != [n] || ids.dtype().is_float() {
+        bail!(
+            "embedding backward: ids {:?} of {:?} for a gradient {:?}",
+            ids.dims(),
+            ids.dtype(),
+            g.dims()
+        );
+    }
+    let fused = matches!(g.dtype(), DType::F32 | DType::F64)
+        && matches!(g.device(), Device::Cpu | Device::Cuda(_))
+        && vocab <= MAX_VOCAB;
+    if !fused {
+        return Tensor::zeros((vocab, h), g.dtype(), g.device())?.index_add(ids, g, 0);
+    }
+    let ids = ids.to_dtype(g.dtype())?.contiguous()?;
+    Embedding { n, vocab, h }.backward(&ids, &g.contiguous()?)
+}
+
 #[derive(Clone, Copy)]
 struct Embedding {
     n: usize,
@@ -176,14 +199,21 @@ impl CustomOp2 for Embedding {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let g = g.to_dtype(w.dtype())?.contiguous()?;
+        Ok((None, Some(self.backward(ids, &g)?)))
+    }
+}
+
+impl Embedding {
+    /// ∂W from the ids (as values of ∂y's dtype) and ∂y (n, h), both contiguous.
+    fn backward(&self, ids: &Tensor, g: &Tensor) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
-        if w.device().is_cuda() {
-            let plan = cuda::backward_plan(self.n, self.h, self.vocab, w.dtype())?;
+        if g.device().is_cuda() {
+            let plan = cuda::backward_plan(self.n, self.h, self.vocab, g.dtype())?;
             let module = crate::cuda::EMBEDDING;
             let shape = [self.vocab, self.h];
             let mut dw =
-                crate::cuda::launch_tensors(module, &plan, w.dtype(), &[ids, &g], &[&shape])?;
-            return Ok((None, Some(dw.remove(0))));
+                crate::cuda::launch_tensors(module, &plan, g.dtype(), &[ids, g], &[&shape])?;
+            return Ok(dw.remove(0));
         }
         let (si, li) = ids.storage_and_layout();
         let (sg, lg) = g.storage_and_layout();
@@ -191,19 +221,18 @@ impl CustomOp2 for Embedding {
             bail!("embedding backward: tensors are not all on the CPU")
         };
         let (vocab, h) = (self.vocab, self.h);
-        let dw = match w.dtype() {
+        match g.dtype() {
             DType::F32 => Tensor::from_vec(
                 backward_cpu::<f32>(contiguous(si, li)?, contiguous(sg, lg)?, vocab, h),
                 (vocab, h),
                 &Device::Cpu,
-            )?,
+            ),
             DType::F64 => Tensor::from_vec(
                 backward_cpu::<f64>(contiguous(si, li)?, contiguous(sg, lg)?, vocab, h),
                 (vocab, h),
                 &Device::Cpu,
-            )?,
+            ),
             dt => bail!("embedding backward: dtype {dt:?} is not fused"),
-        };
-        Ok((None, Some(dw)))
+        }
     }
 }
