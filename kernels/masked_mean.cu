@@ -16,6 +16,8 @@ __device__ void masked_mean_fwd(const T *h, const T *len, T *out, int batch, int
         const i64 b = e / features, j = e % features;
         const int count = (int)len[b];
         T s = T(0);
+        // Unrolled so that 16 loads are in flight ahead of the adds, which stay in order.
+#pragma unroll 16
         for (int t = 0; t < count; ++t) s += h[(b * steps + t) * features + j];
         out[e] = s / len[b];
     }

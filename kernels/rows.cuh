@@ -55,6 +55,8 @@ template <typename T> __device__ void rows_column_sums(const T *part, T *out, in
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x) {
         F s = F(0);
+        // Unrolled so that 16 loads are in flight ahead of the adds, which stay in order.
+#pragma unroll 16
         for (int k = 0; k < blocks; ++k) s += to_acc(part[(i64)k * n + i]);
         store_s(out + i, s);
     }
