@@ -129,6 +129,12 @@ pub const EMBEDDING: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx")),
 };
 
+/// `kernels/grad_norm.cu`.
+pub const GRAD_NORM: Module = Module {
+    name: "myosotis_grad_norm",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/grad_norm.ptx")),
+};
+
 /// `kernels/cross_entropy.cu`.
 pub const CROSS_ENTROPY: Module = Module {
     name: "myosotis_cross_entropy",

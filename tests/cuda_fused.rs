@@ -341,6 +341,34 @@ fn cuda_embedding() {
     }
 }
 
+/// The gradient norm of 40 gradients (two launches of partial sums, one gradient past a
+/// block's share) against the CPU twin, up to the GPU's fused multiply-adds.
+#[test]
+fn cuda_grad_norm() {
+    use myosotis::ops::grad_norm;
+    let Some(gpu) = gpu("cuda_grad_norm") else {
+        return;
+    };
+    let sizes: Vec<usize> = (0..40)
+        .map(|k| if k == 3 { 70_000 } else { 1 + 37 * k })
+        .collect();
+    for (dtype, tol) in [(DType::F64, 1e-13), (DType::F32, 1e-6)] {
+        let norm = |dev: &Device| {
+            let (mut rng, _) = seeded_rng("cuda_grad_norm", 37);
+            let gs: Vec<Tensor> = sizes
+                .iter()
+                .map(|&n| tensor(&uniform(&mut rng, n, -2.0, 2.0), &[n], dtype, dev))
+                .collect();
+            to_vec(&grad_norm(&gs.iter().collect::<Vec<_>>()).unwrap())[0]
+        };
+        let (got, want) = (norm(&gpu), norm(&Device::Cpu));
+        assert!(
+            (got - want).abs() <= tol * want,
+            "{dtype:?}: {got} vs {want}"
+        );
+    }
+}
+
 /// The loss op and its backward on CUDA against the CPU twin (f32, f64), with more rows than
 /// the forward's threads.
 #[test]

@@ -345,6 +345,8 @@ impl StepBench {
         };
         let (mut model, vars) = made(DType::F32)?;
         let mut opt = Optimizer::new(self.optim.clone(), &vars, |n| model.param_group(n))?;
+        // On CUDA the step is `myo train`'s captured one, which takes the gradient norm each step.
+        opt.log_every(usize::from(device.is_cuda()));
         if self.precision.is_mixed() {
             let (copy, compute) = made(self.precision.dtype())?;
             opt.mirror(&vars, &compute, self.precision)?;

@@ -1,6 +1,6 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
 //! `head_solve/`, `dropout/`, `epilogue/`, `masked_mean/`, `cross_entropy/`, `adamw/`, `gelu/`,
-//! `embedding/`, `layer_norm/`, `batch_norm/`, `channel/`, `s5_discretize/`, `s5_readout/`: the
+//! `embedding/`, `grad_norm/`, `layer_norm/`, `batch_norm/`, `channel/`, `s5_discretize/`, `s5_readout/`: the
 //! candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch plans); `rows` is the row
 //! layout LayerNorm, BatchNorm and the channel ops share; the CPU-only transpose is one file.
 
@@ -13,6 +13,7 @@ pub mod embedding;
 pub mod epilogue;
 pub mod gelu;
 pub mod gemm;
+pub mod grad_norm;
 pub mod head_solve;
 mod in_place;
 pub mod layer_norm;
@@ -38,6 +39,7 @@ pub use embedding::{embedding, embedding_backward};
 pub use epilogue::{epilogue, epilogue_backward};
 pub use gelu::gelu;
 pub use gemm::{gemm, gemm_relaid, Mat};
+pub use grad_norm::grad_norm;
 pub use head_solve::{
     head_solve, head_solve_backward, head_solve_skew, head_solve_skew_backward, HeadSkewGrads,
     HeadSolveGrads,

@@ -314,6 +314,16 @@ impl Optimizer {
     }
 
     fn norm_of(&self, grads: &[Option<Tensor>]) -> Result<Tensor> {
+        let present: Vec<&Tensor> = grads.iter().flatten().collect();
+        if let Some(first) = present.first() {
+            let dtype = first.dtype();
+            let fused = matches!(dtype, DType::F32 | DType::F64)
+                && matches!(first.device(), Device::Cpu | Device::Cuda(_))
+                && present.iter().all(|g| g.dtype() == dtype);
+            if fused {
+                return crate::ops::grad_norm(&present)?.to_dtype(DType::F64);
+            }
+        }
         let mut sq: Option<Tensor> = None;
         for g in grads.iter().flatten() {
             let t = g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?;

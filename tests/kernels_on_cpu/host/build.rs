@@ -30,6 +30,7 @@ fn main() {
             "src/masked_mean.cpp",
             "src/cross_entropy.cpp",
             "src/embedding.cpp",
+            "src/grad_norm.cpp",
         ])
         .opt_level(2)
         // The arithmetic of the CPU twins: no fused multiply-adds.
