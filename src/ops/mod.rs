@@ -1,8 +1,9 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
 //! `head_solve/`, `dropout/`, `epilogue/`, `masked_mean/`, `cross_entropy/`, `adamw/`, `gelu/`,
-//! `embedding/`, `grad_norm/`, `layer_norm/`, `batch_norm/`, `channel/`, `s5_discretize/`, `s5_readout/`: the
-//! candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch plans); `rows` is the row
-//! layout LayerNorm, BatchNorm and the channel ops share; the CPU-only transpose is one file.
+//! `embedding/`, `grad_norm/`, `layer_norm/`, `batch_norm/`, `channel/`, `s5_discretize/`,
+//! `s5_readout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch
+//! plans); `rows` is the row layout LayerNorm, BatchNorm and the channel ops share; the
+//! CPU-only transpose is one file.
 
 pub mod adamw;
 pub mod batch_norm;
