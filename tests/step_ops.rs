@@ -1,10 +1,16 @@
 //! The tensor operations of a training step (`myo bench step`, counted on the CPU, where CI
 //! runs): S5 and Myo at the default size execute at least 5× fewer than their steps did as
 //! chains of candle ops (1,217 and 716, counted the same way before the fused ops and the
-//! backward passes written out). An op that creeps back into a step fails this test.
+//! backward passes written out). An op that creeps back into a step fails this test. The
+//! gradient norm, which a captured `myo train` step takes every step, is a few ops too.
 
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor, Var};
 use clap::Parser;
 use myosotis::bench::{StepArgs, StepReport};
+use myosotis::nn::ParamGroup;
+use myosotis::train::optim::{OptimConfig, Optimizer};
 
 #[derive(Parser)]
 struct Cli {
@@ -30,9 +36,66 @@ fn bench(model: &str) -> StepReport {
         .expect("the step benchmark runs")
 }
 
+/// A reading of candle's tensor counter (as the bench reads it): two readings differ by the
+/// tensors made in between, plus one.
+fn tensors_made() -> usize {
+    let id = format!(
+        "{:?}",
+        Tensor::zeros((), DType::U8, &Device::Cpu).unwrap().id()
+    );
+    id.trim_start_matches("TensorId(")
+        .trim_end_matches(')')
+        .parse()
+        .unwrap()
+}
+
+/// The gradient norm over 23 gradients (S5's at the default size): the square, sum, cast and
+/// add per gradient of candle ops made 115 tensors (about 90 launches on CUDA).
+fn gradient_norm_makes_few_tensors() {
+    let vars: HashMap<String, Var> = (0..23)
+        .map(|k| {
+            let v = Tensor::arange(0f32, (k + 1) as f32, &Device::Cpu).unwrap();
+            (format!("layers.{k}.weight"), Var::from_tensor(&v).unwrap())
+        })
+        .collect();
+    let loss = vars
+        .values()
+        .map(|v| v.as_tensor().sqr().unwrap().sum_all().unwrap())
+        .reduce(|a, b| (a + b).unwrap())
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    let cfg = OptimConfig {
+        lr: 0.01,
+        ssm_lr: 0.01,
+        lr_min: 0.0,
+        weight_decay: 0.0,
+        warmup_steps: 0,
+        total_steps: 1,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        clip: None,
+    };
+    let opt = Optimizer::new(cfg, &vars, |_| ParamGroup::Regular).unwrap();
+    let before = tensors_made();
+    let norm = opt.grad_norm(&grads).unwrap();
+    let made = tensors_made() - before - 1;
+    // ∂(Σ v²)/∂v = 2v for v = 0, 1, ..., k: ‖g‖² = 4 Σ_k Σ_{i ≤ k} i².
+    let want: f64 = (0..23u32)
+        .flat_map(|k| 0..=k)
+        .map(|i| 4.0 * f64::from(i * i))
+        .sum::<f64>()
+        .sqrt();
+    let norm = norm.to_scalar::<f64>().unwrap();
+    assert!((norm - want).abs() < 1e-6 * want, "{norm} vs {want}"); // f32 sums
+    println!("gradient norm of 23 gradients: {made} tensor ops (as candle ops: 115)");
+    assert!(made <= 3, "the gradient norm made {made} tensors");
+}
+
 #[test]
-fn default_steps_execute_five_times_fewer_ops_than_candle_chains() {
+fn default_steps_and_the_gradient_norm_execute_few_ops() {
     // One test in this file: the count is of every tensor the process makes meanwhile.
+    gradient_norm_makes_few_tensors();
     for (model, composed) in [("s5", 1217), ("myo", 716)] {
         let ops = bench(model).ops;
         let total = ops.total();

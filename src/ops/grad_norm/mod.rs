@@ -5,12 +5,13 @@
 //! training step, which takes the norm each step). The sums run in the kernels' order: per
 //! thread over its elements in order, then the block's threads in a fixed tree.
 
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::{bail, DType, Device, Result, Storage, Tensor};
 use num_traits::Float;
 use rayon::prelude::*;
 
 pub mod cuda;
 
+use super::value::contiguous;
 use cuda::{blocks_for, SEGMENTS, THREADS};
 
 /// ‖g‖₂ over `grads`, all f32 or all f64 on one device (the CPU or CUDA): a scalar of their
@@ -59,12 +60,20 @@ pub fn grad_norm(grads: &[&Tensor]) -> Result<Tensor> {
     }
 }
 
+/// The norm on the CPU, read in place (no tensor is made for a contiguous gradient).
 fn norm_cpu<F: candle_core::WithDType + Float + Send + Sync>(grads: &[&Tensor]) -> Result<F> {
-    let values: Vec<Vec<F>> = grads
+    let grads: Vec<Tensor> = grads
         .iter()
-        .map(|g| g.flatten_all()?.to_vec1::<F>())
+        .map(|g| g.contiguous())
         .collect::<Result<_>>()?;
-    let slices: Vec<&[F]> = values.iter().map(|v| v.as_slice()).collect();
+    let held: Vec<_> = grads.iter().map(|g| g.storage_and_layout()).collect();
+    let mut slices: Vec<&[F]> = Vec::with_capacity(held.len());
+    for (s, l) in &held {
+        let Storage::Cpu(s) = &**s else {
+            bail!("grad_norm: a gradient is not on the CPU")
+        };
+        slices.push(contiguous(s, l)?);
+    }
     Ok(sum_cpu(&parts_cpu(&slices)))
 }
 
