@@ -11,42 +11,9 @@
 // thread (j ≡ thread mod S5D_THREADS) and then over the threads in order. The CPU twin is
 // src/ops/s5_discretize/mod.rs; its forward is also the arithmetic of the same formulas in
 // candle ops, operation for operation.
-#include "values.cuh"
+#include "s5_step.cuh"
 
 #define S5D_THREADS 128
-
-template <typename F> struct S5Step {
-    Cx<F> lam, lbar, k, bl; // bl: 1 / (1 − λΔ/2) (bilinear only)
-    F dt, mask;             // mask: ∂re_clipped / ∂re
-};
-
-template <typename F>
-__device__ __forceinline__ S5Step<F> s5d_step(F re, F im, F log_dt, int bilinear, int clip) {
-    typedef ComplexOps<F> CO;
-    S5Step<F> s;
-    const F bound = F(-1e-4);
-    s.mask = F(1);
-    if (clip) {
-        s.mask = re < bound ? F(1) : re == bound ? F(0.5) : F(0);
-        re = re < bound ? re : bound;
-    }
-    s.lam = {re, im};
-    s.dt = exp(log_dt);
-    if (bilinear) {
-        const F hs = s.dt * F(0.5);
-        const Cx<F> half = {re * hs, im * hs};
-        s.bl = CO::inv(Cx<F>{F(1) - half.re, F(0) - half.im});
-        s.lbar = CO::mul(s.bl, Cx<F>{half.re + F(1), half.im});
-        s.k = {s.bl.re * s.dt, s.bl.im * s.dt};
-    } else {
-        const F ar = re * s.dt, ai = im * s.dt;
-        const F m = exp(ar);
-        s.lbar = {m * cos(ai), m * sin(ai)};
-        s.k = CO::mul(Cx<F>{s.lbar.re + F(-1), s.lbar.im}, CO::inv(s.lam));
-        s.bl = {F(0), F(0)};
-    }
-    return s;
-}
 
 template <typename T>
 __device__ void s5_discretize_fwd(const T *re, const T *im, const T *log_dt, const T *b, T *out,
@@ -55,7 +22,7 @@ __device__ void s5_discretize_fwd(const T *re, const T *im, const T *log_dt, con
     typedef ComplexOps<F> CO;
     const int p = blockIdx.x;
     const S5Step<F> s =
-        s5d_step(to_acc(re[p]), to_acc(im[p]), to_acc(log_dt[p]), bilinear, clip);
+        s5d_step_at(to_acc(re[p]), to_acc(im[p]), exp(to_acc(log_dt[p])), bilinear, clip);
     if (threadIdx.x == 0) {
         store_s(out + 2 * p, s.lbar.re);
         store_s(out + 2 * p + 1, s.lbar.im);
@@ -79,7 +46,7 @@ __device__ void s5_discretize_bwd(const T *re, const T *im, const T *log_dt, con
     __shared__ F part_re[S5D_THREADS], part_im[S5D_THREADS];
     const int p = blockIdx.x;
     const S5Step<F> s =
-        s5d_step(to_acc(re[p]), to_acc(im[p]), to_acc(log_dt[p]), bilinear, clip);
+        s5d_step_at(to_acc(re[p]), to_acc(im[p]), exp(to_acc(log_dt[p])), bilinear, clip);
     T *db = out + 3 * (i64)p_count;
     const Cx<F> kc = CO::conj(s.k);
     Cx<F> gk = CO::zero();
@@ -98,28 +65,11 @@ __device__ void s5_discretize_bwd(const T *re, const T *im, const T *log_dt, con
     gk = CO::zero();
     for (int t = 0; t < S5D_THREADS; ++t) gk = CO::add(gk, Cx<F>{part_re[t], part_im[t]});
     const Cx<F> gl = {to_acc(g_lbar[2 * p]), to_acc(g_lbar[2 * p + 1])};
-    // ∂Λ̄/∂λ, ∂k/∂λ (holomorphic) and ∂Λ̄/∂Δ, ∂k/∂Δ.
-    Cx<F> dl_dlam, dk_dlam, dl_ddt, dk_ddt;
-    if (bilinear) {
-        const Cx<F> bl2 = CO::mul(s.bl, s.bl);
-        dl_dlam = {bl2.re * s.dt, bl2.im * s.dt};
-        dk_dlam = {bl2.re * (s.dt * s.dt * F(0.5)), bl2.im * (s.dt * s.dt * F(0.5))};
-        dl_ddt = CO::mul(bl2, s.lam);
-        dk_ddt = bl2;
-    } else {
-        dl_dlam = {s.lbar.re * s.dt, s.lbar.im * s.dt};
-        dk_dlam = CO::mul(CO::sub(dl_dlam, s.k), CO::inv(s.lam));
-        dl_ddt = CO::mul(s.lam, s.lbar);
-        dk_ddt = s.lbar;
-    }
-    // g_λ = conj(∂Λ̄/∂λ) g_Λ̄ + conj(∂k/∂λ) g_k;  g_Δ = Re(conj(∂Λ̄/∂Δ) g_Λ̄ + conj(∂k/∂Δ) g_k).
-    const Cx<F> a = CO::mul(CO::conj(dl_dlam), gl);
-    const Cx<F> c = CO::mul(CO::conj(dk_dlam), gk);
-    const F g_dt =
-        (dl_ddt.re * gl.re + dl_ddt.im * gl.im) + (dk_ddt.re * gk.re + dk_ddt.im * gk.im);
-    store_s(out + p, (a.re + c.re) * s.mask);
-    store_s(out + p_count + p, a.im + c.im);
-    store_s(out + 2 * p_count + p, g_dt * s.dt);
+    F d_re, d_im, d_log;
+    s5d_param_grads(s, gl, gk, bilinear, d_re, d_im, d_log);
+    store_s(out + p, d_re);
+    store_s(out + p_count + p, d_im);
+    store_s(out + 2 * p_count + p, d_log);
 }
 
 #define S5D_KERNELS(SUFFIX, T)                                                                  \

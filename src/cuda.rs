@@ -105,6 +105,12 @@ pub const S5_DISCRETIZE: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/s5_discretize.ptx")),
 };
 
+/// `kernels/s5_timed.cu`.
+pub const S5_TIMED: Module = Module {
+    name: "myosotis_s5_timed",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/s5_timed.ptx")),
+};
+
 /// `kernels/s5_readout.cu`.
 pub const S5_READOUT: Module = Module {
     name: "myosotis_s5_readout",

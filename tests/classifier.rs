@@ -395,8 +395,9 @@ fn dense_layers_start_as_dense_init_says() {
 
 /// Training with the backward by hand (a [`GradSink`] in the mode, and the loss's) follows candle's
 /// autograd through the same ops: 15 AdamW steps of an f64 model (dropout on; every activation;
-/// LayerNorm and BatchNorm, pre- and post-norm) give the same losses and parameters to 1e-9,
-/// and every parameter gets its gradient.
+/// LayerNorm and BatchNorm, pre- and post-norm; causal S5 also with each step discretised by
+/// its own interval) give the same losses and parameters to 1e-9, and every parameter gets its
+/// gradient.
 #[test]
 fn training_by_hand_follows_autograd() {
     use myosotis::nn::loss::log_softmax_nll;
@@ -431,11 +432,31 @@ fn training_by_hand_follows_autograd() {
         ),
     ]
     .map(|c| (&kinds[2], c));
-    for (layer, (activation, norm, prenorm, pooling)) in mean.chain(nodes) {
+    // Causal S5 on samples at irregular times (`Timing::Continuous`), as the pendulum's.
+    let causal = SeqLayerConfig::S5(S5Config {
+        state: 8,
+        blocks: 2,
+        ..S5Config::default()
+    });
+    let timed = [
+        (Activation::HalfGlu2, NormKind::Layer, false, Pooling::Mean),
+        (Activation::Gelu, NormKind::Batch, true, Pooling::Mean),
+    ]
+    .map(|c| (&causal, c));
+    let dt = common::rand_uniform(&mut rng, (0.2, 3.0), &[5, len], DType::F64, &Device::Cpu);
+    let cases = mean.chain(nodes).map(|c| (c, false));
+    for ((layer, (activation, norm, prenorm, pooling)), is_timed) in
+        cases.chain(timed.map(|c| (c, true)))
+    {
         let cfg = ClassifierConfig {
             prenorm,
+            timing: match is_timed {
+                true => Timing::Continuous,
+                false => Timing::default(),
+            },
             ..config(layer.clone(), activation, norm, pooling)
         };
+        let dt = is_timed.then_some(&dt);
         let run = |by_hand: bool| {
             let varmap = VarMap::new();
             let vb = VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu);
@@ -464,7 +485,7 @@ fn training_by_hand_follows_autograd() {
                 };
                 let sink = GradSink::new();
                 let mode = Mode::Train(key, None, by_hand.then_some(&sink));
-                let logits = model.logits_timed(&x, None, None, mode).unwrap();
+                let logits = model.logits_timed(&x, None, dt, mode).unwrap();
                 let loss = log_softmax_nll(&logits, &target, by_hand).unwrap().loss;
                 let mut grads = loss.backward().unwrap();
                 sink.add_to(&mut grads).unwrap();
@@ -481,7 +502,8 @@ fn training_by_hand_follows_autograd() {
         };
         let ((want_loss, want), (got_loss, got)) = (run(false), run(true));
         let what = format!(
-            "{layer:?}, {activation:?}, {norm:?}, prenorm {prenorm}, {pooling} (seed {seed})"
+            "{layer:?}, {activation:?}, {norm:?}, prenorm {prenorm}, {pooling}, timed {is_timed} \
+             (seed {seed})"
         );
         assert!(
             want_loss[14] < want_loss[0],

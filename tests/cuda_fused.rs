@@ -1,5 +1,5 @@
 //! The fused GELU, LayerNorm, BatchNorm, channel, block epilogue, GLU gate, loss, embedding and S5
-//! discretisation ops and the strided products (`gemm`) on CUDA against their CPU twins (f32
+//! discretisation (per state and per sample) ops and the strided products (`gemm`) on CUDA against their CPU twins (f32
 //! and f64, up to the GPU's fused multiply-adds) and in f16/bf16 (GELU) against the f32 CPU op,
 //! forward and gradients, on awkward shapes. Compiled with `--features cuda` (CI compiles
 //! them); each test prints why it is skipped when no CUDA device can be opened.
@@ -217,6 +217,67 @@ fn cuda_s5_discretize() {
                     assert!(
                         e < tol,
                         "s5_discretize {dtype:?} P {p} H {h} {how:?}: output {k} differs by {e:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// S5's discretisation per sample (`ops::s5_timed`, not in candle's graph), forward and
+/// backward, against the CPU twin; the largest state sizes the backward's shared memory takes.
+#[test]
+fn cuda_s5_timed() {
+    use myosotis::ops::{s5_timed, s5_timed_backward};
+    let Some(gpu) = gpu("cuda_s5_timed") else {
+        return;
+    };
+    let (mut rng, _) = seeded_rng("cuda_s5_timed", 37);
+    for (n, p) in [
+        (1, 1),
+        (5, 3),
+        (300, 33),
+        (9000, 2),
+        (1600, 256),
+        (700, 512),
+    ] {
+        for (bilinear, clip_eigs) in [(false, false), (true, true)] {
+            let how = S5Discretization {
+                bilinear,
+                clip_eigs,
+            };
+            let mut re = uniform(&mut rng, p, -2.0, -0.05);
+            re[0] = 0.25;
+            let params = [
+                re,
+                uniform(&mut rng, p, -3.0, 3.0),
+                uniform(&mut rng, p, -4.0, -1.0),
+            ];
+            let dt = uniform(&mut rng, n, 0.2, 5.0);
+            let [bu, gg, gv] = [0; 3].map(|_| uniform(&mut rng, 2 * n * p, -1.0, 1.0));
+            let dtypes = match p {
+                512 => vec![(DType::F32, 1e-4)],
+                _ => vec![(DType::F64, 1e-12), (DType::F32, 1e-4)],
+            };
+            for (dtype, tol) in dtypes {
+                let on = |dev: &Device| -> Vec<Vec<f64>> {
+                    let t = |v: &[f64], s: &[usize]| tensor(v, s, dtype, dev);
+                    let ps = params.each_ref().map(|v| t(v, &[p]));
+                    let pr = [&ps[0], &ps[1], &ps[2]];
+                    let (dtt, but) = (t(&dt, &[n]), t(&bu, &[n, p, 2]));
+                    let (gate, v) = s5_timed(pr, &dtt, &but, how).unwrap();
+                    let (ggt, gvt) = (t(&gg, &[n, p, 2]), t(&gv, &[n, p, 2]));
+                    let (dbu, d) = s5_timed_backward(pr, &dtt, &but, how, &ggt, &gvt).unwrap();
+                    let mut out = vec![to_vec(&gate), to_vec(&v), to_vec(&dbu)];
+                    out.extend(d.iter().map(to_vec));
+                    out
+                };
+                let (want, got) = (on(&Device::Cpu), on(&gpu));
+                for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let e = rel_err(a, b);
+                    assert!(
+                        e < tol,
+                        "s5_timed {dtype:?} N {n} P {p} {how:?}: output {k} differs by {e:e}"
                     );
                 }
             }

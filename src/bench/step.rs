@@ -442,7 +442,7 @@ impl StepBench {
         let z = Var::from_tensor(&z.to_dtype(self.precision.dtype())?)?;
         let one = time_median(device, self.warmup, self.repeats, || {
             s.model
-                .layer_forward(0, z.as_tensor(), Some(&s.sink))
+                .layer_forward(0, z.as_tensor(), s.batch.dt.as_ref(), Some(&s.sink))
                 .and_then(|out| s.backward(&out))
                 .map(drop)
         })?;
@@ -462,7 +462,8 @@ impl StepBench {
         let (grads, bwd) = count(device, || s.backward(&loss))?;
         let ((), opt) = count(device, || s.opt.step(&grads))?;
         let (out, layer_fwd) = count(device, || {
-            s.model.layer_forward(0, z.as_tensor(), Some(&s.sink))
+            let dt = s.batch.dt.as_ref();
+            s.model.layer_forward(0, z.as_tensor(), dt, Some(&s.sink))
         })?;
         let (_, layer_bwd) = count(device, || s.backward(&out))?;
         let ops = StepOps {

@@ -209,7 +209,8 @@ impl Layer {
     fn forward(&self, x: &Tensor, dt: Option<&Tensor>, sink: Option<&GradSink>) -> Result<Tensor> {
         match self {
             Layer::S5(l) => match (dt, sink) {
-                (Some(dt), _) => l.forward_timed(x, dt),
+                (Some(dt), Some(sink)) => l.forward_timed_by_hand(x, dt, sink),
+                (Some(dt), None) => l.forward_timed(x, dt),
                 (None, Some(sink)) => l.forward_by_hand(x, sink),
                 (None, None) => l.forward(x),
             },
@@ -477,10 +478,18 @@ impl SequenceClassifier {
     }
 
     /// Block `i`'s sequence layer alone on (batch, positions, H), by hand where it can be with a
-    /// sink (see [`Mode::Train`]).
-    pub fn layer_forward(&self, i: usize, x: &Tensor, sink: Option<&GradSink>) -> Result<Tensor> {
+    /// sink (see [`Mode::Train`]); `dt` (batch, positions): the steps' intervals, which the
+    /// layer takes when the model's timing is continuous.
+    pub fn layer_forward(
+        &self,
+        i: usize,
+        x: &Tensor,
+        dt: Option<&Tensor>,
+        sink: Option<&GradSink>,
+    ) -> Result<Tensor> {
+        let dt = dt.filter(|_| self.cfg.timing == Timing::Continuous);
         match self.blocks.get(i) {
-            Some(block) => block.layer.forward(x, None, sink),
+            Some(block) => block.layer.forward(x, dt, sink),
             None => candle_core::bail!("no block {i} in a {}-block model", self.blocks.len()),
         }
     }
@@ -619,8 +628,10 @@ impl SequenceClassifier {
             } else {
                 0
             };
-            if let (Some(sink), None) = (mode.sink(), layer_dt) {
-                if let Some(out) = self.block_by_hand((i, block), &h, from, mode, sink)? {
+            if let Some(sink) = mode.sink() {
+                if let Some(out) =
+                    self.block_by_hand((i, block), &h, (from, layer_dt), mode, sink)?
+                {
                     (h, offset) = (out, from);
                     continue;
                 }

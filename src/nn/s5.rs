@@ -30,8 +30,8 @@ use super::init::{init_param, layer_rng, normal, params, trunc_normal};
 use super::ParamGroup;
 use crate::complex::C;
 use crate::ops::{
-    channel_mul, gemm, linear_scan, s5_discretize, s5_discretize_untracked, s5_readout, Mat,
-    S5Discretization, ScanOptions,
+    channel_mul, gemm, linear_scan, s5_discretize, s5_discretize_untracked, s5_readout, s5_timed,
+    Mat, S5Discretization, ScanOptions,
 };
 
 /// How the continuous system is discretised.
@@ -341,7 +341,7 @@ impl S5 {
 
 impl Module for S5 {
     fn forward(&self, u: &Tensor) -> Result<Tensor> {
-        Ok(self.run(u, self.params())?.y)
+        Ok(self.run(u, self.params(), None)?.y)
     }
 }
 
@@ -356,6 +356,15 @@ struct Pass {
     states: Vec<Tensor>,
     /// The readout matrices of all directions, (directions · 2P, H).
     r: Tensor,
+    /// With an interval per sample: what the discretisation's backward needs.
+    timed: Option<Timed>,
+}
+
+/// The intervals (batch, length) and the input projection B̃u (batch, length, P, 2) of a
+/// layer run on samples at irregular times.
+struct Timed {
+    dt: Tensor,
+    bu: Tensor,
 }
 
 impl S5 {
@@ -393,26 +402,42 @@ impl S5 {
         }
     }
 
-    /// The layer on `u` with the parameters `w` ([`S5::params`]' order).
-    fn run(&self, u: &Tensor, w: [&Tensor; 6]) -> Result<Pass> {
+    /// The layer on `u` with the parameters `w` ([`S5::params`]' order); with intervals `dt`
+    /// (by hand only: [`S5::run_by_hand`]) each step discretised with its own.
+    fn run(&self, u: &Tensor, w: [&Tensor; 6], dt: Option<&Tensor>) -> Result<Pass> {
         let [lr, li, ls, b, c, d] = w;
         let (batch, len, h) = u.dims3()?;
+        let p = lr.dim(0)?;
         // Outside candle's graph (the backward by hand), the fused op on the parameters as
         // they are.
         let tracked = [lr, li, ls, b].iter().any(|t| t.track_op());
-        let (gate, b_mat) = match !tracked && Self::has_backward_by_hand(u) {
-            true => s5_discretize_untracked(lr, li, ls, b, self.how())?,
-            false => s5_discretize(lr, li, ls, b, self.how())?,
-        };
-        let p = gate.dim(0)?;
-        // The products: by hand as single ops, else candle's (differentiable) ones.
         let by_hand = !tracked && Self::has_backward_by_hand(u);
-        let bu = match by_hand {
-            true => gemm(&Mat::rows(u)?, &Mat::rows(&b_mat)?, (batch, len, p, 2))?,
-            false => u
-                .reshape((batch * len, h))?
-                .matmul(&b_mat)?
-                .reshape((batch, len, p, 2))?,
+        let mut timed = None;
+        let (gate, b_mat, bu) = match dt {
+            // B̃u, then Λ̄_k and B̄_k u_k = k_k ⊙ (B̃u)_k per step (`ops::s5_timed`).
+            Some(dt) if by_hand => {
+                let b_mat = b.permute((1, 0, 2))?.contiguous()?.reshape((h, 2 * p))?;
+                let bu = gemm(&Mat::rows(u)?, &Mat::rows(&b_mat)?, (batch, len, p, 2))?;
+                let (gate, v) = s5_timed([lr, li, ls], dt, &bu, self.how())?;
+                timed = Some(Timed { dt: dt.clone(), bu });
+                (gate, b_mat, v)
+            }
+            Some(_) => bail!("S5: time intervals per sample are applied by hand only"),
+            None => {
+                let (gate, b_mat) = match by_hand {
+                    true => s5_discretize_untracked(lr, li, ls, b, self.how())?,
+                    false => s5_discretize(lr, li, ls, b, self.how())?,
+                };
+                // The products: by hand as single ops, else candle's (differentiable) ones.
+                let bu = match by_hand {
+                    true => gemm(&Mat::rows(u)?, &Mat::rows(&b_mat)?, (batch, len, p, 2))?,
+                    false => u
+                        .reshape((batch * len, h))?
+                        .matmul(&b_mat)?
+                        .reshape((batch, len, p, 2))?,
+                };
+                (gate, b_mat, bu)
+            }
         };
         // One zero initial state for both directions, forward and backward.
         let h0 = Tensor::zeros((batch, p, 2), bu.dtype(), bu.device())?;
@@ -454,6 +479,7 @@ impl S5 {
             b_mat,
             states,
             r,
+            timed,
         })
     }
 
@@ -461,9 +487,23 @@ impl S5 {
     /// ([`super::by_hand`]): the parameters' gradients go to `sink`. Where the fused ops do
     /// not cover the dtype or device, the ordinary forward.
     pub fn forward_by_hand(&self, u: &Tensor, sink: &GradSink) -> Result<Tensor> {
-        match self.run_by_hand(u)? {
+        match self.run_by_hand(u, None)? {
             Some((y, back)) => by_hand(u, &y, &self.d, back, sink),
             None => self.forward(u),
+        }
+    }
+
+    /// [`S5::forward_timed`] as one node of candle's graph whose backward is written by hand,
+    /// as [`S5::forward_by_hand`].
+    pub fn forward_timed_by_hand(
+        &self,
+        u: &Tensor,
+        dt: &Tensor,
+        sink: &GradSink,
+    ) -> Result<Tensor> {
+        match self.run_by_hand(u, Some(dt))? {
+            Some((y, back)) => by_hand(u, &y, &self.d, back, sink),
+            None => self.forward_timed(u, dt),
         }
     }
 
@@ -473,15 +513,36 @@ impl S5 {
             && (u.device().is_cpu() || u.device().is_cuda())
     }
 
-    /// The forward on detached tensors and its backward by hand; `None` where the fused ops
-    /// do not cover u's dtype or device.
-    pub(crate) fn run_by_hand(&self, u: &Tensor) -> Result<Option<(Tensor, Box<dyn Backward>)>> {
+    /// Whether [`S5::run_by_hand`] takes the intervals `dt` for `u`: a causal layer, intervals
+    /// of shape (batch, length), the state size within `ops::s5_timed`'s.
+    pub(crate) fn covers_timed(&self, u: &Tensor, dt: &Tensor) -> Result<bool> {
+        let (batch, len, _) = u.dims3()?;
+        let p = self.lambda_re.dim(0)?;
+        Ok(!self.cfg.bidirectional
+            && dt.dims() == [batch, len]
+            && crate::ops::s5_timed::cuda::supports(p, u.dtype()))
+    }
+
+    /// The forward on detached tensors and its backward by hand, each step discretised with
+    /// its interval in `dt` (batch, length) when given; `None` where the fused ops do not cover
+    /// u's dtype or device (or, timed, the state size).
+    pub(crate) fn run_by_hand(
+        &self,
+        u: &Tensor,
+        dt: Option<&Tensor>,
+    ) -> Result<Option<(Tensor, Box<dyn Backward>)>> {
         if !Self::has_backward_by_hand(u) {
             return Ok(None);
         }
         let w = self.detached.clone();
         let x = u.detach();
-        let pass = self.run(&x, [&w[0], &w[1], &w[2], &w[3], &w[4], &w[5]])?;
+        let dt = match dt {
+            // What is not covered, or not valid, goes to `forward_timed`.
+            Some(dt) if !self.covers_timed(u, dt)? => return Ok(None),
+            Some(dt) => Some(dt.detach().to_dtype(u.dtype())?),
+            None => None,
+        };
+        let pass = self.run(&x, [&w[0], &w[1], &w[2], &w[3], &w[4], &w[5]], dt.as_ref())?;
         let back = backward::S5Backward {
             vars: self.params().map(Tensor::clone),
             w,
@@ -491,6 +552,7 @@ impl S5 {
             b_mat: pass.b_mat,
             states: pass.states,
             r: pass.r,
+            timed: pass.timed,
             how: self.how(),
             conj_sym: self.cfg.conj_sym,
         };

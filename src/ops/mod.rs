@@ -1,7 +1,7 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
 //! `head_solve/`, `dropout/`, `epilogue/`, `masked_mean/`, `cross_entropy/`, `adamw/`, `gelu/`,
 //! `embedding/`, `grad_norm/`, `layer_norm/`, `batch_norm/`, `channel/`, `s5_discretize/`,
-//! `s5_readout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch
+//! `s5_timed/`, `s5_readout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch
 //! plans); `rows` is the row layout LayerNorm, BatchNorm and the channel ops share; the
 //! CPU-only transpose is one file.
 
@@ -23,6 +23,7 @@ pub mod plan;
 pub mod rows;
 pub mod s5_discretize;
 pub mod s5_readout;
+pub mod s5_timed;
 pub mod scan;
 pub mod transpose;
 pub mod tree_solve;
@@ -53,6 +54,7 @@ pub use s5_discretize::{
     S5Discretization,
 };
 pub use s5_readout::{s5_readout, s5_readout_backward};
+pub use s5_timed::{s5_timed, s5_timed_backward};
 pub use scan::{
     linear_scan, linear_scan_backward, linear_scan_reference, GateShape, ScanGrads, ScanOptions,
 };

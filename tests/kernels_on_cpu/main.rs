@@ -23,6 +23,7 @@ mod head_solve;
 mod masked_mean;
 mod s5_discretize;
 mod s5_readout;
+mod s5_timed;
 mod scan;
 mod tree_plans;
 mod tree_solve;
@@ -114,6 +115,9 @@ fn every_kernel_entry_point_is_tested() {
         ("s5_discretize_bwd", real, &wide),
         ("s5_readout_fwd", real, &wide),
         ("s5_readout_bwd", real, &wide),
+        ("s5_timed_fwd", real, &wide),
+        ("s5_timed_bwd", real, &wide),
+        ("s5_timed_sums", real, &wide),
     ];
     let mut planned: Vec<String> = stems
         .iter()

@@ -242,20 +242,21 @@ impl Backward for BlockBackward {
 
 impl SequenceClassifier {
     /// Block `i` on `h` as one node with its backward by hand, where it has one (a block
-    /// around an untimed S5 layer or Myo's default form; LayerNorm in the fused op's dtypes):
-    /// `None` otherwise. Its output covers the positions `from..` (a Myo layer's nodes; 0
-    /// for all).
+    /// around an S5 layer, with intervals `dt` per step or without, or Myo's default form;
+    /// LayerNorm in the fused op's dtypes): `None` otherwise. Its output covers the positions
+    /// `from..` (a Myo layer's nodes; 0 for all).
     pub(super) fn block_by_hand(
         &self,
         (i, block): (usize, &Block),
         h: &Tensor,
-        from: usize,
+        (from, dt): (usize, Option<&Tensor>),
         mode: Mode,
         sink: &GradSink,
     ) -> Result<Option<Tensor>> {
-        let covered = match &block.layer {
-            Layer::S5(_) => S5::has_backward_by_hand(h),
-            Layer::Myo(m) => m.has_backward_by_hand(h),
+        let covered = match (&block.layer, dt) {
+            (Layer::S5(_), None) => S5::has_backward_by_hand(h),
+            (Layer::S5(s5), Some(dt)) => S5::has_backward_by_hand(h) && s5.covers_timed(h, dt)?,
+            (Layer::Myo(m), None) => m.has_backward_by_hand(h),
             _ => false,
         };
         if !covered {
@@ -275,7 +276,7 @@ impl SequenceClassifier {
             false => (x.clone(), None),
         };
         let run = match &block.layer {
-            Layer::S5(s5) if from == 0 => s5.run_by_hand(&z)?,
+            Layer::S5(s5) if from == 0 => s5.run_by_hand(&z, dt)?,
             Layer::Myo(m) => m.run_nodes_by_hand(&z, from)?,
             _ => None,
         };

@@ -6,14 +6,16 @@
 //!   ∂u = D ⊙ ∂y + ∂(UB̄) B̄ᵀ,  ∂B̄ = Uᵀ ∂(UB̄),  ∂D = Σ_rows u ⊙ ∂y,
 //!
 //! then ∂C̃ from ∂R and (∂λ, ∂log Δ, ∂B̃) from (∂Λ̄, ∂B̄) by the readout's and the
-//! discretisation's own backward kernels.
+//! discretisation's own backward kernels. With an interval per sample the scans' input is
+//! k_k ⊙ (UB̃)_k and their gate Λ̄_k: `ops::s5_timed`'s backward takes (∂Λ̄_k, ∂(k ⊙ UB̃)) to
+//! ∂(UB̃) and (∂λ, ∂log Δ), and ∂B̃ = Uᵀ ∂(UB̃).
 
 use candle_core::{Result, Tensor};
 
 use crate::nn::by_hand::Backward;
 use crate::ops::{
     channel_mul_backward, gemm, linear_scan_backward, s5_discretize_backward, s5_readout_backward,
-    Mat, S5Discretization,
+    s5_timed_backward, Mat, S5Discretization,
 };
 
 /// What the forward kept.
@@ -31,6 +33,8 @@ pub(super) struct S5Backward {
     /// forward's readout takes them, they would be a second copy.
     pub states: Vec<Tensor>,
     pub r: Tensor,
+    /// With an interval per sample: Λ̄ and k per step (`ops::s5_timed`), and B̄ is B̃.
+    pub timed: Option<super::Timed>,
     pub how: S5Discretization,
     pub conj_sym: bool,
 }
@@ -39,7 +43,7 @@ impl Backward for S5Backward {
     fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
         let [lr, li, ls, b, c, d] = &self.w;
         let (batch, len, h) = dy.dims3()?;
-        let (p, dirs) = (self.gate.dim(0)?, self.states.len());
+        let (p, dirs) = (lr.dim(0)?, self.states.len());
         let (du_skip, dd) = channel_mul_backward(&self.u, d, dy)?;
         let dy = Mat::rows(dy)?;
         // ∂R = [X_kᵀ ∂y]_k, the directions' rows stacked.
@@ -77,11 +81,29 @@ impl Backward for S5Backward {
         let (Some(dbu), Some(dgate)) = (dbu, dgate) else {
             candle_core::bail!("S5 backward: no direction");
         };
+        // Timed, the scans' input is k ⊙ B̃u: back to B̃u first.
+        let (dbu, timed_grads) = match &self.timed {
+            Some(t) => {
+                let (dbu, d) =
+                    s5_timed_backward([lr, li, ls], &t.dt, &t.bu, self.how, &dgate, &dbu)?;
+                (dbu, Some(d))
+            }
+            None => (dbu, None),
+        };
         let dbu = Mat::matrix(&dbu, 2 * p)?;
         let du = (du_skip + gemm(&dbu, &Mat::rows(&self.b_mat)?.t(), (batch, len, h))?)?;
         let db_mat = gemm(&Mat::rows(&self.u)?.t(), &dbu, (h, 2 * p))?;
-        let [dlr, dli, dls, db] =
-            s5_discretize_backward([lr, li, ls, b], self.how, &dgate, &db_mat)?;
+        let [dlr, dli, dls, db] = match timed_grads {
+            // B̃ as the (H, 2P) matrix back to (P, H, 2).
+            Some([dlr, dli, dls]) => {
+                let db = db_mat
+                    .reshape((h, p, 2))?
+                    .permute((1, 0, 2))?
+                    .contiguous()?;
+                [dlr, dli, dls, db]
+            }
+            None => s5_discretize_backward([lr, li, ls, b], self.how, &dgate, &db_mat)?,
+        };
         let [vlr, vli, vls, vb, vc, vd] = self.vars.clone();
         Ok((
             du,

@@ -166,11 +166,12 @@ pub fn s5_discretize_reference(
     Ok((lbar.to_pairs()?, b_mat))
 }
 
-/// One state's discretisation: λ (clipped), Λ̄, k, b (bilinear), Δ and the clip's slope.
-struct Step<F> {
+/// One state's discretisation: λ (clipped), Λ̄, k, b (bilinear), Δ and the clip's slope
+/// (`kernels/s5_step.cuh`).
+pub(crate) struct Step<F> {
     lam: Complex<F>,
-    lbar: Complex<F>,
-    k: Complex<F>,
+    pub lbar: Complex<F>,
+    pub k: Complex<F>,
     bl: Complex<F>,
     dt: F,
     mask: F,
@@ -186,6 +187,11 @@ fn scale<F: Float>(a: Complex<F>, x: F) -> Complex<F> {
 }
 
 fn step<F: WithDType + Float>(re: F, im: F, log_dt: F, how: S5Discretization) -> Step<F> {
+    step_at(re, im, log_dt.exp(), how)
+}
+
+/// The discretisation of one state with the step Δ = `dt`.
+pub(crate) fn step_at<F: WithDType + Float>(re: F, im: F, dt: F, how: S5Discretization) -> Step<F> {
     let c = |v: f64| F::from(v).expect("constant");
     let (zero, one) = (F::zero(), F::one());
     let bound = c(-1e-4);
@@ -201,7 +207,6 @@ fn step<F: WithDType + Float>(re: F, im: F, log_dt: F, how: S5Discretization) ->
         re = if re < bound { re } else { bound };
     }
     let lam = cx(re, im);
-    let dt = log_dt.exp();
     if how.bilinear {
         let half = scale(lam, dt * c(0.5));
         let bl = cx(one - half.re, zero - half.im).inv();
@@ -284,7 +289,7 @@ impl S5DiscretizeOp {
                 }
                 let gk = lanes.iter().fold(Complex::zero(), |a, &l| a.add(l));
                 let gl = Complex::load(g, p);
-                (self.param_grads(&s, gl, gk), db)
+                (param_grads(self.how, &s, gl, gk), db)
             })
             .collect();
         let mut out = vec![F::zero(); 3 * np + 2 * np * h];
@@ -296,34 +301,34 @@ impl S5DiscretizeOp {
         }
         out
     }
+}
 
-    /// (∂λ_re, ∂λ_im, ∂log Δ) of one state from g_Λ̄ and g_k.
-    fn param_grads<F: WithDType + Float>(
-        &self,
-        s: &Step<F>,
-        gl: Complex<F>,
-        gk: Complex<F>,
-    ) -> [F; 3] {
-        let half = F::from(0.5).expect("constant");
-        let (dl_dlam, dk_dlam, dl_ddt, dk_ddt) = if self.how.bilinear {
-            let bl2 = s.bl.mul(s.bl);
-            (
-                scale(bl2, s.dt),
-                scale(bl2, s.dt * s.dt * half),
-                bl2.mul(s.lam),
-                bl2,
-            )
-        } else {
-            let dl = scale(s.lbar, s.dt);
-            let dk = dl.sub(s.k).mul(s.lam.inv());
-            (dl, dk, s.lam.mul(s.lbar), s.lbar)
-        };
-        let a = dl_dlam.conj().mul(gl);
-        let c = dk_dlam.conj().mul(gk);
-        let g_dt =
-            (dl_ddt.re * gl.re + dl_ddt.im * gl.im) + (dk_ddt.re * gk.re + dk_ddt.im * gk.im);
-        [(a.re + c.re) * s.mask, a.im + c.im, g_dt * s.dt]
-    }
+/// (∂λ_re, ∂λ_im, ∂log Δ) of one state from g_Λ̄ and g_k (`s5d_param_grads`): ∂log Δ is g_Δ Δ,
+/// with Δ the step `s` was taken with.
+pub(crate) fn param_grads<F: WithDType + Float>(
+    how: S5Discretization,
+    s: &Step<F>,
+    gl: Complex<F>,
+    gk: Complex<F>,
+) -> [F; 3] {
+    let half = F::from(0.5).expect("constant");
+    let (dl_dlam, dk_dlam, dl_ddt, dk_ddt) = if how.bilinear {
+        let bl2 = s.bl.mul(s.bl);
+        (
+            scale(bl2, s.dt),
+            scale(bl2, s.dt * s.dt * half),
+            bl2.mul(s.lam),
+            bl2,
+        )
+    } else {
+        let dl = scale(s.lbar, s.dt);
+        let dk = dl.sub(s.k).mul(s.lam.inv());
+        (dl, dk, s.lam.mul(s.lbar), s.lbar)
+    };
+    let a = dl_dlam.conj().mul(gl);
+    let c = dk_dlam.conj().mul(gk);
+    let g_dt = (dl_ddt.re * gl.re + dl_ddt.im * gl.im) + (dk_ddt.re * gk.re + dk_ddt.im * gk.im);
+    [(a.re + c.re) * s.mask, a.im + c.im, g_dt * s.dt]
 }
 
 impl CustomOp2 for S5DiscretizeOp {

@@ -26,6 +26,7 @@ fn main() {
             "src/batch_norm.cpp",
             "src/s5_discretize.cpp",
             "src/s5_readout.cpp",
+            "src/s5_timed.cpp",
             "src/epilogue.cpp",
             "src/masked_mean.cpp",
             "src/cross_entropy.cpp",

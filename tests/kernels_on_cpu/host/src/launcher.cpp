@@ -54,6 +54,7 @@ const KernelEntry *channel_kernels(size_t *n);
 const KernelEntry *batch_norm_kernels(size_t *n);
 const KernelEntry *s5_discretize_kernels(size_t *n);
 const KernelEntry *s5_readout_kernels(size_t *n);
+const KernelEntry *s5_timed_kernels(size_t *n);
 const KernelEntry *epilogue_kernels(size_t *n);
 const KernelEntry *masked_mean_kernels(size_t *n);
 const KernelEntry *cross_entropy_kernels(size_t *n);
@@ -65,7 +66,7 @@ static std::vector<const KernelEntry *> registry() {
     for (auto list : {scan_kernels, tree_solve_kernels, tree_lanes_kernels, tree_sweep_kernels,
                       head_solve_kernels, dropout_kernels, adamw_kernels, gelu_kernels,
                       layer_norm_kernels, channel_kernels, batch_norm_kernels,
-                      s5_discretize_kernels, s5_readout_kernels, epilogue_kernels,
+                      s5_discretize_kernels, s5_readout_kernels, s5_timed_kernels, epilogue_kernels,
                       masked_mean_kernels, cross_entropy_kernels, embedding_kernels,
                       grad_norm_kernels}) {
         size_t n = 0;
