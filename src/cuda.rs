@@ -135,6 +135,12 @@ pub const EMBEDDING: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx")),
 };
 
+/// `kernels/gather.cu`.
+pub const GATHER: Module = Module {
+    name: "myosotis_gather",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/gather.ptx")),
+};
+
 /// `kernels/grad_norm.cu`.
 pub const GRAD_NORM: Module = Module {
     name: "myosotis_grad_norm",

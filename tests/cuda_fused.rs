@@ -1,8 +1,9 @@
-//! The fused GELU, LayerNorm, BatchNorm, channel, block epilogue, GLU gate, loss, embedding and S5
-//! discretisation (per state and per sample) ops and the strided products (`gemm`) on CUDA against their CPU twins (f32
-//! and f64, up to the GPU's fused multiply-adds) and in f16/bf16 (GELU) against the f32 CPU op,
-//! forward and gradients, on awkward shapes. Compiled with `--features cuda` (CI compiles
-//! them); each test prints why it is skipped when no CUDA device can be opened.
+//! The fused GELU, LayerNorm, BatchNorm, channel, block epilogue, GLU gate, loss, embedding,
+//! row-gather and S5 discretisation (per state and per sample) ops and the strided products
+//! (`gemm`) on CUDA against their CPU twins (f32 and f64, up to the GPU's fused multiply-adds)
+//! and in f16/bf16 (GELU) against the f32 CPU op, forward and gradients, on awkward shapes.
+//! Compiled with `--features cuda` (CI compiles them); each test prints why it is skipped when
+//! no CUDA device can be opened.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -398,6 +399,42 @@ fn cuda_embedding() {
             let want = run(&op, &w, &g, &Device::Cpu, dtype);
             let got = run(&op, &w, &g, &gpu, dtype);
             assert_eq!(got, want, "{dtype:?} {rows} x {h}");
+        }
+    }
+}
+
+/// The fixed gather of rows (`ops::RowGather`) forward and backward: the CPU's values to the
+/// bit (the same sums in the same order).
+#[test]
+fn cuda_row_gather() {
+    use myosotis::ops::RowGather;
+    let Some(gpu) = gpu("cuda_row_gather") else {
+        return;
+    };
+    let (mut rng, _) = seeded_rng("cuda_row_gather", 38);
+    for (rows, h) in SHAPES {
+        let index: Vec<u32> = (0..3 * rows as u32)
+            .map(|i| (i * 7 + 3) % rows as u32)
+            .collect();
+        let len = index.len();
+        let x = vec![(uniform(&mut rng, rows * h, -2.0, 2.0), vec![rows, h])];
+        let g = uniform(&mut rng, len * h, -1.0, 1.0);
+        for dtype in [DType::F64, DType::F32] {
+            let on = |dev: &Device| {
+                let gather = RowGather::new(index.clone(), rows, dev).unwrap();
+                run(
+                    &|t: &[Tensor]| gather.forward(&t[0]).unwrap(),
+                    &x,
+                    &g,
+                    dev,
+                    dtype,
+                )
+            };
+            assert_eq!(
+                on(&gpu),
+                on(&Device::Cpu),
+                "{dtype:?} {len} of {rows} rows of {h}"
+            );
         }
     }
 }

@@ -14,6 +14,7 @@ use candle_nn::{Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
 use super::init::{init_rng, linear, param_with, DenseInit};
+use crate::ops::RowGather;
 
 const CHANNELS: usize = 12;
 const HIDDEN: usize = 30;
@@ -143,8 +144,9 @@ struct ConvPool {
     weight: Tensor,
     bias: Tensor,
     /// For each (channel, ky, kx) of a patch, each corner of a pooling window and each window,
-    /// the row of the padded input flattened as (channel, row, column).
-    index: Tensor,
+    /// the row of the padded input flattened as (channel, row, column): a fixed gather, whose
+    /// gradient adds each input row's few patch rows (`ops::RowGather`).
+    index: RowGather,
     k: usize,
     in_c: usize,
     side: usize,
@@ -184,7 +186,7 @@ impl ConvPool {
                 }
             }
         }
-        let index = Tensor::new(index, vb.device())?;
+        let index = RowGather::new(index, in_c * padded * padded, vb.device())?;
         Ok(ConvPool {
             weight,
             bias,
@@ -213,9 +215,7 @@ impl ConvPool {
             .pad_with_zeros(2, p, p)?
             .reshape((c * padded * padded, n))?;
         let (cols, cells) = (self.k * self.k * c, self.pooled * self.pooled);
-        let patches = x
-            .index_select(&self.index, 0)?
-            .reshape((cols, 4 * cells * n))?;
+        let patches = self.index.forward(&x)?.reshape((cols, 4 * cells * n))?;
         let y = self
             .weight
             .reshape((CHANNELS, cols))?

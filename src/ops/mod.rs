@@ -1,6 +1,6 @@
 //! Differentiable custom ops. The kernel-backed ops have a folder each (`scan/`, `tree_solve/`,
 //! `head_solve/`, `dropout/`, `epilogue/`, `masked_mean/`, `cross_entropy/`, `adamw/`, `gelu/`,
-//! `embedding/`, `grad_norm/`, `layer_norm/`, `batch_norm/`, `channel/`, `s5_discretize/`,
+//! `embedding/`, `gather/`, `grad_norm/`, `layer_norm/`, `batch_norm/`, `channel/`, `s5_discretize/`,
 //! `s5_timed/`, `s5_readout/`: the candle `CustomOp` glue, the CPU twin of the CUDA kernel, the launch
 //! plans); `rows` is the row layout LayerNorm, BatchNorm and the channel ops share; the
 //! CPU-only transpose is one file.
@@ -12,6 +12,7 @@ pub mod cross_entropy;
 pub mod dropout;
 pub mod embedding;
 pub mod epilogue;
+pub mod gather;
 pub mod gelu;
 pub mod gemm;
 pub mod grad_norm;
@@ -39,6 +40,7 @@ pub use cross_entropy::{cross_entropy, cross_entropy_backward, CrossEntropy};
 pub use dropout::dropout_keep;
 pub use embedding::{embedding, embedding_backward};
 pub use epilogue::{epilogue, epilogue_backward};
+pub use gather::RowGather;
 pub use gelu::gelu;
 pub use gemm::{gemm, gemm_relaid, Mat};
 pub use grad_norm::grad_norm;

@@ -4,7 +4,7 @@
 //! from barrier to barrier, in three orders whose results must agree bit for bit: a missing
 //! `__syncthreads()` makes them differ.
 //!
-//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|gate|embedding|grad_norm|masked_mean|cross_entropy|layer_norm|channel|batch_norm|s5]`; `MYO_TEST_SEED` explores
+//! `cargo test --release --test kernels_on_cpu [scan|tree|block|head|dropout|adamw|gelu|epilogue|gate|embedding|gather|grad_norm|masked_mean|cross_entropy|layer_norm|channel|batch_norm|s5]`; `MYO_TEST_SEED` explores
 //! other inputs.
 
 mod adamw;
@@ -18,6 +18,7 @@ mod epilogue;
 mod exec;
 mod fused;
 mod gate;
+mod gather;
 mod grad_norm;
 mod head_solve;
 mod masked_mean;
@@ -92,6 +93,8 @@ fn every_kernel_entry_point_is_tested() {
         ("gate_bwd", real, &wide),
         ("embedding_fwd", real, &wide),
         ("embedding_bwd", real, &wide),
+        ("gather_fwd", real, &wide),
+        ("gather_bwd", real, &wide),
         ("grad_norm_parts", real, &wide),
         ("grad_norm_sum", real, &wide),
         ("masked_mean_fwd", real, &wide),
@@ -193,6 +196,11 @@ fn kernel_constants_match_the_plans() {
             &read("dropout.cu"),
             "DROPOUT_THREADS",
             myosotis::ops::dropout::cuda::THREADS as usize,
+        ),
+        (
+            &read("gather.cu"),
+            "GATHER_THREADS",
+            rows::ELEMENT_THREADS as usize,
         ),
         (
             &read("gelu.cu"),

@@ -31,6 +31,7 @@ fn main() {
             "src/masked_mean.cpp",
             "src/cross_entropy.cpp",
             "src/embedding.cpp",
+            "src/gather.cpp",
             "src/grad_norm.cpp",
         ])
         .opt_level(2)

@@ -59,6 +59,7 @@ const KernelEntry *epilogue_kernels(size_t *n);
 const KernelEntry *masked_mean_kernels(size_t *n);
 const KernelEntry *cross_entropy_kernels(size_t *n);
 const KernelEntry *embedding_kernels(size_t *n);
+const KernelEntry *gather_kernels(size_t *n);
 const KernelEntry *grad_norm_kernels(size_t *n);
 
 static std::vector<const KernelEntry *> registry() {
@@ -67,7 +68,7 @@ static std::vector<const KernelEntry *> registry() {
                       head_solve_kernels, dropout_kernels, adamw_kernels, gelu_kernels,
                       layer_norm_kernels, channel_kernels, batch_norm_kernels,
                       s5_discretize_kernels, s5_readout_kernels, s5_timed_kernels, epilogue_kernels,
-                      masked_mean_kernels, cross_entropy_kernels, embedding_kernels,
+                      masked_mean_kernels, cross_entropy_kernels, embedding_kernels, gather_kernels,
                       grad_norm_kernels}) {
         size_t n = 0;
         const KernelEntry *e = list(&n);
