@@ -6,8 +6,9 @@
 # head solve and the tree solve's large trees; then, one at a time on an otherwise idle GPU, the
 # timed sections: the kernel benchmarks (copy, the tree solve's layouts side by side, the
 # layer's head solve; each once, without its plain-candle reference), the training-step profile
-# (default size and the sMNIST, ListOps, sCIFAR and Path-X presets, then S5 at Retrieval's if
-# time is left: its 2 × 4,000 tokens per sample show the embedding's gradient most), and the
+# (default size and the sMNIST, ListOps, sCIFAR and Path-X presets, then S5 at the pendulum's
+# and Retrieval's if time is left: the timed discretisation and the frames' gather; the
+# embedding's gradient over 2 × 4,000 tokens per sample), and the
 # step benchmark. Each runner skips what would start past its share of the time
 # (MYO_GPU_DEADLINE) and every running check is stopped at it, so REPORT_DIR/report.md, the
 # reports joined, is written in time. Knobs: see run.sh.
@@ -61,7 +62,7 @@ wait
 timed=$(date +%s)
 MYO_GPU_QUICK=1 MYO_GPU_BENCH='copy|tree|heads' part "$(at "$timed" 45)" bench bench
 # The CPU's 16 shards timed at the default size alone: the presets' take the GPU's time.
-MYO_GPU_CPU='default' MYO_GPU_PROFILES='default|smnist|scifar|pathx|listops|s5.retrieval' part "$(at "$timed" 85)" profile profile
+MYO_GPU_CPU='default' MYO_GPU_PROFILES='default|smnist|scifar|pathx|listops|s5.pendulum|s5.retrieval' part "$(at "$timed" 85)" profile profile
 MYO_GPU_QUICK=1 MYO_GPU_BENCH='step' part "$(at "$timed" 100)" step bench
 
 for r in tests-tree tests-parity tests-rest sanitizer v100 bench profile step; do

@@ -7,8 +7,9 @@
 //!   gate[n, p] = Λ̄(λ_p, Δ_np),   v[n, p] = k(λ_p, Δ_np) · bu[n, p],
 //!
 //! with bu = B̃u the input projection (N, P) complex and v the scan's input. In candle ops this
-//! is some thirty ops forward and a hundred and fifty backward per layer; the forward here
-//! computes them operation for operation (the same values on the CPU). The backward is
+//! is dozens of small ops forward and several times as many backward (docs/performance.md counts
+//! them per block); the forward here computes them operation for operation (the same values on
+//! the CPU). The backward is
 //!
 //!   ∂bu = conj(k) ∂v,   g_k = conj(bu) ∂v,   (∂λ_re, ∂λ_im, ∂log Δ) = Σ_n (the chain rule of
 //!   `s5_discretize` at Δ_np, with ∂log Δ = g_Δ Δ_np),
