@@ -114,6 +114,13 @@ pub fn fused_rows(x: &Tensor, cuda_supports: fn(usize, DType) -> bool) -> Result
     })
 }
 
+/// Shared memory of a row launch that accumulates `n` column sums per slot, in the compute
+/// type (f64 for f64, f32 otherwise).
+pub fn slot_sums_bytes(n: usize, dtype: DType) -> usize {
+    let acc = if dtype == DType::F64 { 8 } else { 4 };
+    SLOTS * n * acc
+}
+
 /// Grid size of an element-wise kernel over `n` elements (grid-strided above 4,096 blocks).
 pub fn element_blocks(n: usize) -> u32 {
     n.div_ceil(ELEMENT_THREADS as usize).clamp(1, 4096) as u32

@@ -4,12 +4,13 @@
 use candle_core::{DType, Result};
 
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
-use crate::ops::rows::{element_blocks, sums_plan, RowSplit, ELEMENT_THREADS, SLOTS, THREADS};
+use crate::ops::rows::{
+    element_blocks, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
+};
 
 /// Shared memory of the stats launches: the slots' accumulators of `width` columns.
 fn stats_shared(width: usize, dtype: DType) -> usize {
-    let acc = if dtype == DType::F64 { 8 } else { 4 };
-    SLOTS * width * acc
+    slot_sums_bytes(width, dtype)
 }
 
 /// Whether the kernels take rows of `h` values in `dtype` (f32 or f64, and the backward's

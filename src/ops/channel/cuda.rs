@@ -4,12 +4,13 @@
 use candle_core::{DType, Result};
 
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
-use crate::ops::rows::{element_blocks, sums_plan, RowSplit, ELEMENT_THREADS, SLOTS, THREADS};
+use crate::ops::rows::{
+    element_blocks, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
+};
 
 /// The backward's shared memory: the slots' accumulators of ∂p, in the compute type.
 fn backward_shared(h: usize, dtype: DType) -> usize {
-    let acc = if dtype == DType::F64 { 8 } else { 4 };
-    SLOTS * h * acc
+    slot_sums_bytes(h, dtype)
 }
 
 /// Whether the kernels take rows of `h` values in `dtype` (f32 or f64, and the backward's

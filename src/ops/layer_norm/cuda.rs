@@ -4,12 +4,11 @@
 use candle_core::{DType, Result};
 
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
-use crate::ops::rows::{sums_plan, RowSplit, SLOTS, THREADS};
+use crate::ops::rows::{slot_sums_bytes, sums_plan, RowSplit, THREADS};
 
 /// The backward's shared memory: the slots' [∂w | ∂b] accumulators, in the compute type.
 fn backward_shared(h: usize, dtype: DType) -> usize {
-    let acc = if dtype == DType::F64 { 8 } else { 4 };
-    SLOTS * 2 * h * acc
+    slot_sums_bytes(2 * h, dtype)
 }
 
 /// Whether the kernels take rows of `h` values in `dtype` (f32 or f64, and the backward's

@@ -4,15 +4,16 @@
 use candle_core::{DType, Result};
 
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
-use crate::ops::rows::{element_blocks, sums_plan, RowSplit, ELEMENT_THREADS, SLOTS, THREADS};
+use crate::ops::rows::{
+    element_blocks, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
+};
 use crate::ops::S5Discretization;
 
 const OP: &str = "s5_timed";
 
 /// The backward's shared memory: the slots' accumulators of (∂λ_re, ∂λ_im, ∂log Δ).
 fn backward_shared(p: usize, dtype: DType) -> usize {
-    let acc = if dtype == DType::F64 { 8 } else { 4 };
-    SLOTS * 3 * p * acc
+    slot_sums_bytes(3 * p, dtype)
 }
 
 /// Whether the kernels take P states in `dtype` (f32 or f64, and the backward's accumulators
