@@ -402,6 +402,7 @@ fn dense_layers_start_as_dense_init_says() {
 fn training_by_hand_follows_autograd() {
     use myosotis::nn::loss::log_softmax_nll;
     use myosotis::train::optim::{OptimConfig, Optimizer};
+    use rand::Rng;
     let (mut rng, seed) = common::seeded_rng("training by hand", 133);
     let len = 12;
     let x = randn(&mut rng, &[5, len, 2], DType::F64, &Device::Cpu);
@@ -438,25 +439,43 @@ fn training_by_hand_follows_autograd() {
         blocks: 2,
         ..S5Config::default()
     });
+    // The last also reads 8 × 8 frames through the frame encoder, as the pendulum's model.
     let timed = [
         (Activation::HalfGlu2, NormKind::Layer, false, Pooling::Mean),
         (Activation::Gelu, NormKind::Batch, true, Pooling::Mean),
+        (Activation::HalfGlu2, NormKind::Layer, false, Pooling::Last),
     ]
     .map(|c| (&causal, c));
     let dt = common::rand_uniform(&mut rng, (0.2, 3.0), &[5, len], DType::F64, &Device::Cpu);
+    let frames: Vec<f64> = (0..5 * len * 64)
+        .map(|i| {
+            if i % 5 == 0 {
+                rng.random_range(0.0..1.0)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let frames = common::tensor(&frames, &[5, len, 64], DType::F64, &Device::Cpu);
     let cases = mean.chain(nodes).map(|c| (c, false));
     for ((layer, (activation, norm, prenorm, pooling)), is_timed) in
         cases.chain(timed.map(|c| (c, true)))
     {
+        let on_frames = is_timed && pooling == Pooling::Last;
         let cfg = ClassifierConfig {
             prenorm,
             timing: match is_timed {
                 true => Timing::Continuous,
                 false => Timing::default(),
             },
+            encoder: match on_frames {
+                true => EncoderConfig::Frames { side: 8 },
+                false => EncoderConfig::Linear { features: 2 },
+            },
             ..config(layer.clone(), activation, norm, pooling)
         };
         let dt = is_timed.then_some(&dt);
+        let x = if on_frames { &frames } else { &x };
         let run = |by_hand: bool| {
             let varmap = VarMap::new();
             let vb = VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu);
@@ -485,7 +504,7 @@ fn training_by_hand_follows_autograd() {
                 };
                 let sink = GradSink::new();
                 let mode = Mode::Train(key, None, by_hand.then_some(&sink));
-                let logits = model.logits_timed(&x, None, dt, mode).unwrap();
+                let logits = model.logits_timed(x, None, dt, mode).unwrap();
                 let loss = log_softmax_nll(&logits, &target, by_hand).unwrap().loss;
                 let mut grads = loss.backward().unwrap();
                 sink.add_to(&mut grads).unwrap();

@@ -185,3 +185,91 @@ fn the_encoder_equals_its_layers_as_loops() {
     .to_string();
     assert!(e.contains("frames of side 7"), "{e}");
 }
+
+/// Frames of `side`: uniform noise, or (`sparse`) a black background with a few grey pixels,
+/// as the pendulum's, whose constant regions make equal corners in the max-pooling.
+fn frames(rng: &mut impl Rng, n: usize, side: usize, sparse: bool) -> Vec<f64> {
+    (0..n * side * side)
+        .map(|_| match sparse {
+            true if rng.random_range(0.0..1.0) < 0.85 => 0.0,
+            _ => rng.random_range(0.0..1.0),
+        })
+        .collect()
+}
+
+#[test]
+fn the_backward_by_hand_equals_autograd() {
+    use myosotis::nn::GradSink;
+    let (mut rng, seed) = common::seeded_rng("frame encoder by hand", 302);
+    let cases = [
+        (24, 30, false, DType::F64, false),
+        (24, 30, true, DType::F64, true),
+        (13, 7, false, DType::F64, true),
+        (8, 5, true, DType::F32, false),
+        (24, 30, true, DType::F32, true),
+    ];
+    for (side, d_model, append_dt, dtype, sparse) in cases {
+        let cfg = FrameEncoderConfig {
+            side,
+            d_model,
+            seed: rng.random(),
+            append_dt,
+            init: DenseInit::Lecun,
+        };
+        let varmap = VarMap::new();
+        let enc =
+            FrameEncoder::new(cfg, VarBuilder::from_varmap(&varmap, dtype, &Device::Cpu)).unwrap();
+        let (batch, len) = (3, 4);
+        let x = frames(&mut rng, batch * len, side, sparse);
+        let x = common::tensor(&x, &[batch, len, side * side], dtype, &Device::Cpu);
+        let dt = common::rand_uniform(&mut rng, (0.5, 3.0), &[batch, len], dtype, &Device::Cpu);
+        let r = common::randn(&mut rng, &[batch, len, d_model], dtype, &Device::Cpu);
+        let dt = append_dt.then_some(&dt);
+        let want_y = enc.forward_timed(&x, dt).unwrap();
+        let want = (&want_y * &r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let sink = GradSink::new();
+        let y = enc.forward_by_hand(&x, dt, &sink).unwrap();
+        assert_eq!(
+            to_vec(&y),
+            to_vec(&want_y),
+            "the same forward (seed {seed})"
+        );
+        let mut got = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        sink.add_to(&mut got).unwrap();
+        let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+        for (name, var) in varmap.data().lock().unwrap().iter() {
+            let (g, w) = (got.get(var).unwrap(), want.get(var).unwrap());
+            let e = rel_err(&to_vec(g), &to_vec(w));
+            assert!(
+                e < tol,
+                "side {side}, {dtype:?}, sparse {sparse}: ∂{name} off by {e:e} (seed {seed})"
+            );
+        }
+    }
+    // Frames that need a gradient take candle's ops, and get it.
+    let varmap = VarMap::new();
+    let cfg = FrameEncoderConfig {
+        side: 8,
+        d_model: 3,
+        seed: 5,
+        append_dt: false,
+        init: DenseInit::Lecun,
+    };
+    let vb = VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu);
+    let enc = FrameEncoder::new(cfg, vb).unwrap();
+    let x = candle_core::Var::from_tensor(&common::tensor(
+        &frames(&mut rng, 2, 8, false),
+        &[1, 2, 64],
+        DType::F64,
+        &Device::Cpu,
+    ))
+    .unwrap();
+    let y = enc.forward_by_hand(&x, None, &GradSink::new()).unwrap();
+    let grads = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+    assert!(to_vec(grads.get(&x).unwrap()).iter().any(|v| *v != 0.0));
+}

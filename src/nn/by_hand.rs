@@ -52,6 +52,19 @@ pub trait Backward: Send + Sync {
     fn backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)>;
 }
 
+/// The chain rule of a layer that reads data (its input needs no gradient): the parameters'
+/// gradients alone.
+pub trait ParamsBackward: Send + Sync {
+    /// Given ∂L/∂y: (parameter, ∂L/∂parameter) pairs.
+    fn backward(&self, dy: &Tensor) -> Result<Vec<(Tensor, Tensor)>>;
+}
+
+/// What a by-hand node's backward computes.
+enum Chain {
+    Layer(Box<dyn Backward>),
+    Params(Box<dyn ParamsBackward>),
+}
+
 /// The output `y` of a layer with input `x`, computed on detached tensors, joined to candle's
 /// graph as one node with the backward `back`. `anchor`, one of the layer's parameters, keeps
 /// the node in the graph when `x` needs no gradient; the parameters' gradients go to `sink`.
@@ -64,6 +77,22 @@ pub fn by_hand(
     back: Box<dyn Backward>,
     sink: &GradSink,
 ) -> Result<Tensor> {
+    node(x, y, anchor, Chain::Layer(back), sink)
+}
+
+/// [`by_hand`] for a layer on data `x`, which no gradient reaches (an error at the backward
+/// if one would).
+pub fn by_hand_on_data(
+    x: &Tensor,
+    y: &Tensor,
+    anchor: &Tensor,
+    back: Box<dyn ParamsBackward>,
+    sink: &GradSink,
+) -> Result<Tensor> {
+    node(x, y, anchor, Chain::Params(back), sink)
+}
+
+fn node(x: &Tensor, y: &Tensor, anchor: &Tensor, back: Chain, sink: &GradSink) -> Result<Tensor> {
     let op = ByHand {
         back,
         sink: sink.clone(),
@@ -73,7 +102,7 @@ pub fn by_hand(
 }
 
 struct ByHand {
-    back: Box<dyn Backward>,
+    back: Chain,
     sink: GradSink,
     /// The output's values until the forward copies them.
     y: Mutex<Option<Tensor>>,
@@ -141,8 +170,19 @@ impl CustomOp2 for ByHand {
         _out: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, params) = self.back.backward(dy)?;
-        self.sink.push(params);
-        Ok((x.track_op().then_some(dx), None))
+        match &self.back {
+            Chain::Layer(back) => {
+                let (dx, params) = back.backward(dy)?;
+                self.sink.push(params);
+                Ok((x.track_op().then_some(dx), None))
+            }
+            Chain::Params(_) if x.track_op() => {
+                candle_core::bail!("by-hand: a layer on data was asked for its input's gradient")
+            }
+            Chain::Params(back) => {
+                self.sink.push(back.backward(dy)?);
+                Ok((None, None))
+            }
+        }
     }
 }

@@ -599,7 +599,13 @@ impl SequenceClassifier {
         let mut h = match &self.encoder {
             Encoder::Linear(l) => dense(l, x)?,
             Encoder::Embedding(e) => crate::ops::embedding(e.embeddings(), x)?,
-            Encoder::Frames(f) => f.forward_timed(x, dt.filter(|_| f.appends_dt()))?,
+            Encoder::Frames(f) => {
+                let dt = dt.filter(|_| f.appends_dt());
+                match mode.sink() {
+                    Some(sink) => f.forward_by_hand(x, dt, sink)?,
+                    None => f.forward_timed(x, dt)?,
+                }
+            }
         };
         let layer_dt = dt.filter(|_| self.cfg.timing == Timing::Continuous);
         let node_pooling = matches!(self.cfg.pooling, Pooling::Root | Pooling::TopLevels { .. });

@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 use super::init::{init_rng, linear, param_with, DenseInit};
 use crate::ops::RowGather;
 
+mod backward;
+
 const CHANNELS: usize = 12;
 const HIDDEN: usize = 30;
 
@@ -95,6 +97,25 @@ impl FrameEncoder {
     /// (batch, length, side²) frames, with their intervals `dt` (batch, length) when the
     /// encoder appends them, → (batch, length, H).
     pub fn forward_timed(&self, x: &Tensor, dt: Option<&Tensor>) -> Result<Tensor> {
+        Ok(self.run(x, dt, &self.weights(false))?.out)
+    }
+
+    /// The parameters as they are (`detached` false) or detached from candle's graph.
+    fn weights(&self, detached: bool) -> Weights {
+        let t = |t: &Tensor| match detached {
+            true => t.detach(),
+            false => t.clone(),
+        };
+        let conv = |c: &ConvPool| [t(&c.weight), t(&c.bias)];
+        let dense = |l: &Linear| Linear::new(t(l.weight()), l.bias().map(t));
+        Weights {
+            conv: [conv(&self.conv1), conv(&self.conv2)],
+            dense: [dense(&self.dense1), dense(&self.dense2)],
+        }
+    }
+
+    /// The forward on the parameters `w`, keeping what the backward by hand reads.
+    fn run(&self, x: &Tensor, dt: Option<&Tensor>, w: &Weights) -> Result<Pass> {
         let (batch, len, pixels) = x.dims3()?;
         let side = self.cfg.side;
         if pixels != side * side {
@@ -106,10 +127,13 @@ impl FrameEncoder {
             .reshape((n, side * side))?
             .t()?
             .reshape((1, side, side, n))?;
-        let x = self.conv2.forward(&self.conv1.forward(&x)?)?;
+        let [[w1, b1], [w2, b2]] = &w.conv;
+        let conv1 = self.conv1.run(&x, w1, b1)?;
+        let conv2 = self.conv2.run(&conv1.out, w2, b2)?;
         // Each frame's maps flattened as PyTorch's (channels, height, width).
-        let x = x.reshape(((), n))?.t()?;
-        let mut x = self.dense1.forward(&x)?.relu()?;
+        let x = conv2.out.reshape(((), n))?.t()?;
+        let hidden = w.dense[0].forward(&x)?;
+        let mut x = hidden.relu()?;
         match (self.cfg.append_dt, dt) {
             (false, _) => {}
             (true, Some(dt)) => {
@@ -118,10 +142,33 @@ impl FrameEncoder {
             }
             (true, None) => bail!("frame encoder: appending time intervals needs them"),
         }
-        self.dense2
+        let out = w.dense[1]
             .forward(&x)?
-            .reshape((batch, len, self.cfg.d_model))
+            .reshape((batch, len, self.cfg.d_model))?;
+        Ok(Pass {
+            conv: [conv1, conv2],
+            hidden,
+            read: x,
+            out,
+        })
     }
+}
+
+/// The encoder's parameters: each convolution's weight and bias, the dense layers.
+struct Weights {
+    conv: [[Tensor; 2]; 2],
+    dense: [Linear; 2],
+}
+
+/// What the encoder's forward computed.
+struct Pass {
+    conv: [ConvPass; 2],
+    /// The first dense layer's output before its ReLU (frames, 30).
+    hidden: Tensor,
+    /// What the last dense layer read (frames, 30, or 31 with the intervals).
+    read: Tensor,
+    /// (batch, length, H).
+    out: Tensor,
 }
 
 impl Module for FrameEncoder {
@@ -199,8 +246,8 @@ impl ConvPool {
         })
     }
 
-    /// (in_c, side, side, n) → (CHANNELS, pooled, pooled, n).
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// (in_c, side, side, n) → (CHANNELS, pooled, pooled, n) with this `weight` and `bias`.
+    fn run(&self, x: &Tensor, weight: &Tensor, bias: &Tensor) -> Result<ConvPass> {
         let (n, p, c) = (x.dim(3)?, self.padding, self.in_c);
         if x.dims() != [c, self.side, self.side, n] {
             bail!(
@@ -216,14 +263,35 @@ impl ConvPool {
             .reshape((c * padded * padded, n))?;
         let (cols, cells) = (self.k * self.k * c, self.pooled * self.pooled);
         let patches = self.index.forward(&x)?.reshape((cols, 4 * cells * n))?;
-        let y = self
-            .weight
+        let corners = weight
             .reshape((CHANNELS, cols))?
             .matmul(&patches)?
             .reshape((CHANNELS, 4, cells * n))?;
-        y.max_keepdim(1)?
-            .broadcast_add(&self.bias.reshape((CHANNELS, 1, 1))?)?
+        let max = corners.max_keepdim(1)?;
+        let pre = max.broadcast_add(&bias.reshape((CHANNELS, 1, 1))?)?;
+        let out = pre
             .relu()?
-            .reshape((CHANNELS, self.pooled, self.pooled, n))
+            .reshape((CHANNELS, self.pooled, self.pooled, n))?;
+        Ok(ConvPass {
+            patches,
+            corners,
+            max,
+            pre,
+            out,
+        })
     }
+}
+
+/// What a [`ConvPool`]'s forward computed.
+struct ConvPass {
+    /// The gathered patches (in_c · k², 4 · cells · n).
+    patches: Tensor,
+    /// The products at the pooling windows' four corners (CHANNELS, 4, cells · n).
+    corners: Tensor,
+    /// Their maximum (CHANNELS, 1, cells · n).
+    max: Tensor,
+    /// The maximum plus the bias, before the ReLU.
+    pre: Tensor,
+    /// (CHANNELS, pooled, pooled, n).
+    out: Tensor,
 }

@@ -99,13 +99,33 @@ impl RowGather {
                 self.index.rows
             );
         }
-        let fused = matches!(x.dtype(), DType::F32 | DType::F64)
-            && matches!(x.device(), Device::Cpu | Device::Cuda(_))
-            && x.device().same_device(self.on_device.device());
-        match fused {
+        match self.fused(x) {
             true => x.apply_op1(Gather(self.index.clone())),
             false => x.index_select(&self.on_device, 0),
         }
+    }
+
+    /// Whether the op (rather than candle's `index_select`) gathers from `x`: f32 or f64 on
+    /// the CPU or on CUDA, on the device the gather was made for.
+    pub fn fused(&self, x: &Tensor) -> bool {
+        matches!(x.dtype(), DType::F32 | DType::F64)
+            && matches!(x.device(), Device::Cpu | Device::Cuda(_))
+            && x.device().same_device(self.on_device.device())
+    }
+
+    /// The backward on its own, for layers that compute gradients by hand: ∂x (rows, n) from
+    /// ∂y (len, n), where [`RowGather::fused`] holds for ∂y.
+    pub fn backward(&self, g: &Tensor) -> Result<Tensor> {
+        let (len, _) = g.dims2()?;
+        if len != self.len() || !self.fused(g) {
+            bail!(
+                "row gather backward: a gradient of {:?} ({:?}), expected {} rows in f32 or f64",
+                g.dims(),
+                g.dtype(),
+                self.len()
+            );
+        }
+        Gather(self.index.clone()).backward(&g.contiguous()?)
     }
 }
 
