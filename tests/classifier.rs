@@ -439,11 +439,12 @@ fn training_by_hand_follows_autograd() {
         blocks: 2,
         ..S5Config::default()
     });
-    // The last also reads 8 × 8 frames through the frame encoder, as the pendulum's model.
+    // The last is the pendulum's model: 8 × 8 frames through the frame encoder, a Gaussian
+    // (mean, variance) regressed at every step, trained by its negative log-likelihood.
     let timed = [
         (Activation::HalfGlu2, NormKind::Layer, false, Pooling::Mean),
         (Activation::Gelu, NormKind::Batch, true, Pooling::Mean),
-        (Activation::HalfGlu2, NormKind::Layer, false, Pooling::Last),
+        (Activation::HalfGlu2, NormKind::Layer, false, Pooling::None),
     ]
     .map(|c| (&causal, c));
     let dt = common::rand_uniform(&mut rng, (0.2, 3.0), &[5, len], DType::F64, &Device::Cpu);
@@ -457,11 +458,12 @@ fn training_by_hand_follows_autograd() {
         })
         .collect();
     let frames = common::tensor(&frames, &[5, len, 64], DType::F64, &Device::Cpu);
+    let values = randn(&mut rng, &[5, len, 4], DType::F64, &Device::Cpu);
     let cases = mean.chain(nodes).map(|c| (c, false));
     for ((layer, (activation, norm, prenorm, pooling)), is_timed) in
         cases.chain(timed.map(|c| (c, true)))
     {
-        let on_frames = is_timed && pooling == Pooling::Last;
+        let on_frames = is_timed && pooling == Pooling::None;
         let cfg = ClassifierConfig {
             prenorm,
             timing: match is_timed {
@@ -472,10 +474,26 @@ fn training_by_hand_follows_autograd() {
                 true => EncoderConfig::Frames { side: 8 },
                 false => EncoderConfig::Linear { features: 2 },
             },
+            decoder: match on_frames {
+                true => Decoder::Gaussian,
+                false => Decoder::Linear,
+            },
             ..config(layer.clone(), activation, norm, pooling)
         };
         let dt = is_timed.then_some(&dt);
         let x = if on_frames { &frames } else { &x };
+        let loss = |out: &Tensor, by_hand: bool| match on_frames {
+            false => log_softmax_nll(out, &target, by_hand).unwrap().loss,
+            true => {
+                let mean = out.narrow(2, 0, 4).unwrap();
+                let var = out.narrow(2, 4, 4).unwrap().maximum(1e-6).unwrap();
+                let sq = (mean - &values).unwrap().sqr().unwrap();
+                (var.log().unwrap() + (sq / var).unwrap())
+                    .unwrap()
+                    .mean_all()
+                    .unwrap()
+            }
+        };
         let run = |by_hand: bool| {
             let varmap = VarMap::new();
             let vb = VarBuilder::from_varmap(&varmap, DType::F64, &Device::Cpu);
@@ -505,7 +523,7 @@ fn training_by_hand_follows_autograd() {
                 let sink = GradSink::new();
                 let mode = Mode::Train(key, None, by_hand.then_some(&sink));
                 let logits = model.logits_timed(x, None, dt, mode).unwrap();
-                let loss = log_softmax_nll(&logits, &target, by_hand).unwrap().loss;
+                let loss = loss(&logits, by_hand);
                 let mut grads = loss.backward().unwrap();
                 sink.add_to(&mut grads).unwrap();
                 if step == 0 {

@@ -295,8 +295,8 @@ pub struct SequenceClassifier {
     encoder: Encoder,
     blocks: Vec<Block>,
     head: Head,
-    /// The head's linear layer as the tail by hand uses it.
-    head_dense: Option<block::Dense>,
+    /// The head's dense layers as the tail by hand uses them.
+    head_dense: Option<tail::HeadDense>,
     /// The dtype of its parameters, which real inputs are cast to.
     dtype: DType,
 }

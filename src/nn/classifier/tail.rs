@@ -5,9 +5,11 @@
 //!
 //!   ∂W = ∂logitsᵀ p,  ∂b = Σ_rows ∂logits,  ∂p = ∂logits W,
 //!
-//! and ∂h spreads ∂p evenly over the positions each mean read.
+//! and ∂h spreads ∂p evenly over the positions each mean read. A Gaussian decoder at every
+//! step (no pooling) is one such node too ([`GaussianBackward`]).
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{DType, Result, Tensor, D};
+use candle_nn::Linear;
 
 use super::block::Dense;
 use super::{Block, Mode, NormKind, Pooling, SequenceClassifier};
@@ -128,35 +130,42 @@ impl SequenceClassifier {
     ) -> Result<Tensor> {
         let fused = matches!(h.dtype(), DType::F32 | DType::F64)
             && (h.device().is_cpu() || h.device().is_cuda());
-        if let (
-            true,
-            true,
-            Some(sink),
-            Some(dense),
-            Some(pool @ (Pool::Mean(_) | Pool::Nodes { .. })),
-        ) = (head, fused, mode.sink(), &self.head_dense, &pool)
-        {
-            let x = h.detach();
-            // The lengths in h's dtype once, for the forward and the backward.
-            let pool = match pool {
-                Pool::Mean(lengths) => Pool::Mean(lengths.to_dtype(x.dtype())?),
-                // The mean over all positions: the fused op, one kernel each way.
-                Pool::Nodes { first: 0 } => {
-                    let (b, n, _) = x.dims3()?;
-                    let all = Tensor::full(n as f32, b, x.device())?;
-                    Pool::Mean(all.to_dtype(x.dtype())?)
-                }
-                pool => pool.clone(),
-            };
-            let pooled = pool.apply(&x)?;
-            let logits = dense.forward(&pooled)?;
-            let back = TailBackward {
-                x,
-                pool,
-                pooled,
-                dense: dense.clone(),
-            };
-            return by_hand(h, &logits, dense.weight(), Box::new(back), sink);
+        match (head, fused, mode.sink(), &self.head_dense, &pool) {
+            (
+                true,
+                true,
+                Some(sink),
+                Some(HeadDense::Linear(dense)),
+                Some(pool @ (Pool::Mean(_) | Pool::Nodes { .. })),
+            ) => {
+                let x = h.detach();
+                // The lengths in h's dtype once, for the forward and the backward.
+                let pool = match pool {
+                    Pool::Mean(lengths) => Pool::Mean(lengths.to_dtype(x.dtype())?),
+                    // The mean over all positions: the fused op, one kernel each way.
+                    Pool::Nodes { first: 0 } => {
+                        let (b, n, _) = x.dims3()?;
+                        let all = Tensor::full(n as f32, b, x.device())?;
+                        Pool::Mean(all.to_dtype(x.dtype())?)
+                    }
+                    pool => pool.clone(),
+                };
+                let pooled = pool.apply(&x)?;
+                let logits = dense.forward(&pooled)?;
+                let back = TailBackward {
+                    x,
+                    pool,
+                    pooled,
+                    dense: dense.clone(),
+                };
+                return by_hand(h, &logits, dense.weight(), Box::new(back), sink);
+            }
+            (true, true, Some(sink), Some(HeadDense::Gaussian(mlps)), None) => {
+                let (out, back) = GaussianBackward::forward(mlps, &h.detach())?;
+                let anchor = mlps[0][0].weight();
+                return by_hand(h, &out, anchor, Box::new(back), sink);
+            }
+            _ => {}
         }
         let pooled = match pool {
             Some(pool) => pool.apply(h)?,
@@ -168,13 +177,26 @@ impl SequenceClassifier {
         }
     }
 
-    /// The head's linear layer as the tail by hand uses it.
-    pub(super) fn head_dense(head: &Head) -> Result<Option<Dense>> {
-        match head {
-            Head::Linear(l) => Dense::new(l).map(Some),
-            _ => Ok(None),
-        }
+    /// The head's dense layers as the tail by hand uses them.
+    pub(super) fn head_dense(head: &Head) -> Result<Option<HeadDense>> {
+        Ok(match head {
+            Head::Linear(l) => Some(HeadDense::Linear(Dense::new(l)?)),
+            Head::Gaussian { mean, var } => {
+                let pair = |[a, b]: &[Linear; 2]| -> Result<[Dense; 2]> {
+                    Ok([Dense::new(a)?, Dense::new(b)?])
+                };
+                Some(HeadDense::Gaussian([pair(mean)?, pair(var)?]))
+            }
+            Head::Pairs { .. } => None,
+        })
     }
+}
+
+/// The head's dense layers, for the tail by hand.
+pub(super) enum HeadDense {
+    Linear(Dense),
+    /// The mean's and the variance's decoders, Dense(H → 30) → tanh → Dense(30 → outputs).
+    Gaussian([[Dense; 2]; 2]),
 }
 
 /// What the tail's forward kept.
@@ -204,5 +226,60 @@ impl Backward for TailBackward {
             Pool::Last(_) => candle_core::bail!("the tail by hand has no last pooling"),
         };
         Ok((dx, params))
+    }
+}
+
+/// The Gaussian decoder's forward ([`Head::Gaussian`]) on detached values, and its backward:
+/// per decoder ∂a = ∂t ⊙ (1 − t²) through t = tanh(a), and through the variance's
+/// elu(o) + 1 = exp(min(o, 0)) + relu(o) ∂o = ∂v ⊙ exp(min(o, 0)) (1 for o ≥ 0).
+struct GaussianBackward {
+    x: Tensor,
+    mlps: [[Dense; 2]; 2],
+    /// Each decoder's hidden features, tanh(a).
+    hidden: [Tensor; 2],
+    /// exp(min(o, 0)) of the variance decoder's output o.
+    slope: Tensor,
+}
+
+impl GaussianBackward {
+    /// [mean, variance] at every step of x (batch, length, H), and what the backward reads.
+    fn forward(mlps: &[[Dense; 2]; 2], x: &Tensor) -> Result<(Tensor, Self)> {
+        let mut hidden = vec![];
+        let mut outs = vec![];
+        for [first, second] in mlps {
+            let t = first.forward(x)?.tanh()?;
+            outs.push(second.forward(&t)?);
+            hidden.push(t);
+        }
+        let slope = outs[1].minimum(0f64)?.exp()?;
+        let var = (&slope + outs[1].relu()?)?;
+        let out = Tensor::cat(&[&outs[0], &var], D::Minus1)?;
+        let back = GaussianBackward {
+            x: x.clone(),
+            mlps: mlps.clone(),
+            hidden: hidden.try_into().expect("two"),
+            slope,
+        };
+        Ok((out, back))
+    }
+}
+
+impl Backward for GaussianBackward {
+    fn backward(&self, dout: &Tensor) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        let k = self.slope.dim(D::Minus1)?;
+        let dmean = dout.narrow(D::Minus1, 0, k)?;
+        let dvar = (dout.narrow(D::Minus1, k, k)? * &self.slope)?;
+        let mut params = vec![];
+        let mut dx: Option<Tensor> = None;
+        for (([first, second], t), d) in self.mlps.iter().zip(&self.hidden).zip([dmean, dvar]) {
+            let dt = second.backward(t, &d.contiguous()?, &mut params)?;
+            let da = (dt * t.sqr()?.affine(-1.0, 1.0)?)?;
+            let d = first.backward(&self.x, &da, &mut params)?;
+            dx = Some(match dx {
+                Some(sum) => (sum + d)?,
+                None => d,
+            });
+        }
+        Ok((dx.expect("two decoders"), params))
     }
 }
