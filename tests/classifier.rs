@@ -485,13 +485,8 @@ fn training_by_hand_follows_autograd() {
         let loss = |out: &Tensor, by_hand: bool| match on_frames {
             false => log_softmax_nll(out, &target, by_hand).unwrap().loss,
             true => {
-                let mean = out.narrow(2, 0, 4).unwrap();
-                let var = out.narrow(2, 4, 4).unwrap().maximum(1e-6).unwrap();
-                let sq = (mean - &values).unwrap().sqr().unwrap();
-                (var.log().unwrap() + (sq / var).unwrap())
-                    .unwrap()
-                    .mean_all()
-                    .unwrap()
+                let nll = myosotis::nn::loss::gaussian_nll(out, &values, by_hand).unwrap();
+                nll.objective
             }
         };
         let run = |by_hand: bool| {
@@ -668,6 +663,62 @@ fn nll_by_hand_equals_autograd() {
         assert!(
             e < 1e-12,
             "gradient by hand: {e:e}, ({rows}, {classes}), seed {seed}"
+        );
+    }
+}
+
+/// The Gaussian decoder's negative log-likelihood by hand: the same values as candle's ops, and
+/// their gradient to 1e-12 (f64, variances below the least one included) and, where none is,
+/// to central differences (whose steps would cross the bound).
+#[test]
+fn gaussian_nll_by_hand_equals_autograd() {
+    use candle_core::Var;
+    use myosotis::nn::loss::gaussian_nll;
+    let (mut rng, seed) = common::seeded_rng("gaussian nll by hand", 136);
+    let shapes = [(vec![1, 1], 1), (vec![3, 7], 2), (vec![2, 5], 3)];
+    for ((shape, k), low) in shapes
+        .into_iter()
+        .flat_map(|c| [(c.clone(), false), (c, true)])
+    {
+        let n: usize = shape.iter().product();
+        let mut out = to_vec(&randn(&mut rng, &[n, 2 * k], DType::F64, &Device::Cpu));
+        for (i, v) in out.iter_mut().enumerate() {
+            if i % (2 * k) >= k {
+                // Variances: positive, and (`low`) every fifth below the least one read, 1e-6.
+                *v = if low && i % 5 == 0 {
+                    1e-8
+                } else {
+                    0.3 + v.abs()
+                };
+            }
+        }
+        let dims = [&shape[..], &[2 * k]].concat();
+        let out = Var::from_tensor(&common::tensor(&out, &dims, DType::F64, &Device::Cpu)).unwrap();
+        let y = randn(
+            &mut rng,
+            &[&shape[..], &[k]].concat(),
+            DType::F64,
+            &Device::Cpu,
+        );
+        let run = |by_hand: bool| {
+            let nll = gaussian_nll(out.as_tensor(), &y, by_hand).unwrap();
+            let grads = (&nll.objective * 1.7).unwrap().backward().unwrap();
+            let g = to_vec(grads.get(&out).unwrap());
+            ([to_vec(&nll.objective), to_vec(&nll.mse)].concat(), g)
+        };
+        let ((v, g), (v_h, g_h)) = (run(false), run(true));
+        assert_eq!(v_h, v, "values, {shape:?}, seed {seed}");
+        let e = common::rel_err(&g_h, &g);
+        assert!(e < 1e-12, "gradient by hand: {e:e}, {shape:?}, seed {seed}");
+        if low {
+            continue;
+        }
+        let objective = || gaussian_nll(out.as_tensor(), &y, true).unwrap().objective;
+        common::assert_central_differences(
+            &[("out", &out)],
+            &objective().backward().unwrap(),
+            || objective().to_scalar::<f64>().unwrap(),
+            &format!("{shape:?}, seed {seed}"),
         );
     }
 }

@@ -19,7 +19,7 @@ pub use super::pending::BatchRecord;
 use super::pending::Pending;
 use super::shards::{RankSum, ThreadGroup};
 use crate::data::dataset::{Batch, Dataset, Target};
-use crate::nn::loss::log_softmax_nll;
+use crate::nn::loss::{gaussian_nll, log_softmax_nll};
 use crate::nn::{Decoder, DropoutKey, GradSink, Mode, SequenceClassifier, Shards};
 
 /// Runs `f(offset, part)` on `idx` cut into up to `shards` contiguous, nearly equal parts
@@ -321,16 +321,14 @@ pub fn score(model: &SequenceClassifier, batch: &Batch, mode: Mode) -> Result<Sc
                     }
                 );
             }
-            let mean = out.narrow(D::Minus1, 0, k)?;
-            let sq = (&mean - y)?.sqr()?;
-            let loss = sq.mean_all()?;
-            let objective = match gaussian {
-                false => loss.clone(),
+            let (objective, loss) = match gaussian {
+                false => {
+                    let loss = (out.narrow(D::Minus1, 0, k)? - y)?.sqr()?.mean_all()?;
+                    (loss.clone(), loss)
+                }
                 true => {
-                    let var = out.narrow(D::Minus1, k, k)?.maximum(1e-6)?;
-                    let per = (var.log()? + (sq / &var)?)?.mean_all()?;
-                    let half_k = 0.5 * k as f64;
-                    ((per * half_k)? + half_k * (2.0 * std::f64::consts::PI).ln())?
+                    let nll = gaussian_nll(&out, y, mode.sink().is_some())?;
+                    (nll.objective, nll.mse)
                 }
             };
             Ok(Score {
