@@ -266,3 +266,104 @@ fn cuda_optimizer_steps_equal_the_cpu() {
         assert!(e < 1e-5, "{name}: CUDA vs CPU {e:e} (seed {seed})");
     }
 }
+
+/// The pendulum's model (8 × 8 frames through the frame encoder, causal S5 discretised per
+/// step, a Gaussian decoder at every step and its likelihood): one training step on CUDA
+/// against the CPU, by candle's autograd and by hand.
+#[test]
+fn cuda_pendulum_step_matches_the_cpu() {
+    use myosotis::nn::loss::gaussian_nll;
+    let Some(gpu) = gpu("cuda_pendulum_step_matches_the_cpu") else {
+        return;
+    };
+    let (mut rng, seed) = seeded_rng("cuda pendulum parity", 32);
+    let (batch, len, side, k) = (3, 10, 8, 2);
+    let frames: Vec<f64> = (0..batch * len * side * side)
+        .map(|i| match i % 4 {
+            0 => rng.random_range(0.0..1.0),
+            _ => 0.0,
+        })
+        .collect();
+    let dt: Vec<f64> = (0..batch * len)
+        .map(|_| rng.random_range(0.2..3.0))
+        .collect();
+    let values: Vec<f64> = (0..batch * len * k)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let cfg = ClassifierConfig {
+        encoder: EncoderConfig::Frames { side },
+        d_model: 12,
+        layers: 2,
+        layer: SeqLayerConfig::S5(S5Config {
+            state: 8,
+            blocks: 2,
+            ..S5Config::default()
+        }),
+        norm: NormKind::Layer,
+        prenorm: false,
+        activation: Activation::HalfGlu2,
+        dropout: 0.0,
+        pooling: Pooling::None,
+        classes: k,
+        timing: Timing::Continuous,
+        pairs: false,
+        decoder: Decoder::Gaussian,
+        seed: 3,
+        bn_momentum: BN_MOMENTUM,
+        dense_init: Default::default(),
+    };
+    let build = |dev: &Device| {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, dev);
+        (
+            varmap.clone(),
+            SequenceClassifier::new(cfg.clone(), vb).unwrap(),
+        )
+    };
+    let ((cpu_vars, cpu_model), (gpu_vars, gpu_model)) = (build(&Device::Cpu), build(&gpu));
+    for (name, v) in cpu_vars.data().lock().unwrap().iter() {
+        let g = gpu_vars.data().lock().unwrap()[name].clone();
+        g.set(&v.as_tensor().to_device(&gpu).unwrap()).unwrap();
+    }
+    let step = |m: &SequenceClassifier, vars: &VarMap, dev: &Device, by_hand: bool| {
+        let x = tensor(&frames, &[batch, len, side * side], DType::F32, dev);
+        let dt = tensor(&dt, &[batch, len], DType::F32, dev);
+        let y = tensor(&values, &[batch, len, k], DType::F32, dev);
+        let key = DropoutKey {
+            seed: 0,
+            step: 0,
+            first_row: 0,
+            key_on_device: false,
+        };
+        let sink = GradSink::new();
+        let mode = Mode::Train(key, None, by_hand.then_some(&sink));
+        let out = m.logits_timed(&x, None, Some(&dt), mode).unwrap();
+        let loss = gaussian_nll(&out, &y, by_hand).unwrap().objective;
+        let mut grads = loss.backward().unwrap();
+        sink.add_to(&mut grads).unwrap();
+        let data = vars.data().lock().unwrap();
+        let mut names: Vec<_> = data.keys().cloned().collect();
+        names.sort();
+        let mut out = vec![("loss".to_string(), to_vec(&loss))];
+        for k in names {
+            let g = grads.get(&data[&k]).map(to_vec).unwrap_or_default();
+            out.push((k, g));
+        }
+        out
+    };
+    for by_hand in [false, true] {
+        let want = step(&cpu_model, &cpu_vars, &Device::Cpu, by_hand);
+        let got = step(&gpu_model, &gpu_vars, &gpu, by_hand);
+        for ((k, w), (_, g)) in want.iter().zip(&got) {
+            assert!(
+                !w.is_empty(),
+                "{k}: no gradient on the CPU, by hand {by_hand}"
+            );
+            let e = rel_err(g, w);
+            assert!(
+                e < TOL,
+                "pendulum: {k} CUDA vs CPU {e:e}, by hand {by_hand} (seed {seed})"
+            );
+        }
+    }
+}
