@@ -97,7 +97,7 @@ impl FrameEncoder {
     /// (batch, length, side²) frames, with their intervals `dt` (batch, length) when the
     /// encoder appends them, → (batch, length, H).
     pub fn forward_timed(&self, x: &Tensor, dt: Option<&Tensor>) -> Result<Tensor> {
-        Ok(self.run(x, dt, &self.weights(false))?.out)
+        Ok(self.run(x, dt, &self.weights(false), false)?.out)
     }
 
     /// The parameters as they are (`detached` false) or detached from candle's graph.
@@ -114,8 +114,9 @@ impl FrameEncoder {
         }
     }
 
-    /// The forward on the parameters `w`, keeping what the backward by hand reads.
-    fn run(&self, x: &Tensor, dt: Option<&Tensor>, w: &Weights) -> Result<Pass> {
+    /// The forward on the parameters `w`; with `keep`, what the backward by hand reads is
+    /// kept (else each convolution's intermediates go as soon as the next has its input).
+    fn run(&self, x: &Tensor, dt: Option<&Tensor>, w: &Weights, keep: bool) -> Result<Pass> {
         let (batch, len, pixels) = x.dims3()?;
         let side = self.cfg.side;
         if pixels != side * side {
@@ -129,9 +130,12 @@ impl FrameEncoder {
             .reshape((1, side, side, n))?;
         let [[w1, b1], [w2, b2]] = &w.conv;
         let conv1 = self.conv1.run(&x, w1, b1)?;
-        let conv2 = self.conv2.run(&conv1.out, w2, b2)?;
+        let maps1 = conv1.out.clone();
+        let conv1 = keep.then_some(conv1);
+        let conv2 = self.conv2.run(&maps1, w2, b2)?;
+        let maps = conv2.out.clone();
         // Each frame's maps flattened as PyTorch's (channels, height, width).
-        let x = conv2.out.reshape(((), n))?.t()?;
+        let x = maps.reshape(((), n))?.t()?;
         let hidden = w.dense[0].forward(&x)?;
         let mut x = hidden.relu()?;
         match (self.cfg.append_dt, dt) {
@@ -146,7 +150,8 @@ impl FrameEncoder {
             .forward(&x)?
             .reshape((batch, len, self.cfg.d_model))?;
         Ok(Pass {
-            conv: [conv1, conv2],
+            conv: conv1.map(|c| [c, conv2]),
+            maps,
             hidden,
             read: x,
             out,
@@ -162,7 +167,10 @@ struct Weights {
 
 /// What the encoder's forward computed.
 struct Pass {
-    conv: [ConvPass; 2],
+    /// Kept for the backward by hand.
+    conv: Option<[ConvPass; 2]>,
+    /// The second convolution's output (CHANNELS, pooled, pooled, frames).
+    maps: Tensor,
     /// The first dense layer's output before its ReLU (frames, 30).
     hidden: Tensor,
     /// What the last dense layer read (frames, 30, or 31 with the intervals).

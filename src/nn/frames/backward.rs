@@ -31,7 +31,7 @@ impl FrameEncoder {
         }
         let (batch, len, _) = x.dims3()?;
         let w = self.weights(true);
-        let pass = self.run(&x.detach(), dt.map(Tensor::detach).as_ref(), &w)?;
+        let pass = self.run(&x.detach(), dt.map(Tensor::detach).as_ref(), &w, true)?;
         let y = pass.out.clone();
         let back = EncoderBackward {
             vars: [
@@ -133,7 +133,9 @@ impl ParamsBackward for EncoderBackward {
     fn backward(&self, dy: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
         let n = self.frames;
         let [dense1, dense2] = &self.w.dense;
-        let [conv1, conv2] = &self.pass.conv;
+        let Some([conv1, conv2]) = &self.pass.conv else {
+            candle_core::bail!("frame encoder: the forward kept nothing for the backward");
+        };
         let g = dy.reshape((n, ()))?;
         let (dw2, db2, dread) =
             dense_backward(&Mat::rows(&self.pass.read)?, dense2.weight(), &g, true)?;
@@ -141,12 +143,12 @@ impl ParamsBackward for EncoderBackward {
         let dhidden = relu_backward(&self.pass.hidden, &dread.narrow(1, 0, HIDDEN)?)?;
         // The first dense layer read the second convolution's maps (channels · cells, n)
         // transposed.
-        let maps = Mat::matrix(&conv2.out, n)?.t();
+        let maps = Mat::matrix(&self.pass.maps, n)?.t();
         let (dw1, db1, _) = dense_backward(&maps, dense1.weight(), &dhidden, false)?;
         let dmaps = gemm(
             &Mat::rows(dense1.weight())?.t(),
             &Mat::rows(&dhidden)?.t(),
-            conv2.out.shape().clone(),
+            self.pass.maps.shape().clone(),
         )?;
         let [[_, _], [cw2, _]] = &self.w.conv;
         let (dcw2, dcb2, dmaps1) = self.convs[1].backward(conv2, cw2, &dmaps, true)?;
