@@ -1,8 +1,9 @@
 //! The tensor operations of a training step (`myo bench step`, counted on the CPU, where CI
 //! runs): S5 and Myo at the default size execute at least 5× fewer than their steps did as
 //! chains of candle ops (1,217 and 716, counted the same way before the fused ops and the
-//! backward passes written out). An op that creeps back into a step fails this test. The
-//! gradient norm, which a captured `myo train` step takes every step, is a few ops too.
+//! backward passes written out), and the pendulum preset's step stays near its count. An op
+//! that creeps back into a step fails this test. The gradient norm, which a captured `myo
+//! train` step takes every step, is a few ops too.
 
 use std::collections::HashMap;
 
@@ -18,19 +19,9 @@ struct Cli {
     step: StepArgs,
 }
 
-fn bench(model: &str) -> StepReport {
-    let args = [
-        "bench",
-        "--model",
-        model,
-        "--threads",
-        "1",
-        "--warmup",
-        "0",
-        "--repeats",
-        "1",
-    ];
-    Cli::parse_from(args)
+fn bench(flags: &[&str]) -> StepReport {
+    let args = ["bench", "--threads", "1", "--warmup", "0", "--repeats", "1"];
+    Cli::parse_from(args.iter().chain(flags))
         .step
         .run()
         .expect("the step benchmark runs")
@@ -97,7 +88,7 @@ fn default_steps_and_the_gradient_norm_execute_few_ops() {
     // One test in this file: the count is of every tensor the process makes meanwhile.
     gradient_norm_makes_few_tensors();
     for (model, composed) in [("s5", 1217), ("myo", 716)] {
-        let ops = bench(model).ops;
+        let ops = bench(&["--model", model]).ops;
         let total = ops.total();
         println!("{model}: {total} tensor ops per step (as candle ops: {composed})");
         assert!(
@@ -105,4 +96,12 @@ fn default_steps_and_the_gradient_norm_execute_few_ops() {
             "{model}: {total} tensor ops per step, more than a fifth of {composed}"
         );
     }
+    // The pendulum preset: 2,112 as candle ops; 421 with its timed S5 blocks, frame encoder,
+    // Gaussian decoder and likelihood by hand. Any one of them back under autograd adds 40 or
+    // more.
+    let total = bench(&["--preset", "pendulum", "--batch-size", "2"])
+        .ops
+        .total();
+    println!("pendulum: {total} tensor ops per step (as candle ops: 2,112)");
+    assert!(total <= 450, "pendulum: {total} tensor ops per step");
 }
