@@ -27,14 +27,15 @@ target=target/cuda
 # Builds `myo` and the GPU tests in the target folder $1; prints each test's name and binary.
 build() {
   cargo build --release --features cuda --target-dir "$1" --bin myo >&2
-  cargo test --release --features cuda --target-dir "$1" --no-run --message-format=json 2>/dev/null |
+  # Only the GPU tests' binaries (the rest of the suite runs in CI on the CPU).
+  cargo test --release --features cuda --target-dir "$1" --test 'cuda_*' --no-run \
+    --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     t = m.get("target", {})
-    # The GPU tests (the rest of the suite runs in CI on the CPU); cuda_nccl has tests only
-    # with the nccl feature, built below.
+    # cuda_nccl has tests only with the nccl feature, built below.
     if m.get("reason") == "compiler-artifact" and m.get("executable") and t["kind"] == ["test"] \
             and t["name"].startswith("cuda_") and t["name"] != "cuda_nccl":
         print(t["name"], m["executable"])'
