@@ -37,7 +37,7 @@ for line in sys.stdin:
     t = m.get("target", {})
     # cuda_nccl has tests only with the nccl feature, built below.
     if m.get("reason") == "compiler-artifact" and m.get("executable") and t["kind"] == ["test"] \
-            and t["name"].startswith("cuda_") and t["name"] != "cuda_nccl":
+            and t["name"] != "cuda_nccl":
         print(t["name"], m["executable"])'
 }
 tests=$(build "$target")
