@@ -119,7 +119,8 @@ __device__ void batch_norm_bwd(const T *x, const T *mean, const T *var, const T 
 
 // In place, one thread per column, with m the decay and n = count[0]:
 // running_mean = running_mean m + μ (1 - m), running_var = running_var m + (σ² c) (1 - m) with
-// c = n / (n - 1), the operations of the CPU twin in its order.
+// c = n / (n - 1) (1 for a single value, whose σ² is 0: no unbiased estimate, and no NaN kept),
+// the operations of the CPU twin in its order.
 template <typename T>
 __device__ void batch_norm_running(T *rmean, T *rvar, const T *mean, const T *var,
                                    const T *count, int h, u64 decay_bits) {
@@ -127,7 +128,7 @@ __device__ void batch_norm_running(T *rmean, T *rvar, const T *mean, const T *va
     const double m = f64_from_bits(decay_bits);
     const F keep = F(m), take = F(1.0 - m);
     const F n = to_acc(count[0]);
-    const F unbiased = n / (n - F(1));
+    const F unbiased = n > F(1) ? n / (n - F(1)) : F(1);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < h; i += gridDim.x * blockDim.x) {
         store_s(rmean + i, to_acc(rmean[i]) * keep + to_acc(mean[i]) * take);
         store_s(rvar + i, to_acc(rvar[i]) * keep + to_acc(var[i]) * unbiased * take);

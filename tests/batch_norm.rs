@@ -230,12 +230,13 @@ fn batch_norm_ops_in_candle_ops_agree() {
 }
 
 /// The running averages in place: against f64 loops, and to the bit against the same update
-/// in candle ops (running·m + batch·(1 − m), the variance times n / (n − 1)), in f32 and f64.
+/// in candle ops (running·m + batch·(1 − m), the variance times n / (n − 1), or 1 for one row),
+/// in f32 and f64.
 #[test]
 fn batch_norm_running_averages_match_loops_and_candle_ops() {
     let (mut rng, seed) = seeded_rng("batch_norm_running", 144);
     for (dtype, tol) in [(DType::F32, 1e-6), (DType::F64, 1e-14)] {
-        for (h, rows, decay) in [(1, 2, 0.9), (7, 50, 0.99), (1000, 7, 0.37)] {
+        for (h, rows, decay) in [(1, 2, 0.9), (3, 1, 0.9), (7, 50, 0.99), (1000, 7, 0.37)] {
             let what = format!("{dtype:?}, h {h}, {rows} rows, decay {decay} (seed {seed})");
             let t = |v: &[f64]| tensor(v, &[v.len()], dtype, &Device::Cpu);
             let (rm, rv) = (
@@ -258,7 +259,11 @@ fn batch_norm_running_averages_match_loops_and_candle_ops() {
             let e = rel_err(&to_vec(rm_t), &want_m).max(rel_err(&to_vec(rv_t), &want_v));
             assert!(e < tol, "{what}: against f64 loops: {e:e}");
 
-            let unbiased = (&n_t / n_t.affine(1.0, -1.0).unwrap()).unwrap();
+            // A single row's σ² is kept as it is (no unbiased estimate).
+            let unbiased = match rows {
+                1 => n_t.ones_like().unwrap(),
+                _ => (&n_t / n_t.affine(1.0, -1.0).unwrap()).unwrap(),
+            };
             let update = |old: &[f64], batch: Tensor| {
                 ((t(old) * decay).unwrap() + (batch * (1.0 - decay)).unwrap()).unwrap()
             };

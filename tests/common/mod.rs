@@ -669,7 +669,11 @@ pub fn running_averages_reference(
     rows: usize,
     decay: f64,
 ) -> [Vec<f64>; 2] {
-    let k = rows as f64 / (rows as f64 - 1.0);
+    // n / (n − 1), and 1 for a single row (no unbiased estimate: σ² kept as it is).
+    let k = match rows {
+        0 | 1 => 1.0,
+        n => n as f64 / (n as f64 - 1.0),
+    };
     let m = (0..rm.len())
         .map(|i| rm[i] * decay + mean[i] * (1.0 - decay))
         .collect();

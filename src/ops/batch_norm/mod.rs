@@ -418,7 +418,12 @@ fn running_on_cpu(
             F::from(decay).expect("m"),
             F::from(1.0 - decay).expect("1 − m"),
         );
-        let unbiased = n / (n - F::one());
+        // A single value has no unbiased variance: its σ² (0) is kept as it is.
+        let unbiased = if n > F::one() {
+            n / (n - F::one())
+        } else {
+            F::one()
+        };
         for (r, &m) in rm.iter_mut().zip(mean) {
             *r = *r * keep + m * take;
         }
