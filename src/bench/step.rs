@@ -298,7 +298,12 @@ impl Setup {
     fn body(&mut self) -> Result<()> {
         let loss = self.forward()?;
         let grads = self.backward(&loss)?;
-        self.opt.launch_with(&grads)
+        self.opt.launch_with(&grads)?;
+        // The norm the optimiser keeps is dropped here, by the step that made it: kept to the
+        // next step, the capture would free memory allocated before it (an invalid free).
+        self.opt.take_logged();
+        self.opt.take_last_norm();
+        Ok(())
     }
 
     fn step(&mut self) -> Result<()> {

@@ -31,7 +31,9 @@ impl StepGraph {
     /// as an ordinary step), then once more under stream capture (which executes nothing) and
     /// instantiates the graph. `step` must issue the same work on the same buffers each time
     /// it runs: everything that changes between steps lives in device buffers written before
-    /// each [`StepGraph::replay`].
+    /// each [`StepGraph::replay`]. Nor may it drop a tensor made before it (a device result
+    /// kept from the last step): a graph frees only memory it allocated, and the driver
+    /// refuses the capture with CUDA_ERROR_INVALID_VALUE.
     pub fn capture(dev: &CudaDevice, mut step: impl FnMut() -> Result<()>) -> Result<StepGraph> {
         let _cache = dev.enable_cuda_graph_htod_cache();
         step()?;
