@@ -22,12 +22,14 @@ use crate::ops::{
 use crate::train::progress::significant;
 use crate::tree::Tree;
 
+mod captured;
 mod kernels;
 pub mod memory;
 mod step;
 
+pub use captured::{Captured, GraphMemory, GraphNodes};
 pub use kernels::{HeadBench, ScanBench, TreeBench};
-pub use step::{Captured, GraphMemory, GraphNodes, StepArgs, StepBench, StepMemory, StepReport};
+pub use step::{StepArgs, StepBench, StepMemory, StepReport};
 
 /// Median and minimum of repeated timings, in milliseconds per call.
 #[derive(Debug, Clone, Copy, Serialize)]

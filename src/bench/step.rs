@@ -185,41 +185,6 @@ pub struct StepMemory {
     pub peak_mib: f64,
 }
 
-/// The nodes of a captured step's CUDA graph, by kind, and the bytes its allocation nodes ask
-/// for (all of them, as if none reused another's memory).
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
-pub struct GraphNodes {
-    pub kernels: usize,
-    pub copies: usize,
-    pub memsets: usize,
-    pub allocations: usize,
-    pub frees: usize,
-    pub other: usize,
-    pub allocated_bytes: usize,
-}
-
-/// Device memory that captured graphs' allocations held at most, in bytes: in use, and
-/// reserved (mapped for them; the driver may keep more than is in use).
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
-pub struct GraphMemory {
-    pub used_high: usize,
-    pub reserved_high: usize,
-}
-
-/// A step captured as a CUDA graph: its replay's time, its nodes, and how its results compare
-/// with the same steps run eagerly from the same parameters and inputs.
-#[derive(Debug, Clone, Serialize)]
-pub struct Captured {
-    pub step: Timing,
-    pub nodes: GraphNodes,
-    /// What the graph's allocations held while it was replayed.
-    pub memory: GraphMemory,
-    /// Replays compared with as many eager steps.
-    pub compared: usize,
-    /// The largest difference of a parameter after them (0: the same to the bit).
-    pub max_difference: f64,
-}
-
 /// A reading of candle's process-wide tensor counter: it numbers every tensor it makes
 /// (`TensorId`), so two readings differ by the tensors made in between, plus one (the probe).
 fn tensors_made() -> Result<usize> {
@@ -299,10 +264,9 @@ impl Setup {
         let loss = self.forward()?;
         let grads = self.backward(&loss)?;
         self.opt.launch_with(&grads)?;
-        // The norm the optimiser keeps is dropped here, by the step that made it: kept to the
-        // next step, the capture would free memory allocated before it (an invalid free).
+        // The logged norm is dropped by the step that made it: kept to the next, a captured
+        // step would free memory allocated before its capture.
         self.opt.take_logged();
-        self.opt.take_last_norm();
         Ok(())
     }
 
