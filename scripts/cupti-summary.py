@@ -3,15 +3,17 @@
 
 `myo bench step --profile-steps K` ends with four windows of GPU work, each after an idle
 pause of 200 ms: K whole training steps back to back, then one forward pass, one backward pass
-and one optimiser step, each alone. This script splits the trace at pauses longer than
---gap-ms and reads the last four windows:
+and one optimiser step, each alone. On CUDA with the step captured (`--cuda-graph true`), a
+fifth window comes before them: K replays of the captured step. This script splits the trace
+at pauses longer than --gap-ms and reads the last four windows, or five with --replays:
 
-    cupti-summary.py TRACE --steps K [--step-ms T] [--top N]
+    cupti-summary.py TRACE --steps K [--step-ms T] [--replays [--replay-ms T]] [--top N]
 
 Per window: kernels (and memcpy/memset) per step, the sum of their GPU times per step, and
 busy = that sum over the window's span (first start to last end). With --step-ms (the bench's
-median step time without the tracer) busy is also given against it. --top lists the kernels
-that take the most GPU time in the K steps, then those that launch most often.
+median step time without the tracer; --replay-ms for the captured step) busy is also given
+against it. --top lists the kernels that take the most GPU time in the K eager steps, then
+those that launch most often.
 """
 import argparse
 import collections
@@ -47,15 +49,26 @@ def main():
     p.add_argument("trace")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--step-ms", type=float)
+    p.add_argument("--replays", action="store_true")
+    p.add_argument("--replay-ms", type=float)
     p.add_argument("--gap-ms", type=float, default=100.0)
     p.add_argument("--top", type=int, default=12)
     a = p.parse_args()
     events = read(a.trace)
     ws = windows(events, a.gap_ms * 1e6)
-    if len(ws) < 4:
-        sys.exit(f"cupti-summary: {a.trace} has {len(ws)} windows of GPU work, expected 4 at its end")
     labels = ["steps", "forward", "backward", "optimiser"]
-    for label, w, n in zip(labels, ws[-4:], [a.steps, 1, 1, 1]):
+    steps = [a.steps, 1, 1, 1]
+    timed = {"steps": a.step_ms}
+    if a.replays:
+        labels.insert(0, "replays")
+        steps.insert(0, a.steps)
+        timed["replays"] = a.replay_ms
+    if len(ws) < len(labels):
+        sys.exit(
+            f"cupti-summary: {a.trace} has {len(ws)} windows of GPU work, "
+            f"expected {len(labels)} at its end"
+        )
+    for label, w, n in zip(labels, ws[-len(labels):], steps):
         kernels = [e for e in w if e[2] == "K"]
         copies = [e for e in w if e[2] != "K"]
         busy_ns = sum(e[1] - e[0] for e in kernels)
@@ -65,8 +78,8 @@ def main():
             f"{len(copies) / n:5.1f}  kernel time/step {busy_ns / n / 1e6:8.3f} ms  "
             f"span/step {span_ns / n / 1e6:8.3f} ms  busy {100 * busy_ns / max(span_ns, 1):5.1f}%"
         )
-        if label == "steps" and a.step_ms:
-            line += f"  busy of the timed step {100 * busy_ns / n / 1e6 / a.step_ms:5.1f}%"
+        if timed.get(label):
+            line += f"  busy of the timed step {100 * busy_ns / n / 1e6 / timed[label]:5.1f}%"
         print(line)
     counts = collections.Counter(e[3] for e in ws[-4] if e[2] == "K")
     times = collections.Counter()

@@ -299,13 +299,14 @@ fi
 # The training step at the default size and at the presets: time (myo bench step), tensor ops
 # and our launches per step (the bench's own count), and from a CUPTI trace of 10 more steps
 # (scripts/cupti-trace.c) the kernels per step and the GPU-busy fraction: the kernels' GPU
-# time per step over the untraced step's median time.
+# time per step over the untraced step's median time; where the step captures, the same for
+# 10 replays of its graph.
 if want profile; then
 {
   echo
   echo "## Training step profile (forward, loss, backward, AdamW; CUPTI kernel trace)"
   echo
-  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy | memory MiB: held + step peak | CPU bench, 16 threads (shards, as myo train): steps/s | captured ms/step (graph kernels; vs eager; graph memory asked / used / reserved MiB) |"
+  echo "| model | size | CUDA ms/step | steps/s | samples/s | tensor ops/step | our launches | kernels/step (CUPTI) | GPU busy: eager, captured | memory MiB: held + step peak | CPU bench, 16 threads (shards, as myo train): steps/s | captured ms/step (graph kernels; vs eager; graph memory asked / used / reserved MiB) |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >>"$report/report.md"
 profiles=(
@@ -353,14 +354,23 @@ else:
           "= eager" if d == 0 else "differs by %.1e" % d, n["allocated_bytes"] / mib,
           g["used_high"] / mib, g["reserved_high"] / mib))' "$json")
   batch=$(sed -n 's/.*batch \([0-9]*\).*/\1/p' <<<"$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shape"])' "$json")")
+  # The captured step's median time where it captured: then the trace also holds 10 replays.
+  cms=$(python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1])).get("captured") or {}
+print(c["Ok"]["step"]["median_ms"] if "Ok" in c else "")' "$json")
+  graph=(--cuda-graph false) replays=()
+  [ -n "$cms" ] && graph=() replays=(--replays --replay-ms "$cms")
   trace=$work/trace-$tag.csv
   # shellcheck disable=SC2086
   CUDA_INJECTION64_PATH=$work/lib/libcupti-trace.so MYO_CUPTI_TRACE=$trace LD_LIBRARY_PATH=$work/lib:$LD_LIBRARY_PATH \
-    timeout 240 "$myo" bench step $flags --device cuda --warmup 1 --repeats 1 --profile-steps 10 --cuda-graph false >/dev/null 2>>"$report/step-$tag.log"
-  python3 "$bin/cupti-summary.py" "$trace" --steps 10 --step-ms "$ms" --top 25 >"$report/profile-$tag.txt" 2>&1
+    timeout 240 "$myo" bench step $flags --device cuda --warmup 1 --repeats 1 --profile-steps 10 "${graph[@]}" >/dev/null 2>>"$report/step-$tag.log"
+  python3 "$bin/cupti-summary.py" "$trace" --steps 10 --step-ms "$ms" "${replays[@]}" --top 25 >"$report/profile-$tag.txt" 2>&1
   gzip -c "$trace" >"$report/trace-$tag.csv.gz" 2>/dev/null || true
   kernels=$(awk '/^steps /{print $3}' "$report/profile-$tag.txt")
-  busy=$(sed -n 's/.*busy of the timed step *\([0-9.]*\)%.*/\1%/p' "$report/profile-$tag.txt")
+  busy=$(sed -n 's/^steps .*busy of the timed step *\([0-9.]*\)%.*/\1%/p' "$report/profile-$tag.txt")
+  busy="${busy:-?}, $(sed -n 's/^replays .*busy of the timed step *\([0-9.]*\)%.*/\1%/p' "$report/profile-$tag.txt")"
+  busy=${busy%, }
   cpu_sps=
   if [ -n "$cpu" ] && [[ "$model|$size" =~ ${MYO_GPU_CPU:-.} ]]; then
     # shellcheck disable=SC2086

@@ -35,7 +35,8 @@ pub struct StepArgs {
     #[arg(long, default_value_t = 7)]
     pub repeats: usize,
     /// Then run N steps, a forward, a backward and an optimiser step, each after a 200 ms
-    /// pause, for a profiler (scripts/cupti-summary.py).
+    /// pause, for a profiler (scripts/cupti-summary.py); on CUDA with the graph, N replays of
+    /// the captured step before them.
     #[arg(long, default_value_t = 0)]
     pub profile_steps: usize,
     /// Print one JSON object instead of text.
@@ -107,7 +108,9 @@ pub struct StepBench {
     pub repeats: usize,
     /// After the timings, run this many steps back to back, then one forward, one backward
     /// and one optimiser step, each window of GPU work after 200 ms of idling, for a
-    /// profiler's trace (`scripts/cupti-summary.py` reads the four windows). 0: none.
+    /// profiler's trace (`scripts/cupti-summary.py` reads the four windows). With
+    /// `cuda_graph`, a fifth window before them: this many replays of the captured step.
+    /// 0: none.
     pub profile_steps: usize,
     /// On CUDA, also capture the step as a CUDA graph ([`StepReport::captured`]).
     pub cuda_graph: bool,
@@ -448,9 +451,7 @@ impl StepBench {
                     .map(|(a, b)| a + b),
             },
         };
-        if self.profile_steps > 0 {
-            self.profile(device, &mut s)?;
-        }
+        // Captured first: with a profile, its replays are the first of the profile's windows.
         let captured = match device {
             #[cfg(feature = "cuda")]
             Device::Cuda(dev) if self.cuda_graph => Some(
@@ -459,6 +460,9 @@ impl StepBench {
             ),
             _ => None,
         };
+        if self.profile_steps > 0 {
+            self.profile(device, &mut s)?;
+        }
         Ok(StepReport {
             device: describe(device),
             shape: format!(
@@ -537,6 +541,15 @@ impl StepBench {
             graph.replay()
         })?;
         device.synchronize()?;
+        if self.profile_steps > 0 {
+            pause(device)?;
+            for _ in 0..self.profile_steps {
+                at += 1;
+                prepare_step(dev, &mut replayed.opt, key(at))?;
+                graph.replay()?;
+            }
+            device.synchronize()?;
+        }
         Ok(Captured {
             step,
             nodes: graph.nodes,
@@ -546,25 +559,27 @@ impl StepBench {
         })
     }
 
-    /// The four windows of work a profiler's trace is cut into (see `profile_steps`).
+    /// The four windows of eager work a profiler's trace ends with (see `profile_steps`).
     fn profile(&self, device: &Device, s: &mut Setup) -> Result<()> {
-        let pause = || -> Result<()> {
-            device.synchronize()?;
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            Ok(())
-        };
-        pause()?;
+        pause(device)?;
         for _ in 0..self.profile_steps {
             s.step()?;
         }
-        pause()?;
+        pause(device)?;
         let loss = s.forward()?;
-        pause()?;
+        pause(device)?;
         let grads = s.backward(&loss)?;
-        pause()?;
+        pause(device)?;
         s.opt.step(&grads)?;
         device.synchronize()
     }
+}
+
+/// The idle gap that separates two windows of a profiler's trace.
+fn pause(device: &Device) -> Result<()> {
+    device.synchronize()?;
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    Ok(())
 }
 
 impl std::fmt::Display for StepReport {

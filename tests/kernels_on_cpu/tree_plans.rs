@@ -4,7 +4,9 @@
 
 use candle_core::{DType, Device, Tensor};
 use myosotis::ops::plan::{DeviceLimits, KernelArg, LaunchPlan};
-use myosotis::ops::tree_solve::cuda::{backward_plan, forward_plan, forward_plans, lu_slots};
+use myosotis::ops::tree_solve::cuda::{
+    backward_plan, backward_plans, forward_plan, forward_plans, lu_slots,
+};
 use myosotis::ops::{TreeLayout, TreeSolveOptions};
 use myosotis::tree::Tree;
 
@@ -69,10 +71,9 @@ fn tree_plans_place_the_workspace_by_the_device_limit() {
 }
 
 /// The layout per launch: trees across lanes at the widest width that fits in shared memory and
-/// gives every multiprocessor two blocks, else the narrowest that fits; where none fits, the
-/// sweep for shared coefficients in f32 and f64 (blocks up to 4 × 4), else a block per tree;
-/// errors for a layout
-/// asked for that does not take the solve.
+/// gives every multiprocessor two blocks, else the narrowest that fits; the sweep in f32 and f64
+/// (blocks up to 4 × 4) where a tree's right-hand sides fit; Auto's choice per pass among
+/// them; errors for a layout asked for that does not take the solve.
 #[test]
 fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
     let plan = |batch, heads, tree: &Tree, shared: bool, dtype, layout, limits| {
@@ -93,33 +94,34 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
             _ => p.remove(1),
         })
     };
-    let auto = TreeLayout::Auto;
+    let (auto, lanes) = (TreeLayout::Auto, TreeLayout::Lanes);
     let h100 = DeviceLimits::H100;
     // 1,024 leaves, 4-ary: 1,365 nodes; a block of L samples sharing a head holds
     // (3 · 1,365 + L · 1,365) f32 values.
     let quad = Tree::perfect(1024, 4).unwrap();
-    let p = plan(16, 256, &quad, true, DType::F32, auto, h100).unwrap();
+    let p = plan(16, 256, &quad, true, DType::F32, lanes, h100).unwrap();
     // 16 lanes would give 256 blocks for 132 SMs: 8 lanes, 512 blocks.
     assert_eq!(p.kernel, "tree_lanes_fwd_f32");
     assert_eq!((p.grid, p.block), ([512, 1, 1], [8, 32, 1]));
     assert_eq!(p.shared_bytes, (3 * 1365 + 8 * 1365) * 4);
     // At (16, 64) no width gives 264 blocks: the narrowest, two lanes, 512 blocks.
-    let p = plan(16, 64, &quad, true, DType::F32, auto, h100).unwrap();
+    let p = plan(16, 64, &quad, true, DType::F32, lanes, h100).unwrap();
     assert_eq!((p.grid, p.block), ([512, 1, 1], [2, 128, 1]));
     // Per-sample coefficients, f64: a pivot set per lane, 4 · 1,365 values per lane; four
     // lanes (174,720 bytes) fit in 227 KiB but give 256 blocks: two lanes, 512 blocks.
-    let p = plan(16, 64, &quad, false, DType::F64, auto, h100).unwrap();
+    let p = plan(16, 64, &quad, false, DType::F64, lanes, h100).unwrap();
     assert_eq!((p.grid, p.block), ([512, 1, 1], [2, 128, 1]));
     assert_eq!(p.shared_bytes, (3 * 2 * 1365 + 2 * 1365) * 8);
     // The lanes never outnumber the batch's power of two (shared coefficients).
     let few_sms = DeviceLimits { sms: 0, ..h100 };
-    let p = plan(3, 64, &quad, true, DType::F32, auto, few_sms).unwrap();
+    let p = plan(3, 64, &quad, true, DType::F32, lanes, few_sms).unwrap();
     assert_eq!(p.block, [4, 64, 1]);
     assert_eq!(p.grid, [64, 1, 1]);
-    // Where two trees do not fit in a block (one sample; Path-X's 32,767 nodes), shared
-    // coefficients take the sweep: f32 and f64, a tree's right-hand sides in shared memory.
-    let p = plan(1, 64, &quad, true, DType::F32, auto, h100).unwrap();
-    assert_eq!(p.kernel, "tree_sweep_fwd_f32");
+    // Auto's forward of real scalar trees staged within 48 KiB: a block per tree.
+    let p = plan(16, 256, &quad, true, DType::F32, auto, h100).unwrap();
+    assert_eq!((p.kernel.as_str(), p.block), ("tree_fwd_f32", [64, 1, 1]));
+    // Where the tree is not small (Path-X's 32,767 nodes), shared coefficients take the sweep:
+    // f32 and f64, a tree's right-hand sides in shared memory.
     let path_x = Tree::perfect(16384, 2).unwrap();
     let p = plan(16, 8, &path_x, true, DType::F32, auto, h100).unwrap();
     assert_eq!(
@@ -163,7 +165,10 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
     let (coef, u) = (z(&[4, n, 2, 2]), z(&[8, 4, n, 2, 1]));
     let p = forward_plan(&quad, &coef, &coef, &coef, &u, opts_real(), h100).unwrap();
     assert_eq!(p.kernel, "tree_block_fwd_f32");
-    let o = TreeSolveOptions::default();
+    let o = TreeSolveOptions {
+        layout: TreeLayout::Lanes,
+        ..opts_real()
+    };
     let p = forward_plan(&quad, &coef, &coef, &coef, &u, o, h100).unwrap();
     assert_eq!(p.kernel, "tree_lanes_block_fwd_f32");
     // 2 x 2 blocks, 8 samples of 4 heads: (3 · 4 + L · 2) · 1,365 values (odd strides); no
@@ -223,6 +228,62 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
     let p = backward_plan(&quad, &coef, &coef, &coef, &x, o, h100).unwrap();
     assert_eq!(p.block, [2, 128, 1]);
     assert_eq!(p.outputs, vec![16 * 64 * n, 3 * 8 * 64 * n]);
+}
+
+/// Auto's choice per pass, the layouts measured fastest on an H100 (docs/performance.md): for
+/// shared scalar blocks a block per tree (small real trees) or the sweep forward and the lanes
+/// backward; the sweep for shared d × d blocks; a block per tree for per-sample coefficients.
+#[test]
+fn auto_chooses_the_layout_per_pass() {
+    let h100 = DeviceLimits::H100;
+    let quad = Tree::perfect(1024, 4).unwrap();
+    let path_x = Tree::perfect(16384, 2).unwrap();
+    // The kernel of each pass's last launch, for (batch, heads) trees of d × d blocks.
+    let kernels = |tree: &Tree, (batch, heads): (usize, usize), d, shared, complex| {
+        let w = if complex { vec![2] } else { vec![] };
+        let n = tree.len();
+        let z = |s: &[usize]| Tensor::zeros([s, &w[..]].concat(), DType::F32, &Device::Cpu);
+        let coef = match shared {
+            true => z(&[heads, n, d, d]),
+            false => z(&[batch, heads, n, d, d]),
+        }
+        .unwrap();
+        let u = z(&[batch, heads, n, d, 1]).unwrap();
+        let o = TreeSolveOptions {
+            complex,
+            layout: TreeLayout::Auto,
+        };
+        let last = |p: Vec<LaunchPlan>| p.last().unwrap().kernel.clone();
+        (
+            last(forward_plans(tree, &coef, &coef, &coef, &u, o, h100).unwrap()),
+            last(backward_plans(tree, &coef, &coef, &coef, &u, o, h100).unwrap()),
+        )
+    };
+    let pair = |f: &str, b: &str| (f.to_string(), b.to_string());
+    assert_eq!(
+        kernels(&quad, (16, 256), 1, true, false),
+        pair("tree_fwd_f32", "tree_lanes_bwd_f32")
+    );
+    assert_eq!(
+        kernels(&quad, (16, 256), 1, true, true),
+        pair("tree_sweep_fwd_f32_c", "tree_lanes_bwd_f32_c")
+    );
+    assert_eq!(
+        kernels(&path_x, (16, 8), 1, true, false),
+        pair("tree_sweep_fwd_f32", "tree_sweep_bwd_f32")
+    );
+    assert_eq!(
+        kernels(&quad, (16, 64), 1, false, false),
+        pair("tree_fwd_f32", "tree_bwd_f32")
+    );
+    assert_eq!(
+        kernels(&quad, (16, 64), 2, true, false),
+        pair("tree_sweep_block_fwd_f32", "tree_sweep_block_bwd_f32")
+    );
+    assert_eq!(
+        kernels(&quad, (16, 64), 2, false, false),
+        pair("tree_block_fwd_f32", "tree_block_bwd_f32")
+    );
 }
 
 /// The block kernels' workspace: n·d·(d + r) values plus one d × d LU block per thread that

@@ -430,8 +430,8 @@ fn check_large_tree(
     let [a, b, c, u] = tensors(tree, &case, &x, dtype);
     let coef = [x.a.clone(), x.b.clone(), x.c.clone()].concat();
     let twin = to_vec(&tree_solve(tree, &a, &b, &c, &u, opts(&case)).unwrap());
-    // Auto: trees across lanes where two fit in shared memory (H100), else the sweep for
-    // shared coefficients, else a block per tree.
+    // Auto (forward): the sweep for shared coefficients (these trees are not small), else a
+    // block per tree.
     for (shared, layout) in [
         (DeviceLimits::H100, TreeLayout::Tree),
         (NO_SHARED, TreeLayout::Tree),

@@ -19,18 +19,19 @@
 //! coefficients shared by the batch, whose lanes are then samples of one head; else one per
 //! lane) A', B' (then B̂) and C' (n·d² values each), and per lane n·d·r right-hand sides, each
 //! lane's array at an odd stride.
-//! [`TreeLayout::Auto`](super::TreeLayout::Auto) takes it when two trees or more fit
-//! ([`lane_choice`]).
+//! The lanes per block: [`lane_choice`].
 //!
 //! The sweep (`tree_pivots`, then `tree_sweep_fwd`/`tree_sweep_bwd`, `kernels/tree_sweep.cu`;
 //! `tree_block_pivots`, `tree_sweep_block_*` for blocks up to [`SWEEP_MAX_D`]), in f32 and f64:
 //! the pivots of each coefficient set eliminated once into a global buffer, then a block of
 //! [`SWEEP_THREADS`] per tree with only its n·r right-hand sides in shared memory; for d × d
 //! blocks shared by the batch, a block of [`SWEEP_BLOCK_THREADS`] holds several samples of one
-//! head as lanes ([`lane_choice`] again), which read its pivots together. Auto takes it for
-//! coefficients shared by the batch where the lanes do not fit (Path-X's trees; 4 × 4 blocks
-//! on 1,024 leaves), so the samples of a head share one set of pivots. Which layout and its
-//! sizes: `cuda/layout.rs`.
+//! head as lanes ([`lane_choice`] again), which read its pivots together.
+//!
+//! [`TreeLayout::Auto`](super::TreeLayout::Auto) chooses per pass, by the layouts' measured
+//! times: for coefficients shared by the batch the sweep for d × d blocks, and for scalar
+//! blocks the lanes backward and a block per tree (small real trees) or the sweep forward;
+//! a block per tree for per-sample coefficients. Which layout and its sizes: `cuda/layout.rs`.
 
 use candle_core::{bail, DType, Result, Tensor};
 
@@ -39,7 +40,7 @@ use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan
 use crate::tree::Tree;
 
 mod layout;
-use layout::Resolved;
+use layout::{Pass, Resolved};
 
 /// Threads per block (TREE_THREADS in the kernel), and for the trees of [`SMALL_TREE_BYTES`].
 pub const THREADS: u32 = 256;
@@ -379,7 +380,7 @@ impl TreeSolveOp {
     /// (u, coef = [A; B; C]), output x; or in the sweep layout `tree_pivots` (input coef,
     /// output the pivots) and `tree_sweep_fwd` (inputs u and the pivots, output x).
     fn forward_plans(&self, dtype: DType, limits: DeviceLimits) -> Result<Vec<LaunchPlan>> {
-        let layout = self.resolve(dtype, limits)?;
+        let layout = self.resolve(Pass::Forward, dtype, limits)?;
         let x = vec![self.rhs_len()];
         Ok(match layout {
             Resolved::Sweep(_) => vec![
@@ -397,7 +398,7 @@ impl TreeSolveOp {
         let Dims {
             heads, nodes, d, ..
         } = self.dims;
-        let layout = self.resolve(dtype, limits)?;
+        let layout = self.resolve(Pass::Backward, dtype, limits)?;
         let w = if self.opts.complex { 2 } else { 1 };
         let dcoef = 3 * self.gradient_rows(layout) * heads * nodes * d * d * w;
         let outputs = vec![self.rhs_len(), dcoef];

@@ -58,9 +58,10 @@ pub struct TreeSolveOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TreeLayout {
-    /// Trees across lanes where two trees' state fits in a block's shared memory (blocks up
-    /// to 4 × 4); else, for coefficients shared by the batch, the sweep where a tree's
-    /// right-hand sides fit; else a block per tree.
+    /// The layout measured fastest for the pass, among those that take the solve: for
+    /// coefficients shared by the batch, the sweep for d × d blocks; for scalar blocks the
+    /// lanes backward, and forward a block per tree (real trees within 48 KiB of shared
+    /// memory) or else the sweep. A block per tree for per-sample coefficients.
     #[default]
     Auto,
     /// A block of threads per tree (`tree_fwd`, `tree_block_fwd`).

@@ -4,7 +4,7 @@
 use candle_core::{bail, DType, Result};
 
 use super::super::{Dims, TreeLayout, TreeSolveOp};
-use super::{lane_choice, lu_slots, LANE_MAX_D, SWEEP_MAX_D};
+use super::{lane_choice, lu_slots, LANE_MAX_D, SMALL_TREE_BYTES, SWEEP_MAX_D};
 use crate::ops::plan::DeviceLimits;
 
 impl TreeSolveOp {
@@ -120,15 +120,30 @@ impl TreeSolveOp {
         lane_choice(limits, batch, blocks, |l| self.sweep_bytes(dtype, l)).unwrap_or(1)
     }
 
-    /// The layout this solve runs in on a device with `limits`: as asked, an error where that
-    /// layout does not take it; for [`TreeLayout::Auto`] trees across lanes where they fit,
-    /// else the sweep for coefficients shared by the batch, else a block per tree.
-    pub(super) fn resolve(&self, dtype: DType, limits: DeviceLimits) -> Result<Resolved> {
+    /// The layout `pass` of this solve runs in on a device with `limits`: as asked, an error
+    /// where that layout does not take it; for [`TreeLayout::Auto`] the fastest measured
+    /// (H100, `myo bench tree`; docs/performance.md) among those that take it:
+    /// * coefficients per sample: a block per tree (the lanes, each with its own pivots, took
+    ///   2.4× as long forward and backward);
+    /// * shared d × d blocks: the sweep (d = 2: 3.3× faster than a block per tree, 2.2× than
+    ///   the lanes; d = 4: 3.2×), else the lanes, else a block per tree;
+    /// * shared scalar blocks, forward: a block per tree for real trees it stages within
+    ///   [`SMALL_TREE_BYTES`] (1,024 leaves, 4-ary: 0.111 ms against the lanes' 0.152 and the
+    ///   sweep's 0.172), else the sweep (complex: 0.220 against 0.271; Path-X's 32,767 nodes:
+    ///   0.875 against 1.66);
+    /// * shared scalar blocks, backward: the lanes (real 0.27 ms against 0.38, complex 0.57
+    ///   against 0.92), else the sweep (Path-X 3.1 against 3.6), else a block per tree.
+    pub(super) fn resolve(
+        &self,
+        pass: Pass,
+        dtype: DType,
+        limits: DeviceLimits,
+    ) -> Result<Resolved> {
         let lanes = self.lanes(dtype, limits);
         let sweeps = self.sweeps(dtype, limits);
         Ok(match (self.opts.layout, lanes) {
             (TreeLayout::Tree, _) => Resolved::Tree,
-            (TreeLayout::Lanes | TreeLayout::Auto, Some(l)) => Resolved::Lanes(l),
+            (TreeLayout::Lanes, Some(l)) => Resolved::Lanes(l),
             (TreeLayout::Lanes, None) => bail!(
                 "tree_solve: the lanes layout needs blocks up to d = {LANE_MAX_D} (d = {}) and two \
                  trees in a block's shared memory ({} bytes here, the device grants {})",
@@ -145,13 +160,36 @@ impl TreeSolveOp {
                 limits.shared_per_block
             ),
             (TreeLayout::Sweep, _) => Resolved::Sweep(self.sweep_lanes(dtype, limits)),
-            (TreeLayout::Auto, None) if sweeps && self.dims.shared => {
-                Resolved::Sweep(self.sweep_lanes(dtype, limits))
-            }
-            (TreeLayout::Auto, None) => Resolved::Tree,
+            (TreeLayout::Auto, lanes) => self.auto(pass, dtype, limits, lanes, sweeps),
         })
     }
 
+    /// [`TreeLayout::Auto`]'s choice (see [`Self::resolve`]), given the lanes per block the
+    /// lanes layout would take and whether the sweep takes the solve.
+    fn auto(
+        &self,
+        pass: Pass,
+        dtype: DType,
+        limits: DeviceLimits,
+        lanes: Option<u32>,
+        sweeps: bool,
+    ) -> Resolved {
+        let Dims { d, shared, .. } = self.dims;
+        let sweep = Resolved::Sweep(self.sweep_lanes(dtype, limits));
+        let lanes = lanes.map(Resolved::Lanes);
+        let small_real_tree = !self.opts.complex
+            && self
+                .staged_per_tree(dtype)
+                .is_some_and(|b| b <= SMALL_TREE_BYTES && limits.fits_shared(b));
+        let first = match (shared, d, pass) {
+            (false, ..) => None,
+            (true, 1, Pass::Forward) if small_real_tree => None,
+            (true, 1, Pass::Forward) => sweeps.then_some(sweep),
+            (true, 1, Pass::Backward) => lanes.or(sweeps.then_some(sweep)),
+            (true, _, _) => sweeps.then_some(sweep).or(lanes),
+        };
+        first.unwrap_or(Resolved::Tree)
+    }
     /// Coefficient-gradient rows the backward writes per head: one per sample, or for shared
     /// coefficients in the lanes layout and the d × d sweep one per block of samples.
     pub(super) fn gradient_rows(&self, layout: Resolved) -> usize {
@@ -160,6 +198,14 @@ impl TreeSolveOp {
             _ => self.dims.batch,
         }
     }
+}
+
+/// The pass a layout is chosen for: [`TreeLayout::Auto`] may choose each apart (the backward
+/// reads only the forward's output, never its layout's state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pass {
+    Forward,
+    Backward,
 }
 
 /// The layout a solve runs in ([`TreeSolveOp::resolve`]).
