@@ -5,7 +5,10 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
-use myosotis::ops::{linear_scan, tree_solve, tree_solve_reference, ScanOptions, TreeSolveOptions};
+use myosotis::ops::{
+    linear_scan, tree_solve, tree_solve_backward, tree_solve_reference, ScanOptions,
+    TreeSolveOptions,
+};
 use myosotis::tree::Tree;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -431,6 +434,86 @@ fn singular_pivots_and_bad_shapes_are_errors() {
     for (what, r) in bad {
         let msg = r.expect_err(what).to_string();
         assert!(msg.contains("tree_solve"), "{what}: {msg}");
+    }
+}
+
+/// Samples with d × d blocks of their own go through the CPU solve eight at a time, one per SIMD
+/// lane, each lane choosing its own pivot rows (the rows are permuted, so the lanes pivot
+/// differently): the solution and every gradient equal those of each sample solved alone, to
+/// the bit; and a singular pivot in one lane names that sample.
+#[test]
+fn samples_with_their_own_blocks_in_lanes_equal_each_solved_alone() {
+    let (mut rng, seed) = seeded_rng("tree solve, own blocks in lanes", 41);
+    let tree = Tree::ragged(23, 5).unwrap();
+    let n = tree.len();
+    for (d, r, complex, dtype) in [
+        (2, 1, false, DType::F32),
+        (2, 2, true, DType::F32),
+        (3, 1, true, DType::F64),
+        (4, 2, false, DType::F64),
+        (5, 1, false, DType::F32),
+    ] {
+        let case = TreeCase {
+            batch: 19,
+            heads: 2,
+            d,
+            r,
+            shared: false,
+            complex,
+        };
+        let what = format!("d = {d}, r = {r}, complex {complex}, {dtype:?} (seed {seed})");
+        let mut x = random_tree_inputs(&tree, &case, &mut rng);
+        permute_block_rows(&tree, &case, &mut x, &mut rng);
+        let v = vars(&tree, &case, &x, dtype);
+        let [a, b, c, u] = [&v.a, &v.b, &v.c, &v.u].map(|t| t.as_tensor().clone());
+        let g = tensor(
+            &uniform(&mut rng, x.u.len(), -1.0, 1.0),
+            &case.u_shape(n),
+            dtype,
+            &Device::Cpu,
+        );
+        let o = opts(&case);
+        let whole = tree_solve(&tree, &a, &b, &c, &u, o).unwrap();
+        let grads = tree_solve_backward(&tree, &a, &b, &c, &whole, &g, o).unwrap();
+        for bi in 0..case.batch {
+            let one = |t: &Tensor| t.narrow(0, bi, 1).unwrap();
+            let x1 = tree_solve(&tree, &one(&a), &one(&b), &one(&c), &one(&u), o).unwrap();
+            assert_eq!(to_vec(&x1), to_vec(&one(&whole)), "x, sample {bi}, {what}");
+            let g1 =
+                tree_solve_backward(&tree, &one(&a), &one(&b), &one(&c), &x1, &one(&g), o).unwrap();
+            for (name, alone, all) in [
+                ("u", &g1.u, &grads.u),
+                ("a", &g1.a, &grads.a),
+                ("b", &g1.b, &grads.b),
+                ("c", &g1.c, &grads.c),
+            ] {
+                assert_eq!(
+                    to_vec(alone),
+                    to_vec(&one(all)),
+                    "∂{name}, sample {bi}, {what}"
+                );
+            }
+        }
+        let dense = dense_tree_solve(&tree, &case, &x);
+        let tol = if dtype == DType::F64 { 1e-10 } else { 1e-3 };
+        let err = rel_err(&to_vec(&whole), &dense);
+        assert!(err < tol, "against the dense solve: {err:e}, {what}");
+        // Sample 13 (lane 5 of the second group), head 1: a leaf's block zero, so singular.
+        let mut a0 = x.a.clone();
+        for i in 0..d {
+            for j in 0..d {
+                let o = case.coef_at(n, 13, 1, 0, i, j);
+                a0[o..o + case.w()].fill(0.0);
+            }
+        }
+        let a0 = tensor(&a0, &case.coef_shape(n), dtype, &Device::Cpu);
+        let err = tree_solve(&tree, &a0, &b, &c, &u, o)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("node 0 (batch 13, head 1)") && err.contains("singular"),
+            "{what}: {err}"
+        );
     }
 }
 

@@ -41,8 +41,6 @@ pub(crate) trait Value<F: WithDType>: Copy + Send + Sync {
     fn sub(self, o: Self) -> Self;
     /// 1 / self.
     fn inv(self) -> Self;
-    /// |self|² in the working precision, for choosing pivots (as the CUDA kernels do).
-    fn norm2(self) -> F;
     /// Usable as a pivot: non-zero and finite (in the working precision, branch-free, so that
     /// a check over SIMD lanes vectorises; `x - x == 0` fails for NaN and ±∞).
     fn pivot_ok(self) -> bool;
@@ -110,10 +108,6 @@ impl<F: WithDType> Value<F> for Re<F> {
         Re(F::one() / self.0)
     }
     #[inline(always)]
-    fn norm2(self) -> F {
-        self.0 * self.0
-    }
-    #[inline(always)]
     #[allow(clippy::eq_op)] // x - x is 0 exactly when x is finite
     fn pivot_ok(self) -> bool {
         (self.0 != F::zero()) & (self.0 - self.0 == F::zero())
@@ -179,10 +173,6 @@ impl<F: WithDType> Value<F> for Complex<F> {
             re: self.re / n,
             im: (F::zero() - self.im) / n,
         }
-    }
-    #[inline(always)]
-    fn norm2(self) -> F {
-        self.re * self.re + self.im * self.im
     }
     #[inline(always)]
     #[allow(clippy::eq_op)] // n - n is 0 exactly when n is finite

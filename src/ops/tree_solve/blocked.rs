@@ -1,13 +1,19 @@
 //! The CPU solve for d × d blocks (d > 1): each Schur step a small LU solve with partial
 //! pivoting, the pivot blocks eliminated once per head for the samples sharing its coefficients
-//! ([`Factors`]) and the samples solved eight at a time, one per SIMD lane.
+//! ([`Factors`]) and the samples solved eight at a time, one per SIMD lane; samples with
+//! coefficients of their own are eliminated and solved eight at a time, each lane pivoting
+//! alone ([`OwnLanes`]).
 
 use candle_core::{Result, WithDType};
 use rayon::prelude::*;
 
+use super::pivoting::{Pivoting, Scalar};
 use super::{Side, TreeSolveOp};
 use crate::ops::value::{best_simd, has_avx2, OutBuf, SharedOut, Value};
 use crate::tree::Tree;
+
+mod own_lanes;
+use own_lanes::OwnLanes;
 
 /// The coefficient blocks of one tree, read as the blocks of T_G or of T_Gᴴ.
 struct Blocks<'a, F> {
@@ -59,9 +65,10 @@ impl<F: WithDType> Blocks<'_, F> {
 /// Solving [Â_c | −B_c | ũ_c] by LU treats every right-hand column on its own, so eliminating
 /// the coefficient columns once (per head when the batch shares its coefficients) and replaying
 /// the recorded steps on each sample's ũ columns gives the per-tree solve's values to the bit.
-struct Factors<V> {
+struct Factors<V, P> {
     d: usize,
-    piv: Vec<usize>,
+    /// Per node and column, the row swapped into it: one, or one per lane ([`Pivoting`]).
+    piv: Vec<P>,
     /// (nodes, column, row): the multiplier of `row` at the elimination of `column`.
     mult: Vec<V>,
     upper: Vec<V>,
@@ -78,33 +85,22 @@ struct BadPivot(usize);
 /// and the diagonal's inverses in `piv`, `mult` (column-major) and `inv`; m keeps the upper
 /// factor. False for a singular or non-finite pivot.
 #[inline(always)]
-fn factor_block<F: WithDType, V: Value<F>>(
+fn factor_block<F: WithDType, V: Pivoting<F>>(
     m: &mut [V],
     rhs: &mut [V],
     (d, k): (usize, usize),
-    piv: &mut [usize],
+    piv: &mut [V::Rows],
     mult: &mut [V],
     inv: &mut [V],
 ) -> bool {
     for col in 0..d {
-        let mut p = col;
-        for i in col + 1..d {
-            if m[i * d + col].norm2() > m[p * d + col].norm2() {
-                p = i;
-            }
-        }
-        if !m[p * d + col].pivot_ok() {
+        let p = V::pivot_rows(m, col, d);
+        V::swap_rows(m.as_chunks_mut::<1>().0, col, p, (d, d));
+        V::swap_rows(rhs.as_chunks_mut::<1>().0, col, p, (d, k));
+        if !m[col * d + col].pivot_ok() {
             return false;
         }
         piv[col] = p;
-        if p != col {
-            for j in 0..d {
-                m.swap(col * d + j, p * d + j);
-            }
-            for j in 0..k {
-                rhs.swap(col * k + j, p * k + j);
-            }
-        }
         let pinv = m[col * d + col].inv();
         for i in col + 1..d {
             let f = m[i * d + col].mul(pinv);
@@ -144,7 +140,7 @@ fn back_substitute<F: WithDType, V: Value<F>>(
     }
 }
 
-impl<V: Copy> Factors<V> {
+impl<V: Copy, P: Copy> Factors<V, P> {
     /// The block size: `D`, or when `D` is 0 the one given at construction.
     #[inline(always)]
     fn d<const D: usize>(&self) -> usize {
@@ -155,11 +151,11 @@ impl<V: Copy> Factors<V> {
         }
     }
 
-    fn new(zero: V, nodes: usize, d: usize) -> Self {
+    fn new(zero: V, no_rows: P, nodes: usize, d: usize) -> Self {
         let dd = d * d;
         Factors {
             d,
-            piv: vec![0; nodes * d],
+            piv: vec![no_rows; nodes * d],
             mult: vec![zero; nodes * dd],
             upper: vec![zero; nodes * dd],
             inv: vec![zero; nodes * d],
@@ -177,7 +173,7 @@ impl<V: Copy> Factors<V> {
         blk: &Blocks<F>,
     ) -> std::result::Result<(), BadPivot>
     where
-        V: Value<F>,
+        V: Pivoting<F, Rows = P>,
     {
         let (n, d) = (tree.len(), self.d::<D>());
         let dd = d * d;
@@ -223,7 +219,7 @@ impl<V: Copy> Factors<V> {
         with_b: bool,
     ) -> bool
     where
-        V: Value<F>,
+        V: Pivoting<F, Rows = P>,
     {
         let d = self.d::<D>();
         let dd = d * d;
@@ -255,18 +251,13 @@ impl<V: Copy> Factors<V> {
         rhs: &mut [[V; L]],
         r: usize,
     ) where
-        V: Value<F>,
+        V: Pivoting<F, Rows = P>,
     {
         let (d, r) = (self.d::<D>(), if R > 0 { R } else { r });
         let dd = d * d;
         let (piv, mult) = (&self.piv[v * d..], &self.mult[v * dd..]);
         for col in 0..d {
-            let p = piv[col];
-            if p != col {
-                for j in 0..r {
-                    rhs.swap(col * r + j, p * r + j);
-                }
-            }
+            V::swap_rows(rhs, col, piv[col], (d, r));
             for i in col + 1..d {
                 let f = mult[col * d + i];
                 for j in 0..r {
@@ -301,7 +292,7 @@ impl<V: Copy> Factors<V> {
         r: usize,
         (uhat, xs): (&mut [[V; L]], &mut [[V; L]]),
     ) where
-        V: Value<F>,
+        V: Pivoting<F, Rows = P>,
     {
         let (n, d, r) = (tree.len(), self.d::<D>(), if R > 0 { R } else { r });
         let (dd, dr) = (d * d, d * r);
@@ -370,10 +361,11 @@ const SAMPLES_PER_TASK: usize = 16;
 impl TreeSolveOp {
     /// The d × d block solve of every tree: `rhs` holds u (forward) or g (adjoint) and the
     /// solutions go to `out`. A rayon task takes one head and up to [`SAMPLES_PER_TASK`] samples
-    /// sharing its coefficients (one sample when each has its own), eliminates the pivot
-    /// blocks once and solves each sample with them. The blocks' sizes 2, 3 and 4 get their own
+    /// sharing its coefficients, eliminates the pivot blocks once and solves the samples with
+    /// them, eight at a time; or [`SAMPLE_LANES`] samples with coefficients of their own,
+    /// eliminated and solved together in lanes ([`OwnLanes`]). The blocks' sizes 2, 3 and 4 get their own
     /// copy of the code, with every loop's length known.
-    pub(super) fn solve_blocks<F: WithDType, V: Value<F>>(
+    pub(super) fn solve_blocks<F: WithDType, V: Scalar<F>>(
         &self,
         side: Side,
         coef: &[F],
@@ -389,7 +381,7 @@ impl TreeSolveOp {
     }
 
     /// [`Self::solve_blocks`] for blocks of size `D` (0: any size, read from the dimensions).
-    fn solve_blocks_d<F: WithDType, V: Value<F>, const D: usize>(
+    fn solve_blocks_d<F: WithDType, V: Scalar<F>, const D: usize>(
         &self,
         side: Side,
         coef: &[F],
@@ -404,62 +396,97 @@ impl TreeSolveOp {
         let (ca, cb, cc) = (&coef[..set], &coef[set..2 * set], &coef[2 * set..3 * set]);
         let per_tree = n * d * r * w;
         let per_coef = n * d * d * w;
-        let chunk = if dims.shared { SAMPLES_PER_TASK } else { 1 };
+        let chunk = if dims.shared {
+            SAMPLES_PER_TASK
+        } else {
+            SAMPLE_LANES
+        };
         let chunks = dims.batch.div_ceil(chunk);
         let avx2 = has_avx2();
+        let tree = &*self.tree;
         (0..dims.heads * chunks).into_par_iter().try_for_each_init(
-            || Factors::<V>::new(V::zero(), n, d),
-            |fac, task| {
+            || {
+                (
+                    Factors::<V, usize>::new(V::zero(), 0, n, d),
+                    None::<OwnLanes<F, V>>,
+                )
+            },
+            |(fac, own), task| {
                 let (h, first) = (task % dims.heads, (task / dims.heads) * chunk);
-                let c0 = dims.coef_tree(first, h) * w;
-                let blk = Blocks {
-                    a: &ca[c0..c0 + per_coef],
-                    b: &cb[c0..c0 + per_coef],
-                    c: &cc[c0..c0 + per_coef],
-                    d,
-                    side,
+                let samples = first..(first + chunk).min(dims.batch);
+                let blocks_of = |b: usize| {
+                    let c0 = dims.coef_tree(b, h) * w;
+                    Blocks {
+                        a: &ca[c0..c0 + per_coef],
+                        b: &cb[c0..c0 + per_coef],
+                        c: &cc[c0..c0 + per_coef],
+                        d,
+                        side,
+                    }
                 };
                 let tree_of = |b: usize| b * dims.heads + h;
-                fac.eliminate::<F, D>(&self.tree, &blk)
-                    .map_err(|BadPivot(v)| self.pivot_error(side, tree_of(first), v))?;
-                let samples = first..(first + chunk).min(dims.batch);
                 let io = |b: usize| {
                     let t = tree_of(b);
                     // SAFETY: this task alone writes tree t's region of the output.
                     let x = unsafe { out.row(t * per_tree, per_tree) };
                     (&rhs[t * per_tree..(t + 1) * per_tree], x)
                 };
+                let group = |first: usize| {
+                    let (u, x): (Vec<_>, Vec<_>) = (first..first + SAMPLE_LANES).map(io).unzip();
+                    match (u.try_into(), x.try_into()) {
+                        (Ok(u), Ok(x)) => (u, x),
+                        _ => unreachable!("a group has {SAMPLE_LANES} samples"),
+                    }
+                };
+                let eliminate = |fac: &mut Factors<V, usize>, b: usize| {
+                    best_simd!(avx2, fac.eliminate::<F, D>(tree, &blocks_of(b)))
+                        .map_err(|BadPivot(v)| self.pivot_error(side, tree_of(b), v))
+                };
+                let scratch = || vec![[V::zero(); 1]; n * d * r];
+                let (mut uhat, mut xs) = (scratch(), scratch());
+                let mut solve_one = |fac: &Factors<V, usize>, b: usize| {
+                    let (u, x) = io(b);
+                    let ws = (&mut uhat[..], &mut xs[..]);
+                    best_simd!(avx2, fac.solve::<F, D, 1, 0>(tree, ([u], [x]), r, ws));
+                };
+                if !dims.shared {
+                    if samples.len() == SAMPLE_LANES {
+                        let own = own.get_or_insert_with(|| OwnLanes::new(n, d, r));
+                        let blocks = std::array::from_fn(|l| blocks_of(first + l));
+                        if own.solve::<D>(tree, blocks, group(first), r, avx2) {
+                            return Ok(());
+                        }
+                    }
+                    // One by one: also where a lane's pivot failed, to name its sample.
+                    for b in samples {
+                        eliminate(fac, b)?;
+                        solve_one(fac, b);
+                    }
+                    return Ok(());
+                }
+                eliminate(fac, first)?;
                 let full = samples.len() / SAMPLE_LANES * SAMPLE_LANES;
                 let scratch = || vec![[V::zero(); SAMPLE_LANES]; n * d * r];
-                let (mut uhat, mut xs) = (scratch(), scratch());
-                for group in samples
+                let (mut uhat_l, mut xs_l) = (scratch(), scratch());
+                for g in samples
                     .clone()
                     .step_by(SAMPLE_LANES)
                     .take(full / SAMPLE_LANES)
                 {
-                    let (u, x): (Vec<_>, Vec<_>) = (group..group + SAMPLE_LANES).map(io).unzip();
-                    let (Ok(u), Ok(x)) = (u.try_into(), x.try_into()) else {
-                        unreachable!("a group has {SAMPLE_LANES} samples")
-                    };
-                    let ws = (&mut uhat[..], &mut xs[..]);
-                    let tree = &*self.tree;
+                    let ws = (&mut uhat_l[..], &mut xs_l[..]);
                     match r {
                         1 => best_simd!(
                             avx2,
-                            fac.solve::<F, D, SAMPLE_LANES, 1>(tree, (u, x), r, ws)
+                            fac.solve::<F, D, SAMPLE_LANES, 1>(tree, group(g), r, ws)
                         ),
                         _ => best_simd!(
                             avx2,
-                            fac.solve::<F, D, SAMPLE_LANES, 0>(tree, (u, x), r, ws)
+                            fac.solve::<F, D, SAMPLE_LANES, 0>(tree, group(g), r, ws)
                         ),
                     }
                 }
-                let scratch = || vec![[V::zero(); 1]; n * d * r];
-                let (mut uhat, mut xs) = (scratch(), scratch());
                 for b in samples.skip(full) {
-                    let (u, x) = io(b);
-                    let ws = (&mut uhat[..], &mut xs[..]);
-                    best_simd!(avx2, fac.solve::<F, D, 1, 0>(&self.tree, ([u], [x]), r, ws));
+                    solve_one(fac, b);
                 }
                 Ok(())
             },
@@ -469,7 +496,7 @@ impl TreeSolveOp {
     /// λ = T_G⁻ᴴ g, then the block gradients from λ and x: returns (∂u, ∂coef, partials) with
     /// ∂coef stacked like the coefficients per partial: per sample, or for shared coefficients
     /// one, already summed over the batch.
-    pub(super) fn adjoint_and_grads<F: WithDType, V: Value<F>>(
+    pub(super) fn adjoint_and_grads<F: WithDType, V: Scalar<F>>(
         &self,
         coef: &[F],
         x: &[F],

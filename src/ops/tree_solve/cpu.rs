@@ -5,13 +5,14 @@
 use candle_core::{bail, Device, Result, Storage, Tensor, WithDType};
 use rayon::prelude::*;
 
+use super::pivoting::Scalar;
 use super::{Side, TreeSolveOp};
-use crate::ops::value::{contiguous, Complex, OutBuf, Re, SharedOut, Value};
+use crate::ops::value::{contiguous, Complex, OutBuf, Re, SharedOut};
 
 impl TreeSolveOp {
     /// Solves every (batch, head) tree in parallel: `rhs` holds u (forward) or g (adjoint) and
     /// the solutions go to `out`.
-    pub(super) fn solve_all<F: WithDType, V: Value<F>>(
+    pub(super) fn solve_all<F: WithDType, V: Scalar<F>>(
         &self,
         side: Side,
         coef: &[F],

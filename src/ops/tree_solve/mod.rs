@@ -41,6 +41,7 @@ mod blocked;
 mod cpu;
 pub mod cuda;
 mod levels;
+mod pivoting;
 mod reference;
 
 pub use reference::tree_solve_reference;
