@@ -4,6 +4,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
+use common::trees::permute_block_rows;
 use common::*;
 use myosotis::ops::{
     linear_scan, tree_solve, tree_solve_backward, tree_solve_reference, ScanOptions,

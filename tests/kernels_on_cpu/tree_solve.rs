@@ -11,6 +11,7 @@ use myosotis::ops::{tree_solve, tree_solve_backward, TreeLayout, TreeSolveOption
 use myosotis::tree::Tree;
 use rand::Rng;
 
+use crate::common::trees::permute_block_rows;
 use crate::common::*;
 use crate::exec::{round_to, run, run_in_every_order, HostRun};
 use crate::{assert_same, DTYPES};
