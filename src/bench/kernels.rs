@@ -177,8 +177,8 @@ pub struct TreeBench {
     /// Coefficients per sample (batch, heads, ...) instead of shared (heads, ...).
     #[arg(long)]
     pub per_sample: bool,
-    /// The CUDA kernels' layout: trees across lanes where they fit (auto), a block per tree
-    /// (tree), or trees across lanes (lanes, scalar blocks only).
+    /// The CUDA kernels' layout: the one measured fastest for each pass (auto), a block per
+    /// tree (tree), trees across lanes (lanes) or the sweep (sweep).
     #[arg(long, value_enum, default_value_t = TreeLayout::Auto)]
     pub layout: TreeLayout,
     #[command(flatten)]
