@@ -520,10 +520,14 @@ impl StepBench {
         let mut at = 1;
         prepare_step(dev, &mut replayed.opt, key(at))?;
         let graph = StepGraph::capture(dev, || replayed.body())?;
-        for _ in 0..compared {
+        // Each replay the next step: its key and AdamW's rows written, then the graph launched.
+        let mut next = || {
             at += 1;
             prepare_step(dev, &mut replayed.opt, key(at))?;
-            graph.replay()?;
+            graph.replay()
+        };
+        for _ in 0..compared {
+            next()?;
         }
         let mut max_difference = 0f64;
         for (name, v) in &to {
@@ -535,18 +539,12 @@ impl StepBench {
                 .to_scalar::<f64>()?;
             max_difference = max_difference.max(d);
         }
-        let step = time_median(device, self.warmup, self.repeats, || {
-            at += 1;
-            prepare_step(dev, &mut replayed.opt, key(at))?;
-            graph.replay()
-        })?;
+        let step = time_median(device, self.warmup, self.repeats, &mut next)?;
         device.synchronize()?;
         if self.profile_steps > 0 {
             pause(device)?;
             for _ in 0..self.profile_steps {
-                at += 1;
-                prepare_step(dev, &mut replayed.opt, key(at))?;
-                graph.replay()?;
+                next()?;
             }
             device.synchronize()?;
         }

@@ -363,8 +363,8 @@ impl TreeSolveOp {
     /// solutions go to `out`. A rayon task takes one head and up to [`SAMPLES_PER_TASK`] samples
     /// sharing its coefficients, eliminates the pivot blocks once and solves the samples with
     /// them, eight at a time; or [`SAMPLE_LANES`] samples with coefficients of their own,
-    /// eliminated and solved together in lanes ([`OwnLanes`]). The blocks' sizes 2, 3 and 4 get their own
-    /// copy of the code, with every loop's length known.
+    /// eliminated and solved together in lanes ([`OwnLanes`]). The blocks' sizes 2, 3 and 4
+    /// get their own copy of the code, with every loop's length known.
     pub(super) fn solve_blocks<F: WithDType, V: Scalar<F>>(
         &self,
         side: Side,
@@ -442,6 +442,13 @@ impl TreeSolveOp {
                     best_simd!(avx2, fac.eliminate::<F, D>(tree, &blocks_of(b)))
                         .map_err(|BadPivot(v)| self.pivot_error(side, tree_of(b), v))
                 };
+                if !dims.shared && samples.len() == SAMPLE_LANES {
+                    let own = own.get_or_insert_with(|| OwnLanes::new(n, d, r));
+                    let blocks = std::array::from_fn(|l| blocks_of(first + l));
+                    if own.solve::<D>(tree, blocks, group(first), r, avx2) {
+                        return Ok(());
+                    }
+                }
                 let scratch = || vec![[V::zero(); 1]; n * d * r];
                 let (mut uhat, mut xs) = (scratch(), scratch());
                 let mut solve_one = |fac: &Factors<V, usize>, b: usize| {
@@ -450,14 +457,8 @@ impl TreeSolveOp {
                     best_simd!(avx2, fac.solve::<F, D, 1, 0>(tree, ([u], [x]), r, ws));
                 };
                 if !dims.shared {
-                    if samples.len() == SAMPLE_LANES {
-                        let own = own.get_or_insert_with(|| OwnLanes::new(n, d, r));
-                        let blocks = std::array::from_fn(|l| blocks_of(first + l));
-                        if own.solve::<D>(tree, blocks, group(first), r, avx2) {
-                            return Ok(());
-                        }
-                    }
-                    // One by one: also where a lane's pivot failed, to name its sample.
+                    // One by one: the samples short of a group, and a group where a lane's
+                    // pivot failed (to name its sample).
                     for b in samples {
                         eliminate(fac, b)?;
                         solve_one(fac, b);
