@@ -518,6 +518,84 @@ fn samples_with_their_own_blocks_in_lanes_equal_each_solved_alone() {
     }
 }
 
+/// Samples that share their head's coefficients go through the CPU solve eight at a time, one
+/// per SIMD lane (for scalar blocks a task's remainder, r > 1 and f64 one tree at a time): the
+/// solution and ∂u equal those of each sample solved alone, to the bit, on trees with and
+/// without a uniform number of children per level (and a lone root), real and complex, scalar
+/// and d × d blocks; the coefficient gradients equal the sum of the samples' alone.
+#[test]
+fn samples_sharing_coefficients_in_lanes_equal_each_solved_alone() {
+    let (mut rng, seed) = seeded_rng("tree solve, shared scalar blocks in lanes", 43);
+    let trees = [
+        Tree::ragged(23, 5).unwrap(),
+        Tree::perfect(64, 4).unwrap(),
+        Tree::chain(1).unwrap(),
+        Tree::chain(6).unwrap(),
+    ];
+    for (tree, d, r, complex, dtype) in [
+        (&trees[0], 1, 1, false, DType::F32),
+        (&trees[1], 1, 1, false, DType::F32),
+        (&trees[1], 1, 1, true, DType::F32),
+        (&trees[0], 1, 1, true, DType::F32),
+        (&trees[0], 1, 1, false, DType::F64),
+        (&trees[2], 1, 1, false, DType::F32),
+        (&trees[3], 1, 1, true, DType::F32),
+        (&trees[1], 1, 2, false, DType::F64),
+        (&trees[0], 2, 1, false, DType::F32),
+        (&trees[1], 3, 2, true, DType::F32),
+        (&trees[1], 2, 1, false, DType::F64),
+        (&trees[0], 4, 1, true, DType::F64),
+    ] {
+        let n = tree.len();
+        let case = TreeCase {
+            batch: 19,
+            heads: 2,
+            d,
+            r,
+            shared: true,
+            complex,
+        };
+        let what = format!("n = {n}, d = {d}, r = {r}, complex {complex}, {dtype:?} (seed {seed})");
+        let x = random_tree_inputs(tree, &case, &mut rng);
+        let v = vars(tree, &case, &x, dtype);
+        let [a, b, c, u] = [&v.a, &v.b, &v.c, &v.u].map(|t| t.as_tensor().clone());
+        let g = tensor(
+            &uniform(&mut rng, x.u.len(), -1.0, 1.0),
+            &case.u_shape(n),
+            dtype,
+            &Device::Cpu,
+        );
+        let o = opts(&case);
+        let whole = tree_solve(tree, &a, &b, &c, &u, o).unwrap();
+        let grads = tree_solve_backward(tree, &a, &b, &c, &whole, &g, o).unwrap();
+        let mut summed = [&grads.a, &grads.b, &grads.c].map(|t| vec![0.0; t.elem_count()]);
+        for bi in 0..case.batch {
+            let one = |t: &Tensor| t.narrow(0, bi, 1).unwrap();
+            let x1 = tree_solve(tree, &a, &b, &c, &one(&u), o).unwrap();
+            assert_eq!(to_vec(&x1), to_vec(&one(&whole)), "x, sample {bi}, {what}");
+            let g1 = tree_solve_backward(tree, &a, &b, &c, &x1, &one(&g), o).unwrap();
+            let du = to_vec(&one(&grads.u));
+            assert_eq!(to_vec(&g1.u), du, "∂u, sample {bi}, {what}");
+            for (sum, alone) in summed.iter_mut().zip([&g1.a, &g1.b, &g1.c]) {
+                for (s, a) in sum.iter_mut().zip(to_vec(alone)) {
+                    *s += a;
+                }
+            }
+        }
+        let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+        for (name, sum, all) in [("a", 0, &grads.a), ("b", 1, &grads.b), ("c", 2, &grads.c)] {
+            let err = rel_err(&to_vec(all), &summed[sum]);
+            assert!(
+                err < tol,
+                "∂{name} against the samples' sum: {err:e}, {what}"
+            );
+        }
+        let err = rel_err(&to_vec(&whole), &dense_tree_solve(tree, &case, &x));
+        let tol = if dtype == DType::F64 { 1e-10 } else { 1e-3 };
+        assert!(err < tol, "against the dense solve: {err:e}, {what}");
+    }
+}
+
 /// The public backward equals autograd through the op (f64), and takes f16/bf16 on the CPU as
 /// the forward does (computed in f32, rounded once).
 #[test]

@@ -8,6 +8,7 @@ use candle_core::{Result, WithDType};
 use rayon::prelude::*;
 
 use super::pivoting::{Pivoting, Scalar};
+use super::transpose::{from_lanes, to_lanes, LANES};
 use super::{Side, TreeSolveOp};
 use crate::ops::value::{best_simd, has_avx2, OutBuf, SharedOut, Value};
 use crate::tree::Tree;
@@ -296,7 +297,16 @@ impl<V: Copy, P: Copy> Factors<V, P> {
     {
         let (n, d, r) = (tree.len(), self.d::<D>(), if R > 0 { R } else { r });
         let (dd, dr) = (d * d, d * r);
-        for (e, uh) in uhat[..n * dr].iter_mut().enumerate() {
+        let len = n * dr;
+        let done = match L == LANES {
+            // SAFETY: u[l] holds len values of V, uhat len groups of LANES (as L = LANES).
+            true => unsafe {
+                let rows = std::array::from_fn(|l| u[l].as_ptr().cast::<V>());
+                to_lanes(rows, len, uhat.as_mut_ptr().cast::<[V; LANES]>())
+            },
+            false => 0,
+        };
+        for (e, uh) in uhat[..len].iter_mut().enumerate().skip(done) {
             *uh = std::array::from_fn(|l| V::load(u[l], e));
         }
         for k in 0..tree.levels() - 1 {
@@ -335,8 +345,17 @@ impl<V: Copy, P: Copy> Factors<V, P> {
                 }
             }
         }
-        for (l, x) in x.into_iter().enumerate() {
-            for (e, v) in xs[..n * dr].iter().enumerate() {
+        let mut x = x;
+        let done = match L == LANES {
+            // SAFETY: as above, x[l] holding len values this call may write.
+            true => unsafe {
+                let rows = std::array::from_fn(|l| x[l].as_mut_ptr().cast::<V>());
+                from_lanes(xs.as_ptr().cast::<[V; LANES]>(), len, rows)
+            },
+            false => 0,
+        };
+        for (l, x) in x.iter_mut().enumerate() {
+            for (e, v) in xs[..len].iter().enumerate().skip(done) {
                 V::put(x, e, v[l]);
             }
         }
@@ -352,7 +371,7 @@ fn lanes<V: Copy, const L: usize>(y: &mut [V; L], f: impl Fn(usize, V) -> V) {
 }
 
 /// Samples solved at once, one per SIMD lane, when they share their coefficients.
-const SAMPLE_LANES: usize = 8;
+const SAMPLE_LANES: usize = LANES;
 
 /// Samples per rayon task when the batch shares its coefficients: each task eliminates its
 /// head's blocks once for them.

@@ -16,6 +16,11 @@ use super::{Side, TreeSolveOp};
 use crate::ops::value::{as_values, has_avx2, OutBuf, SharedOut, Value};
 use crate::tree::Tree;
 
+mod grads;
+mod sample_lanes;
+
+use grads::grads;
+
 /// Samples one task solves after computing its coefficient set's pivots.
 const SAMPLES_PER_TASK: usize = 16;
 
@@ -37,6 +42,7 @@ struct Scratch<V> {
     acc: Vec<V>,
     xs: Vec<V>,
     lp: Vec<V>,
+    lanes: Vec<sample_lanes::Group<V>>,
 }
 
 impl<V> Scratch<V> {
@@ -54,6 +60,7 @@ impl<V> Scratch<V> {
             acc,
             xs,
             lp,
+            lanes: vec![],
         }
     }
 }
@@ -331,91 +338,6 @@ fn sweep_columns<F: WithDType, V: Value<F>>(
     }
 }
 
-/// `out[v]` = `vals[parent(v)]` for every node (the root's own value at the root), level by
-/// level: a uniform level's parents repeated, eight children at a time (see `push_down`).
-#[inline(always)]
-fn spread_parents<V: Copy>(tree: &Tree, arity: &[usize], vals: &[V], out: &mut Vec<V>) {
-    #[inline(always)]
-    fn repeat<V: Copy, const K: usize>(pars: &[V], out: &mut [V]) {
-        let blocks = out.len() / 8;
-        let (o8, rest) = out.split_at_mut(blocks * 8);
-        for (i, o) in o8.chunks_exact_mut(8).enumerate() {
-            let x: [V; 8] = std::array::from_fn(|l| pars[(i * 8 + l) / K]);
-            o.copy_from_slice(&x);
-        }
-        for (i, o) in rest.iter_mut().enumerate() {
-            *o = pars[(blocks * 8 + i) / K];
-        }
-    }
-    let root = tree.root();
-    out.clear();
-    out.resize(tree.len(), vals[root]);
-    for (k, &a) in arity.iter().enumerate().skip(1) {
-        let (ch, level) = (tree.level(k - 1), tree.level(k));
-        let (pars, o) = (&vals[level.clone()], &mut out[ch.clone()]);
-        match a {
-            2 => repeat::<V, 2>(pars, o),
-            3 => repeat::<V, 3>(pars, o),
-            4 => repeat::<V, 4>(pars, o),
-            _ => {
-                for (o, &p) in o.iter_mut().zip(&tree.parents()[ch]) {
-                    *o = vals[p];
-                }
-            }
-        }
-    }
-}
-
-/// ∂A_v, ∂B_v, ∂C_v of one tree before their sign, into `out` (3 × n): Σ_r λ_v conj(x_v),
-/// Σ_r λ_v conj(x_parent) and Σ_r λ_parent conj(x_v) (zero at the root), each summed from zero
-/// in the order of r. `xs` and `lp` are scratch.
-#[inline(always)]
-fn grads<F: WithDType, V: Value<F>>(
-    tree: &Tree,
-    arity: &[usize],
-    r: usize,
-    lam: &[V],
-    x: &[F],
-    out: &mut [V],
-    (xs, lp): (&mut Vec<V>, &mut Vec<V>),
-) {
-    let (n, root) = (tree.len(), tree.root());
-    xs.clear();
-    xs.extend((0..n * r).map(|e| V::load(x, e).conj()));
-    let (ga, rest) = out.split_at_mut(n);
-    let (gb, gc) = rest.split_at_mut(n);
-    if r == 1 {
-        for ((g, l), x) in ga.iter_mut().zip(lam).zip(xs.iter()) {
-            *g = V::zero().add(l.mul(*x));
-        }
-        // conj(x) and λ of each node's parent.
-        spread_parents(tree, arity, xs, lp);
-        for ((g, l), x) in gb.iter_mut().zip(lam).zip(lp.iter()) {
-            *g = V::zero().add(l.mul(*x));
-        }
-        spread_parents(tree, arity, lam, lp);
-        for ((g, l), x) in gc.iter_mut().zip(lp.iter()).zip(xs.iter()) {
-            *g = V::zero().add(l.mul(*x));
-        }
-        gb[root] = V::zero();
-        gc[root] = V::zero();
-        return;
-    }
-    for v in 0..n {
-        let p = tree.parents()[v];
-        let (mut da, mut db, mut dc) = (V::zero(), V::zero(), V::zero());
-        for j in 0..r {
-            let xv = xs[v * r + j];
-            da = da.add(lam[v * r + j].mul(xv));
-            if v != root {
-                db = db.add(lam[v * r + j].mul(xs[p * r + j]));
-                dc = dc.add(lam[p * r + j].mul(xv));
-            }
-        }
-        (ga[v], gb[v], gc[v]) = (da, db, dc);
-    }
-}
-
 impl TreeSolveOp {
     /// The tasks of a scalar-block solve: (head, first sample, samples), each computing the
     /// pivots of its head's coefficients once when they are shared, per tree otherwise.
@@ -441,6 +363,24 @@ impl TreeSolveOp {
         std::array::from_fn(|k| &coef[k * set + at..][..per])
     }
 
+    /// Computes the pivots of tree (bi, hi)'s coefficients, read as `side`, into `ws`.
+    #[inline(always)]
+    fn tree_pivots<F: WithDType, V: Value<F>>(
+        &self,
+        side: Side,
+        arity: &[usize],
+        coef: &[F],
+        (bi, hi): (usize, usize),
+        ws: &mut Scratch<V>,
+    ) -> Result<()> {
+        let c = self.tree_coefs(coef, bi, hi);
+        let ok = match side {
+            Side::Forward => pivots::<F, V, false>(&self.tree, arity, c, &mut ws.piv),
+            Side::Adjoint => pivots::<F, V, true>(&self.tree, arity, c, &mut ws.piv),
+        };
+        ok.map_err(|v| self.pivot_error(side, bi * self.dims.heads + hi, v))
+    }
+
     /// Solves tree (bi, hi) of `side`: its right-hand sides from `rhs` into its region of
     /// `out`, solved there in place, which it returns. The pivots are computed anew for
     /// per-sample coefficients or a task's `first` sample, else those in `ws` are reused.
@@ -461,21 +401,53 @@ impl TreeSolveOp {
         let dims = self.dims;
         let (n, r) = (dims.nodes, dims.r);
         let per_tree = n * r * V::WIDTH;
-        let tree = &*self.tree;
-        let t = bi * dims.heads + hi;
         if first || !dims.shared {
-            let c = self.tree_coefs(coef, bi, hi);
-            let ok = match side {
-                Side::Forward => pivots::<F, V, false>(tree, arity, c, &mut ws.piv),
-                Side::Adjoint => pivots::<F, V, true>(tree, arity, c, &mut ws.piv),
-            };
-            ok.map_err(|v| self.pivot_error(side, t, v))?;
+            self.tree_pivots(side, arity, coef, (bi, hi), ws)?;
         }
+        let t = bi * dims.heads + hi;
         let row = as_values::<F, V>(&rhs[t * per_tree..][..per_tree]);
         out.write(t * per_tree, row, false);
         let s = out.values::<V>(t * per_tree, n * r);
-        sweep::<F, V>(tree, arity, r, &ws.piv, s, &mut ws.m);
+        sweep::<F, V>(&self.tree, arity, r, &ws.piv, s, &mut ws.m);
         Ok(s)
+    }
+
+    /// Solves the trees of samples `bi..bi + LANES` of head `hi`, which share its coefficients
+    /// and have one right-hand side per node, in SIMD lanes ([`sample_lanes`]); as
+    /// [`TreeSolveOp::solve_tree`] otherwise.
+    ///
+    /// # Safety
+    /// The trees' regions of `out` must be this task's alone.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn solve_lanes<F: WithDType, V: Value<F>>(
+        &self,
+        side: Side,
+        arity: &[usize],
+        (coef, rhs, out): (&[F], &[F], SharedOut<F>),
+        (bi, hi): (usize, usize),
+        first: bool,
+        ws: &mut Scratch<V>,
+    ) -> Result<()> {
+        let dims = self.dims;
+        debug_assert!(dims.shared && dims.r == 1);
+        if first {
+            self.tree_pivots(side, arity, coef, (bi, hi), ws)?;
+        }
+        let per_tree = dims.nodes * V::WIDTH;
+        let at = |l: usize| ((bi + l) * dims.heads + hi) * per_tree;
+        let rows = std::array::from_fn(|l| as_values::<F, V>(&rhs[at(l)..][..per_tree]));
+        let outs = std::array::from_fn(|l| out.0.add(at(l)).cast::<V>());
+        sample_lanes::solve::<F, V>(&self.tree, arity, &ws.piv, (rows, outs), &mut ws.lanes);
+        Ok(())
+    }
+
+    /// Whether samples `bi..` of a task ending before `end` go [`sample_lanes::LANES`] at a
+    /// time: in f32 (real or complex; in f64 the lanes measured no faster than one tree at a
+    /// time).
+    fn in_lanes<F>(&self, bi: usize, end: usize) -> bool {
+        let dims = self.dims;
+        size_of::<F>() == 4 && dims.shared && dims.r == 1 && end - bi >= sample_lanes::LANES
     }
 
     /// The scalar-block (d = 1) solve of every tree: `rhs` holds u (forward) or g (adjoint)
@@ -544,9 +516,17 @@ impl TreeSolveOp {
         out: SharedOut<F>,
         ws: &mut Scratch<V>,
     ) -> Result<()> {
-        for bi in b0..b0 + count {
+        let (mut bi, end) = (b0, b0 + count);
+        let io = (io.0, io.1, out);
+        while bi < end {
             // SAFETY: this task alone writes its trees' regions of the output.
-            unsafe { self.solve_tree(side, arity, (io.0, io.1, out), (bi, hi), bi == b0, ws)? };
+            if self.in_lanes::<F>(bi, end) {
+                unsafe { self.solve_lanes(side, arity, io, (bi, hi), bi == b0, ws)? };
+                bi += sample_lanes::LANES;
+            } else {
+                unsafe { self.solve_tree(side, arity, io, (bi, hi), bi == b0, ws)? };
+                bi += 1;
+            }
         }
         Ok(())
     }
@@ -620,11 +600,22 @@ impl TreeSolveOp {
         ws.acc.clear();
         ws.acc.resize(3 * n, V::zero());
         ws.g.resize(3 * n, V::zero());
-        for bi in b0..b0 + count {
-            let io = (coef, g, du_out);
-            // SAFETY: this task alone writes its trees' regions of ∂u.
-            let lam = unsafe { self.solve_tree(Side::Adjoint, arity, io, (bi, hi), bi == b0, ws)? };
+        let (end, io) = (b0 + count, (coef, g, du_out));
+        let mut solved = b0;
+        for bi in b0..end {
             let t = bi * dims.heads + hi;
+            // SAFETY: this task alone writes its trees' regions of ∂u, and a tree's region is
+            // read once the solve has written it.
+            let lam = unsafe {
+                if bi == solved && self.in_lanes::<F>(bi, end) {
+                    self.solve_lanes(Side::Adjoint, arity, io, (bi, hi), bi == b0, ws)?;
+                    solved += sample_lanes::LANES;
+                } else if bi == solved {
+                    self.solve_tree(Side::Adjoint, arity, io, (bi, hi), bi == b0, ws)?;
+                    solved += 1;
+                }
+                du_out.values::<V>(t * per_tree, n * r)
+            };
             let xs = &x[t * per_tree..][..per_tree];
             let scratch = (&mut ws.xs, &mut ws.lp);
             grads::<F, V>(&self.tree, arity, r, lam, xs, &mut ws.g, scratch);

@@ -43,6 +43,7 @@ pub mod cuda;
 mod levels;
 mod pivoting;
 mod reference;
+mod transpose;
 
 pub use reference::tree_solve_reference;
 
