@@ -7,7 +7,8 @@
 //! children are contiguous nodes, so the elementwise steps of a level (û_c = ũ_c Â_c⁻¹, the
 //! messages C_c û_c, x_c = û_c + B̂_c x_p) are loops over contiguous memory, which the compiler
 //! vectorises; each parent then subtracts its children's messages one by one, in the kernel's
-//! order.
+//! order. Samples that share the pivots go eight at a time, one per SIMD lane
+//! ([`sample_lanes`]), where every step is vertical.
 
 use candle_core::{Result, WithDType};
 use rayon::prelude::*;
