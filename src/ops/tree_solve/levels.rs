@@ -383,14 +383,14 @@ impl TreeSolveOp {
     }
 
     /// Solves tree (bi, hi) of `side`: its right-hand sides from `rhs` into its region of
-    /// `out`, solved there in place, which it returns. The pivots are computed anew for
+    /// `out`, solved there in place. The pivots are computed anew for
     /// per-sample coefficients or a task's `first` sample, else those in `ws` are reused.
     ///
     /// # Safety
     /// The tree's region of `out` must be this task's alone.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn solve_tree<'a, F: WithDType, V: Value<F>>(
+    unsafe fn solve_tree<F: WithDType, V: Value<F>>(
         &self,
         side: Side,
         arity: &[usize],
@@ -398,7 +398,7 @@ impl TreeSolveOp {
         (bi, hi): (usize, usize),
         first: bool,
         ws: &mut Scratch<V>,
-    ) -> Result<&'a mut [V]> {
+    ) -> Result<()> {
         let dims = self.dims;
         let (n, r) = (dims.nodes, dims.r);
         let per_tree = n * r * V::WIDTH;
@@ -410,12 +410,11 @@ impl TreeSolveOp {
         out.write(t * per_tree, row, false);
         let s = out.values::<V>(t * per_tree, n * r);
         sweep::<F, V>(&self.tree, arity, r, &ws.piv, s, &mut ws.m);
-        Ok(s)
+        Ok(())
     }
 
     /// Solves the trees of samples `bi..bi + LANES` of head `hi`, which share its coefficients
-    /// and have one right-hand side per node, in SIMD lanes ([`sample_lanes`]); as
-    /// [`TreeSolveOp::solve_tree`] otherwise.
+    /// and have one right-hand side per node, in SIMD lanes ([`sample_lanes`]).
     ///
     /// # Safety
     /// The trees' regions of `out` must be this task's alone.
@@ -441,6 +440,32 @@ impl TreeSolveOp {
         let outs = std::array::from_fn(|l| out.0.add(at(l)).cast::<V>());
         sample_lanes::solve::<F, V>(&self.tree, arity, &ws.piv, (rows, outs), &mut ws.lanes);
         Ok(())
+    }
+
+    /// Solves sample `bi` of a task over samples `b0..end` of head `hi` and, where they go in
+    /// lanes, the next ones with it; returns how many it solved. The pivots are computed at the
+    /// task's first sample (or every tree's own).
+    ///
+    /// # Safety
+    /// As [`TreeSolveOp::solve_tree`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn solve_next<F: WithDType, V: Value<F>>(
+        &self,
+        side: Side,
+        arity: &[usize],
+        io: (&[F], &[F], SharedOut<F>),
+        (bi, hi): (usize, usize),
+        (b0, end): (usize, usize),
+        ws: &mut Scratch<V>,
+    ) -> Result<usize> {
+        if self.in_lanes::<F>(bi, end) {
+            self.solve_lanes(side, arity, io, (bi, hi), bi == b0, ws)?;
+            Ok(sample_lanes::LANES)
+        } else {
+            self.solve_tree(side, arity, io, (bi, hi), bi == b0, ws)?;
+            Ok(1)
+        }
     }
 
     /// Whether samples `bi..` of a task ending before `end` go [`sample_lanes::LANES`] at a
@@ -518,16 +543,11 @@ impl TreeSolveOp {
         ws: &mut Scratch<V>,
     ) -> Result<()> {
         let (mut bi, end) = (b0, b0 + count);
-        let io = (io.0, io.1, out);
         while bi < end {
             // SAFETY: this task alone writes its trees' regions of the output.
-            if self.in_lanes::<F>(bi, end) {
-                unsafe { self.solve_lanes(side, arity, io, (bi, hi), bi == b0, ws)? };
-                bi += sample_lanes::LANES;
-            } else {
-                unsafe { self.solve_tree(side, arity, io, (bi, hi), bi == b0, ws)? };
-                bi += 1;
-            }
+            bi += unsafe {
+                self.solve_next(side, arity, (io.0, io.1, out), (bi, hi), (b0, end), ws)?
+            };
         }
         Ok(())
     }
@@ -608,12 +628,9 @@ impl TreeSolveOp {
             // SAFETY: this task alone writes its trees' regions of ∂u, and a tree's region is
             // read once the solve has written it.
             let lam = unsafe {
-                if bi == solved && self.in_lanes::<F>(bi, end) {
-                    self.solve_lanes(Side::Adjoint, arity, io, (bi, hi), bi == b0, ws)?;
-                    solved += sample_lanes::LANES;
-                } else if bi == solved {
-                    self.solve_tree(Side::Adjoint, arity, io, (bi, hi), bi == b0, ws)?;
-                    solved += 1;
+                if bi == solved {
+                    let task = (b0, end);
+                    solved += self.solve_next(Side::Adjoint, arity, io, (bi, hi), task, ws)?;
                 }
                 du_out.values::<V>(t * per_tree, n * r)
             };
