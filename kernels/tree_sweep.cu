@@ -1,8 +1,9 @@
 // The Myo tree solve x = T_G^-1 u in two launches, for trees too large for tree_lanes.cu:
 // `tree_pivots` eliminates the pivots of each coefficient set once (a head's, shared by the
-// batch), then `tree_sweep_fwd` solves each tree with its right-hand sides in shared memory and
-// the pivots read from global memory, where the samples of a head share them (Path-X's
-// 16,384-leaf trees: 128 KiB of right-hand sides per tree in f32, 384 KiB of pivots per head).
+// batch), then `tree_sweep_fwd` solves the trees, a block taking several samples of a head
+// (lanes) that read its pivots from global memory together, with the right-hand sides of the
+// nodes above the leaves in shared memory and the leaves streamed (below; Path-X's 16,384-leaf
+// trees: 64 KiB of shared memory per tree in f32, 384 KiB of pivots per head).
 // d x d blocks up to SWEEP_MAX_D likewise (`tree_block_pivots`, `tree_sweep_block_*`, below;
 // 4 x 4 blocks on a 1,024-leaf tree: 22 KiB of right-hand sides, 262 KiB of pivots). The
 // operations per node and their order are the CPU twins' (src/ops/tree_solve/levels.rs:
@@ -13,10 +14,14 @@
 #include "tree_steps.cuh"
 #include "values.cuh"
 
-// Threads per block of both kernels, compiled for 2 resident blocks per SM (at most 64
+// Threads per block of the scalar kernels, at most (the host takes a power of two from 64, a
+// thread per parent of the leaves), compiled for 2 resident blocks per SM (at most 64
 // registers): with no minimum, ptxas kept the sweeps to 32 registers and spilled on sm_70 and
 // sm_90.
 #define SWEEP_THREADS 512
+// The scalar backward is compiled for one (at most 128 registers): at 64, its leaves' gradient
+// terms spilled in f64 and complex f64 on sm_70.
+#define SWEEP_BWD_MIN_BLOCKS 1
 
 struct SweepTree {
     const int *level_start; // levels + 1
@@ -70,101 +75,252 @@ __device__ void tree_pivots(const T *coef, T *piv, const SweepTree &g, int sets,
     }
 }
 
-// The sweep of tree t with the pivots of its coefficient set at piv + o: uh (n * r, in shared
-// memory) holds its right-hand sides on entry and x (or λ) on return. Upward,
-// û_c = ũ_c Â_c^-1 and ũ_p -= C'_c û_c; the root's x = ũ Â^-1; downward, x_c = û_c + B̂_c x_p.
-template <typename T, typename O>
-__device__ __forceinline__ void sweep(const SweepTree &g, int r, const T *piv, i64 set, i64 o,
-                                      typename O::V *uh) {
-    typedef typename O::V V;
-    for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
-            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V inv = O::load(piv, o + c), dn = O::load(piv, 2 * set + o + c);
-                for (int j = 0; j < r; ++j) {
-                    const V uc = O::mul(uh[c * r + j], inv);
-                    uh[c * r + j] = uc;
-                    uh[p * r + j] = O::sub(uh[p * r + j], O::mul(dn, uc));
-                }
-            }
-        }
-        __syncthreads();
-    }
-    const int root = g.nodes - 1;
-    if (threadIdx.x == 0) {
-        const V inv = O::load(piv, o + root);
-        for (int j = 0; j < r; ++j) uh[root * r + j] = O::mul(uh[root * r + j], inv);
-    }
-    __syncthreads();
-    for (int k = g.levels - 1; k >= 1; --k) {
-        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
-            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V bh = O::load(piv, set + o + c);
-                for (int j = 0; j < r; ++j)
-                    uh[c * r + j] = O::add(uh[c * r + j], O::mul(bh, uh[p * r + j]));
-            }
-        }
-        __syncthreads();
-    }
-}
+// The trees of a block of the sweep, blockDim.x lanes x blockDim.y rows: with coefficients shared
+// by the batch the lanes are samples of one head (block g * heads + h holds samples g * lanes,
+// ...), which read that head's pivots together (threads of a warp the same addresses: one load
+// for all); with per-sample coefficients a block holds one tree.
+struct SweepLanes {
+    int batch, heads, shared;
 
-// Loads tree t's n * r right-hand sides (from r0) into uh, then waits for the block.
-template <typename T, typename O>
-__device__ __forceinline__ void sweep_load(const T *rhs, i64 r0, int len, typename O::V *uh) {
-    typedef typename O::V V;
-    batched_copy<V>(len, [&](int i) { return O::load(rhs, r0 + i); },
-                    [&](int i, V x) { uh[i] = x; });
-    __syncthreads();
-}
+    // The tree of lane l in this block, or -1 past the last sample (lane 0 always has one).
+    __device__ __forceinline__ int tree(int l) const {
+        if (!shared) return (int)blockIdx.x;
+        const int b = (int)(blockIdx.x / heads) * (int)blockDim.x + l;
+        return b < batch ? b * heads + (int)blockIdx.x % heads : -1;
+    }
+    // The coefficient set of tree t (its head, or the tree itself).
+    __device__ __forceinline__ int coef_set(int t) const { return shared ? t % heads : t; }
+};
 
 template <typename V> __device__ __forceinline__ V *sweep_workspace() {
     extern __shared__ __align__(16) unsigned char smem[];
     return reinterpret_cast<V *>(smem);
 }
 
-// x = T_G^-1 u for the trees blockIdx.x, blockIdx.x + gridDim.x, ...; piv from `tree_pivots`
-// (sets = heads for shared coefficients, else trees).
-template <typename T, typename O>
-__device__ void tree_sweep_fwd(const T *u, const T *piv, T *x, const SweepTree &g, int r,
-                               int heads, int trees, int shared_coef) {
+// ---- scalar blocks: the leaves streamed ----------------------------------------------------
+// Only the nodes above the leaves live in shared memory, each lane's (n - n0) * r values at an
+// odd stride (n0: the leaves, level 0; a one-node tree has none below its root). A leaf's
+// right-hand side is read from global memory where its parent's upward step needs it
+// (û_c = u_c Â_c^-1, ũ_p -= C'_c û_c) and again where the downward step does (x_c = û_c +
+// B̂_c x_p, û_c computed the same way; the second read is served by L2), and x_c is written
+// straight out. Most nodes are leaves (3/4 of a 4-ary tree's): the block's shared memory and
+// barriers serve the rest, and the leaves' loads issue independently of each other.
+
+// The first node above the leaves.
+__device__ __forceinline__ int first_inner(const SweepTree &g) {
+    return g.levels > 1 ? g.level_start[1] : 0;
+}
+
+// A block's trees and their pivots: ws holds, per lane at an odd stride, the r values of each
+// node v >= n0 at (v - n0) * r; the pivots of the lanes' coefficient set are at piv + o.
+template <typename O> struct ScalarSweep {
     typedef typename O::V V;
-    V *uh = sweep_workspace<V>();
-    const int nr = g.nodes * r;
-    const i64 set = (i64)(shared_coef ? heads : trees) * g.nodes;
-    for (int t = blockIdx.x; t < trees; t += gridDim.x) {
-        sweep_load<T, O>(u, (i64)t * nr, nr, uh);
-        sweep<T, O>(g, r, piv, set, (i64)(shared_coef ? t % heads : t) * g.nodes, uh);
-        for (int i = threadIdx.x; i < nr; i += blockDim.x) O::store(x, (i64)t * nr + i, uh[i]);
+    const SweepTree &g;
+    const SweepLanes &s;
+    int r, n0, su;
+    i64 set, o;
+    V *ws;
+
+    __device__ __forceinline__ V &at(int l, int v, int j) const {
+        return ws[l * su + (v - n0) * r + j];
+    }
+    template <typename T> __device__ __forceinline__ V inv(const T *piv, int v) const {
+        return O::load(piv, o + v);
+    }
+    template <typename T> __device__ __forceinline__ V bh(const T *piv, int v) const {
+        return O::load(piv, set + o + v);
+    }
+    template <typename T> __device__ __forceinline__ V dn(const T *piv, int v) const {
+        return O::load(piv, 2 * set + o + v);
+    }
+};
+
+template <typename O>
+__device__ __forceinline__ ScalarSweep<O> scalar_sweep(const SweepTree &g, const SweepLanes &s,
+                                                       int r) {
+    const int n = g.nodes, n0 = first_inner(g);
+    const i64 set = (i64)(s.shared ? s.heads : s.batch * s.heads) * n;
+    const i64 o = (i64)s.coef_set(s.tree(0)) * n;
+    typename O::V *ws = sweep_workspace<typename O::V>();
+    return ScalarSweep<O>{g, s, r, n0, ((n - n0) * r) | 1, set, o, ws};
+}
+
+// The sweep of the block's trees up to the nodes above the leaves: on return sw.ws holds their
+// x (or λ). rhs: u (or ∂x), (trees, n, r). Upward, û_c = ũ_c Â_c^-1 and ũ_p -= C'_c û_c for
+// each child in order; the root's x = ũ Â^-1; downward, x_c = û_c + B̂_c x_p down to level 1.
+template <typename T, typename O>
+__device__ void sweep_inner(const ScalarSweep<O> &sw, const T *rhs, const T *piv) {
+    typedef typename O::V V;
+    const SweepTree &g = sw.g;
+    const int n = g.nodes, r = sw.r, n0 = sw.n0, nr = n * r, lanes = blockDim.x;
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    lanes_copy<V>(
+        lanes, (n - n0) * r,
+        [&](int l, int e) {
+            const int t = sw.s.tree(l);
+            return t < 0 ? O::zero() : O::load(rhs, (i64)t * nr + (i64)n0 * r + e);
+        },
+        [&](int l, int e, V x) { sw.ws[l * sw.su + e] = x; });
+    __syncthreads();
+    // Level 1 folds in the leaves, read from rhs; every lane's loads of a leaf issue together.
+    if (g.levels > 1) {
+        for (int p = g.level_start[1] + tid; p < g.level_start[2]; p += threads) {
+            const int c0 = g.child_start[p], c1 = g.child_start[p + 1];
+            for (int l = 0; l < lanes; ++l) {
+                const int t = sw.s.tree(l);
+                if (t < 0) break;
+                for (int j = 0; j < r; ++j) {
+                    V acc = sw.at(l, p, j);
+                    for (int c = c0; c < c1; ++c) {
+                        const V uc =
+                            O::mul(O::load(rhs, (i64)t * nr + (i64)c * r + j), sw.inv(piv, c));
+                        acc = O::sub(acc, O::mul(sw.dn(piv, c), uc));
+                    }
+                    sw.at(l, p, j) = acc;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    // Above level 1: a thread per (lane, parent).
+    for (int k = 2; k < g.levels; ++k) {
+        const int p0 = g.level_start[k], np = g.level_start[k + 1] - p0;
+        for (int i = tid; i < lanes * np; i += threads) {
+            const int l = i / np, p = p0 + i % np;
+            if (sw.s.tree(l) < 0) continue;
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const V inv = sw.inv(piv, c), dn = sw.dn(piv, c);
+                for (int j = 0; j < r; ++j) {
+                    const V uc = O::mul(sw.at(l, c, j), inv);
+                    sw.at(l, c, j) = uc;
+                    sw.at(l, p, j) = O::sub(sw.at(l, p, j), O::mul(dn, uc));
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const int root = n - 1;
+    for (int i = tid; i < lanes * r; i += threads) {
+        const int l = i / r, j = i % r;
+        if (sw.s.tree(l) >= 0) sw.at(l, root, j) = O::mul(sw.at(l, root, j), sw.inv(piv, root));
+    }
+    __syncthreads();
+    for (int k = g.levels - 1; k >= 2; --k) {
+        const int p0 = g.level_start[k], np = g.level_start[k + 1] - p0;
+        for (int i = tid; i < lanes * np; i += threads) {
+            const int l = i / np, p = p0 + i % np;
+            if (sw.s.tree(l) < 0) continue;
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const V bh = sw.bh(piv, c);
+                for (int j = 0; j < r; ++j)
+                    sw.at(l, c, j) = O::add(sw.at(l, c, j), O::mul(bh, sw.at(l, p, j)));
+            }
+        }
         __syncthreads();
     }
 }
 
-// Backward, with the adjoint's pivots: λ = T_G^-H ∂x, ∂u = λ, and per tree
+// Writes every live lane's values of the nodes above the leaves, from the workspace, to out.
+template <typename T, typename O>
+__device__ __forceinline__ void sweep_inner_store(const ScalarSweep<O> &sw, T *out) {
+    const int n = sw.g.nodes, r = sw.r, len = (n - sw.n0) * r;
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    for (int l = 0; l < (int)blockDim.x; ++l) {
+        const int t = sw.s.tree(l);
+        if (t < 0) break;
+        const i64 base = (i64)t * n * r + (i64)sw.n0 * r;
+        for (int i = tid; i < len; i += threads) O::store(out, base + i, sw.ws[l * sw.su + i]);
+    }
+}
+
+// x = T_G^-1 u for the block's trees; piv from `tree_pivots` (sets = heads for shared
+// coefficients, else trees).
+template <typename T, typename O>
+__device__ void tree_sweep_fwd(const T *u, const T *piv, T *x, const SweepTree &g,
+                               const SweepLanes &s, int r) {
+    typedef typename O::V V;
+    const ScalarSweep<O> sw = scalar_sweep<O>(g, s, r);
+    sweep_inner<T, O>(sw, u, piv);
+    const int nr = g.nodes * r, threads = blockDim.x * blockDim.y;
+    // The leaves: x_c = û_c + B̂_c x_p, straight to x.
+    if (g.levels > 1) {
+        for (int p = g.level_start[1] + threadIdx.y * blockDim.x + threadIdx.x;
+             p < g.level_start[2]; p += threads) {
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const V inv = sw.inv(piv, c), bh = sw.bh(piv, c);
+                for (int l = 0; l < (int)blockDim.x; ++l) {
+                    const int t = s.tree(l);
+                    if (t < 0) break;
+                    const i64 e = (i64)t * nr + (i64)c * r;
+                    for (int j = 0; j < r; ++j) {
+                        const V uc = O::mul(O::load(u, e + j), inv);
+                        O::store(x, e + j, O::add(uc, O::mul(bh, sw.at(l, p, j))));
+                    }
+                }
+            }
+        }
+    }
+    sweep_inner_store<T, O>(sw, x);
+}
+
+// Backward, with the adjoint's pivots: λ = T_G^-H ∂x, ∂u = λ, and the coefficient gradients
 // ∂A_v = -Σ_r λ_v conj(x_v), ∂B_v = -Σ_r λ_v conj(x_parent), ∂C_v = -Σ_r λ_parent conj(x_v)
-// (zero at the root) as (3, trees, nodes), as tree_solve.cu's tree_bwd writes them.
+// (zero at the root), a row per block: per tree, (3, trees, nodes) as tree_solve.cu's tree_bwd
+// writes them, or for shared coefficients summed over the block's lanes in order,
+// (3, groups, heads, nodes) with groups = ceil(batch / lanes), as tree_lanes.cu's.
 template <typename T, typename O>
 __device__ void tree_sweep_bwd(const T *gx, const T *piv, const T *x, T *du, T *dcoef,
-                               const SweepTree &g, int r, int heads, int trees, int shared_coef) {
+                               const SweepTree &g, const SweepLanes &s, int r) {
     typedef typename O::V V;
-    V *lam = sweep_workspace<V>();
+    const ScalarSweep<O> sw = scalar_sweep<O>(g, s, r);
+    sweep_inner<T, O>(sw, gx, piv);
     const int n = g.nodes, nr = n * r, root = n - 1;
-    const i64 set = (i64)(shared_coef ? heads : trees) * n, dset = (i64)trees * n;
-    for (int t = blockIdx.x; t < trees; t += gridDim.x) {
-        const i64 x0 = (i64)t * nr;
-        sweep_load<T, O>(gx, x0, nr, lam);
-        sweep<T, O>(g, r, piv, set, (i64)(shared_coef ? t % heads : t) * n, lam);
-        for (int i = threadIdx.x; i < nr; i += blockDim.x) O::store(du, x0 + i, lam[i]);
-        for (int v = threadIdx.x; v < n; v += blockDim.x) {
-            const int p = g.parent[v];
-            V da = O::zero(), db = O::zero(), dc = O::zero();
-            add_gradient_terms<T, O>(lam + v * r, lam + p * r, x, x0 + v * r, x0 + p * r, r,
-                                     v == root, da, db, dc);
-            const i64 d0 = (i64)t * n + v;
-            O::store(dcoef, d0, O::sub(O::zero(), da));
-            O::store(dcoef, dset + d0, O::sub(O::zero(), db));
-            O::store(dcoef, 2 * dset + d0, O::sub(O::zero(), dc));
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const i64 rows = s.shared ? (i64)(s.batch + blockDim.x - 1) / blockDim.x * s.heads
+                              : (i64)s.batch * s.heads;
+    const i64 dset = rows * n, d0 = (i64)blockIdx.x * n;
+    auto put = [&](int v, V da, V db, V dc) {
+        O::store(dcoef, d0 + v, O::sub(O::zero(), da));
+        O::store(dcoef, dset + d0 + v, O::sub(O::zero(), db));
+        O::store(dcoef, 2 * dset + d0 + v, O::sub(O::zero(), dc));
+    };
+    // The leaves: λ_c = û_c + B̂_c λ_p to ∂u, and their gradient terms (add_gradient_terms'
+    // operations, λ_c made on the way).
+    if (g.levels > 1) {
+        for (int p = g.level_start[1] + tid; p < g.level_start[2]; p += threads) {
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const V inv = sw.inv(piv, c), bh = sw.bh(piv, c);
+                V da = O::zero(), db = O::zero(), dc = O::zero();
+                for (int l = 0; l < (int)blockDim.x; ++l) {
+                    const int t = s.tree(l);
+                    if (t < 0) break;
+                    const i64 e = (i64)t * nr + (i64)c * r, ep = (i64)t * nr + (i64)p * r;
+                    for (int j = 0; j < r; ++j) {
+                        const V lp = sw.at(l, p, j);
+                        const V lc = O::add(O::mul(O::load(gx, e + j), inv), O::mul(bh, lp));
+                        O::store(du, e + j, lc);
+                        const V xcj = O::conj(O::load(x, e + j));
+                        da = O::add(da, O::mul(lc, xcj));
+                        db = O::add(db, O::mul(lc, O::conj(O::load(x, ep + j))));
+                        dc = O::add(dc, O::mul(lp, xcj));
+                    }
+                }
+                put(c, da, db, dc);
+            }
         }
-        __syncthreads();
+    }
+    sweep_inner_store<T, O>(sw, du);
+    for (int v = sw.n0 + tid; v < n; v += threads) {
+        const int p = g.parent[v];
+        V da = O::zero(), db = O::zero(), dc = O::zero();
+        for (int l = 0; l < (int)blockDim.x; ++l) {
+            const int t = s.tree(l);
+            if (t < 0) break;
+            const i64 x0 = (i64)t * nr;
+            add_gradient_terms<T, O>(&sw.at(l, v, 0), &sw.at(l, p, 0), x, x0 + (i64)v * r,
+                                     x0 + (i64)p * r, r, v == root, da, db, dc);
+        }
+        put(v, da, db, dc);
     }
 }
 
@@ -251,23 +407,6 @@ __device__ void tree_block_pivots_d(const T *coef, T *piv, const SweepTree &g, i
         }
     }
 }
-
-// The trees of a block of the d x d sweep, blockDim.x lanes x blockDim.y rows: with coefficients
-// shared by the batch the lanes are samples of one head (block g * heads + h holds samples
-// g * lanes, ...), whose threads read that head's pivots together (a warp's lanes the same
-// addresses: one load for all); with per-sample coefficients a block holds one tree.
-struct SweepLanes {
-    int batch, heads, shared;
-
-    // The tree of lane l in this block, or -1 past the last sample.
-    __device__ __forceinline__ int tree(int l) const {
-        if (!shared) return (int)blockIdx.x;
-        const int b = (int)(blockIdx.x / heads) * (int)blockDim.x + l;
-        return b < batch ? b * heads + (int)blockIdx.x % heads : -1;
-    }
-    // The coefficient set of tree t (its head, or the tree itself).
-    __device__ __forceinline__ int coef_set(int t) const { return shared ? t % heads : t; }
-};
 
 // The sweep of a lane's tree with d x d blocks, its pivots at piv + o (live: the lane has a
 // tree; every thread reaches the barriers): uh (n * d * r) holds its right-hand sides on entry
@@ -422,17 +561,18 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
     extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                              \
         tree_sweep_fwd_##SUFFIX(const T *u, const T *piv, T *x, const int *level_start,         \
                                 const int *child_start, const int *parent, int levels,          \
-                                int nodes, int r, int heads, int trees, int shared_coef) {      \
+                                int nodes, int r, int batch, int heads, int shared_coef) {      \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
-        tree_sweep_fwd<T, OPS>(u, piv, x, g, r, heads, trees, shared_coef);                     \
+        tree_sweep_fwd<T, OPS>(u, piv, x, g, SweepLanes{batch, heads, shared_coef}, r);         \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                              \
+    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, SWEEP_BWD_MIN_BLOCKS)           \
         tree_sweep_bwd_##SUFFIX(const T *gx, const T *piv, const T *x, T *du, T *dcoef,         \
                                 const int *level_start, const int *child_start,                 \
-                                const int *parent, int levels, int nodes, int r, int heads,     \
-                                int trees, int shared_coef) {                                   \
+                                const int *parent, int levels, int nodes, int r, int batch,     \
+                                int heads, int shared_coef) {                                   \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
-        tree_sweep_bwd<T, OPS>(gx, piv, x, du, dcoef, g, r, heads, trees, shared_coef);         \
+        const SweepLanes s{batch, heads, shared_coef};                                          \
+        tree_sweep_bwd<T, OPS>(gx, piv, x, du, dcoef, g, s, r);                                 \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(SWEEP_BLOCK_THREADS, 2)                        \
         tree_block_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,               \

@@ -121,14 +121,25 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
     let p = plan(16, 256, &quad, true, DType::F32, auto, h100).unwrap();
     assert_eq!((p.kernel.as_str(), p.block), ("tree_fwd_f32", [64, 1, 1]));
     // Where the tree is not small (Path-X's 32,767 nodes), shared coefficients take the sweep:
-    // f32 and f64, a tree's right-hand sides in shared memory.
+    // f32 and f64, the right-hand sides of the 16,383 nodes above the leaves in shared memory.
+    // Two lanes would fit (131 KB) but give 64 blocks: one, 128 blocks of a thread per parent
+    // of the leaves, at most 512.
     let path_x = Tree::perfect(16384, 2).unwrap();
     let p = plan(16, 8, &path_x, true, DType::F32, auto, h100).unwrap();
     assert_eq!(
         (p.kernel.as_str(), p.shared_bytes),
-        ("tree_sweep_fwd_f32", 32767 * 4)
+        ("tree_sweep_fwd_f32", 16383 * 4)
     );
-    assert_eq!((p.grid, p.block), ([128, 1, 1], [512, 1, 1]));
+    assert_eq!((p.grid, p.block), ([128, 1, 1], [1, 512, 1]));
+    // 1,024 leaves, 4-ary, at (16, 256): 16 lanes would give 256 blocks, 8 give 512; a thread
+    // per parent of the leaves (256), each lane's 341 nodes above them at an odd stride.
+    let sweep = TreeLayout::Sweep;
+    let p = plan(16, 256, &quad, true, DType::F32, sweep, h100).unwrap();
+    assert_eq!((p.grid, p.block), ([512, 1, 1], [8, 32, 1]));
+    assert_eq!(p.shared_bytes, 8 * 341 * 4);
+    // Per-sample coefficients: a block per tree.
+    let p = plan(16, 256, &quad, false, DType::F32, sweep, h100).unwrap();
+    assert_eq!((p.grid, p.block), ([4096, 1, 1], [1, 256, 1]));
     let pivots = forward_plans(
         &path_x,
         &Tensor::zeros((8, 32767, 1, 1), DType::F32, &Device::Cpu).unwrap(),

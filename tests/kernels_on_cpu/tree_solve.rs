@@ -251,10 +251,8 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                 }
                 if case.d <= SWEEP_MAX_D && matches!(dtype, DType::F32 | DType::F64) {
                     paths.push(("sweep", DeviceLimits::H100, TreeLayout::Sweep));
-                    // d × d blocks shared by the batch: samples of a head across lanes.
-                    if case.d > 1 {
-                        paths.push(("sweep, wide", FEW_SMS, TreeLayout::Sweep));
-                    }
+                    // Shared coefficients: samples of a head across lanes.
+                    paths.push(("sweep, wide", FEW_SMS, TreeLayout::Sweep));
                 }
                 for (path, shared, layout) in paths {
                     let what = format!("{name}, {case:?}, {dtype:?}, {path} (seed {seed})");
@@ -288,7 +286,7 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                     let e = rel_err(du, &want_lam);
                     assert!(e < tol, "∂u vs dense adjoint solve: {e:e}, {what}");
                     // Shared coefficients in lanes: one gradient row per block of samples.
-                    let grouped = case.shared && (lanes || (sweep && case.d > 1));
+                    let grouped = case.shared && (lanes || sweep);
                     let want_dcoef = match grouped {
                         true => group_sums(&want_dcoef, case, width),
                         false => want_dcoef.clone(),

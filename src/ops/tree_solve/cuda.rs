@@ -23,10 +23,12 @@
 //!
 //! The sweep (`tree_pivots`, then `tree_sweep_fwd`/`tree_sweep_bwd`, `kernels/tree_sweep.cu`;
 //! `tree_block_pivots`, `tree_sweep_block_*` for blocks up to [`SWEEP_MAX_D`]), in f32 and f64:
-//! the pivots of each coefficient set eliminated once into a global buffer, then a block of
-//! [`SWEEP_THREADS`] per tree with only its n·r right-hand sides in shared memory; for d × d
-//! blocks shared by the batch, a block of [`SWEEP_BLOCK_THREADS`] holds several samples of one
-//! head as lanes ([`lane_choice`] again), which read its pivots together.
+//! the pivots of each coefficient set eliminated once into a global buffer, then a block per
+//! tree, or for coefficients shared by the batch per several samples of one head (lanes,
+//! [`lane_choice`] again), which read its pivots together. Scalar blocks keep only the nodes
+//! above the leaves in shared memory and stream the leaves from global memory (up to
+//! [`SWEEP_THREADS`] threads, one per parent of the leaves); d × d blocks keep every node's
+//! n·d·r right-hand sides ([`SWEEP_BLOCK_THREADS`]).
 //!
 //! [`TreeLayout::Auto`](super::TreeLayout::Auto) chooses per pass, by the layouts' measured
 //! times: for coefficients shared by the batch the sweep for d × d blocks, and for scalar
@@ -162,9 +164,9 @@ impl TreeSolveOp {
         }
     }
 
-    /// `tree_sweep_{pass}` with `inputs` tensor arguments (the pivots second) and `outputs`: a
-    /// block per tree; for d > 1 `tree_sweep_block_{pass}`, a block per `lanes` samples of a
-    /// head (coefficients shared by the batch) or per tree.
+    /// `tree_sweep_{pass}` (`tree_sweep_block_{pass}` for d > 1) with `inputs` tensor arguments
+    /// (the pivots second) and `outputs`: a block per `lanes` samples of a head (coefficients
+    /// shared by the batch) or per tree.
     fn sweep_plan(
         &self,
         pass: &str,
@@ -190,26 +192,21 @@ impl TreeSolveOp {
         args.push(KernelArg::I32(int_arg(op, "levels", self.tree.levels())?));
         args.push(KernelArg::I32(int_arg(op, "nodes", nodes)?));
         let trees = int_arg(op, "batch × heads", batch * heads)?;
-        let (stem, grid, block) = match d {
-            1 => {
-                args.push(KernelArg::I32(int_arg(op, "r", r)?));
-                args.push(KernelArg::I32(int_arg(op, "heads", heads)?));
-                args.push(KernelArg::I32(trees));
-                ("tree_sweep", trees as usize, [SWEEP_THREADS, 1, 1])
-            }
+        let (stem, threads) = match d {
+            1 => ("tree_sweep", self.scalar_sweep_threads()),
             _ => {
                 args.push(KernelArg::I32(d as i32));
-                for (what, v) in [("r", r), ("batch", batch), ("heads", heads)] {
-                    args.push(KernelArg::I32(int_arg(op, what, v)?));
-                }
-                let grid = match shared {
-                    true => heads * batch.div_ceil(lanes as usize),
-                    false => trees as usize,
-                };
-                let block = [lanes, SWEEP_BLOCK_THREADS / lanes, 1];
-                ("tree_sweep_block", grid, block)
+                ("tree_sweep_block", SWEEP_BLOCK_THREADS)
             }
         };
+        for (what, v) in [("r", r), ("batch", batch), ("heads", heads)] {
+            args.push(KernelArg::I32(int_arg(op, what, v)?));
+        }
+        let grid = match shared {
+            true => heads * batch.div_ceil(lanes as usize),
+            false => trees as usize,
+        };
+        let block = [lanes, threads / lanes, 1];
         args.push(KernelArg::I32(shared as i32));
         Ok(LaunchPlan {
             kernel: kernel_name(&format!("{stem}_{pass}"), dtype, self.opts.complex)?,
@@ -432,9 +429,9 @@ pub fn forward_plans(
 
 /// The launches of the backward of `tree_solve` on a GPU with `limits`: one, whose inputs are
 /// (∂x, coef, x) and whose outputs are ∂u and the coefficient gradients, (3, rows, heads,
-/// nodes, d, d[, 2]) with a row per sample, or for shared coefficients in the lanes layout per
-/// block of samples (the op sums the rows for shared coefficients); or in the sweep layout the
-/// adjoint's pivots first, which take coef's place in the second launch's inputs.
+/// nodes, d, d[, 2]) with a row per sample, or for shared coefficients in the lanes and sweep
+/// layouts per block of samples (the op sums the rows for shared coefficients); or in the sweep
+/// layout the adjoint's pivots first, which take coef's place in the second launch's inputs.
 pub fn backward_plans(
     tree: &Tree,
     a: &Tensor,

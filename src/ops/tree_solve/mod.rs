@@ -71,8 +71,9 @@ pub enum TreeLayout {
     /// Trees across lanes (`tree_lanes_fwd`, `tree_lanes_block_fwd`); an error where it does
     /// not fit.
     Lanes,
-    /// The pivots of each coefficient set eliminated once, then a sweep per tree with its
-    /// right-hand sides in shared memory (`tree_pivots`, `tree_sweep_fwd`; for d × d blocks
+    /// The pivots of each coefficient set eliminated once, then a sweep per tree (or per
+    /// samples of a head sharing them) with its right-hand sides in shared memory, for scalar
+    /// blocks those above the leaves only (`tree_pivots`, `tree_sweep_fwd`; for d × d blocks
     /// `tree_block_pivots`, `tree_sweep_block_fwd`): blocks up to 4 × 4, f32 and f64; an error
     /// where it does not fit.
     Sweep,

@@ -4,7 +4,7 @@
 use candle_core::{bail, DType, Result};
 
 use super::super::{Dims, TreeLayout, TreeSolveOp};
-use super::{lane_choice, lu_slots, LANE_MAX_D, SMALL_TREE_BYTES, SWEEP_MAX_D};
+use super::{lane_choice, lu_slots, LANE_MAX_D, SMALL_TREE_BYTES, SWEEP_MAX_D, SWEEP_THREADS};
 use crate::ops::plan::DeviceLimits;
 
 impl TreeSolveOp {
@@ -82,15 +82,25 @@ impl TreeSolveOp {
         )
     }
 
-    /// Bytes of shared memory the right-hand sides of a block of `lanes` trees take in the
-    /// sweep layout (scalar blocks: one tree; d × d blocks: each lane's at an odd stride).
+    /// Bytes of shared memory a block of `lanes` trees takes in the sweep layout, each lane's
+    /// array at an odd stride: for d × d blocks its n·d·r right-hand sides, for scalar blocks
+    /// those of the nodes above the leaves (the leaves are streamed).
     pub(super) fn sweep_bytes(&self, dtype: DType, lanes: u32) -> usize {
         let acc = if dtype == DType::F64 { 8 } else { 4 };
         let w = if self.opts.complex { 2 } else { 1 };
         let Dims { nodes, d, r, .. } = self.dims;
-        match d {
-            1 => nodes * r * acc * w,
-            _ => lanes as usize * ((nodes * d * r) | 1) * acc * w,
+        let per_lane = match d {
+            1 => (nodes - self.first_inner()) * r,
+            _ => nodes * d * r,
+        };
+        lanes as usize * (per_lane | 1) * acc * w
+    }
+
+    /// The first node above the leaves (level 0); 0 for a one-node tree.
+    pub(super) fn first_inner(&self) -> usize {
+        match self.tree.levels() {
+            1 => 0,
+            _ => self.tree.level(1).start,
         }
     }
 
@@ -102,9 +112,9 @@ impl TreeSolveOp {
             && limits.fits_shared(self.sweep_bytes(dtype, 1))
     }
 
-    /// The lanes per block of the sweep layout: for d × d blocks shared by the batch, samples
-    /// of one head that read its pivots together, as many as [`lane_choice`] takes (one where
-    /// no width fits); else one tree per block.
+    /// The lanes per block of the sweep layout: for coefficients shared by the batch, samples of
+    /// one head that read its pivots together, as many as [`lane_choice`] takes (for scalar
+    /// blocks only where every multiprocessor still gets two blocks); else one tree per block.
     pub(super) fn sweep_lanes(&self, dtype: DType, limits: DeviceLimits) -> u32 {
         let Dims {
             batch,
@@ -113,11 +123,25 @@ impl TreeSolveOp {
             shared,
             ..
         } = self.dims;
-        if d == 1 || !shared {
+        if !shared {
             return 1;
         }
         let blocks = |l: u32| heads * batch.div_ceil(l as usize);
-        lane_choice(limits, batch, blocks, |l| self.sweep_bytes(dtype, l)).unwrap_or(1)
+        let choice = lane_choice(limits, batch, blocks, |l| self.sweep_bytes(dtype, l));
+        match d {
+            1 => choice.filter(|&l| blocks(l) >= 2 * limits.sms).unwrap_or(1),
+            _ => choice.unwrap_or(1),
+        }
+    }
+
+    /// Threads per block of the scalar sweep: the parents above the leaves, a power of two
+    /// from 64 to [`SWEEP_THREADS`].
+    pub(super) fn scalar_sweep_threads(&self) -> u32 {
+        let parents = match self.tree.levels() {
+            1 => 1,
+            _ => self.tree.level(1).len(),
+        };
+        (parents.next_power_of_two() as u32).clamp(64, SWEEP_THREADS)
     }
 
     /// The layout `pass` of this solve runs in on a device with `limits`: as asked, an error
@@ -191,7 +215,7 @@ impl TreeSolveOp {
         first.unwrap_or(Resolved::Tree)
     }
     /// Coefficient-gradient rows the backward writes per head: one per sample, or for shared
-    /// coefficients in the lanes layout and the d × d sweep one per block of samples.
+    /// coefficients in the lanes and sweep layouts one per block of samples.
     pub(super) fn gradient_rows(&self, layout: Resolved) -> usize {
         match (layout, self.dims.shared) {
             (Resolved::Lanes(l) | Resolved::Sweep(l), true) => self.dims.batch.div_ceil(l as usize),
