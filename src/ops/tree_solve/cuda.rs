@@ -191,7 +191,8 @@ impl TreeSolveOp {
             .collect();
         args.push(KernelArg::I32(int_arg(op, "levels", self.tree.levels())?));
         args.push(KernelArg::I32(int_arg(op, "nodes", nodes)?));
-        let trees = int_arg(op, "batch × heads", batch * heads)?;
+        // Tree indices are ints in the kernel.
+        int_arg(op, "batch × heads", batch * heads)?;
         let (stem, threads) = match d {
             1 => ("tree_sweep", self.scalar_sweep_threads()),
             _ => {
@@ -202,10 +203,8 @@ impl TreeSolveOp {
         for (what, v) in [("r", r), ("batch", batch), ("heads", heads)] {
             args.push(KernelArg::I32(int_arg(op, what, v)?));
         }
-        let grid = match shared {
-            true => heads * batch.div_ceil(lanes as usize),
-            false => trees as usize,
-        };
+        // A tree per block for per-sample coefficients (one lane).
+        let grid = self.lane_blocks(lanes);
         let block = [lanes, threads / lanes, 1];
         args.push(KernelArg::I32(shared as i32));
         Ok(LaunchPlan {

@@ -97,7 +97,7 @@ impl TreeSolveOp {
     }
 
     /// The first node above the leaves (level 0); 0 for a one-node tree.
-    pub(super) fn first_inner(&self) -> usize {
+    fn first_inner(&self) -> usize {
         match self.tree.levels() {
             1 => 0,
             _ => self.tree.level(1).start,
@@ -117,16 +117,12 @@ impl TreeSolveOp {
     /// blocks only where every multiprocessor still gets two blocks); else one tree per block.
     pub(super) fn sweep_lanes(&self, dtype: DType, limits: DeviceLimits) -> u32 {
         let Dims {
-            batch,
-            heads,
-            d,
-            shared,
-            ..
+            batch, d, shared, ..
         } = self.dims;
         if !shared {
             return 1;
         }
-        let blocks = |l: u32| heads * batch.div_ceil(l as usize);
+        let blocks = |l: u32| self.lane_blocks(l);
         let choice = lane_choice(limits, batch, blocks, |l| self.sweep_bytes(dtype, l));
         match d {
             1 => choice.filter(|&l| blocks(l) >= 2 * limits.sms).unwrap_or(1),
