@@ -1,14 +1,15 @@
-// The Myo tree solve x = T_G^-1 u in two launches, for trees too large for tree_lanes.cu:
-// `tree_pivots` eliminates the pivots of each coefficient set once (a head's, shared by the
-// batch), then `tree_sweep_fwd` solves the trees, a block taking several samples of a head
-// (lanes) that read its pivots from global memory together, with the right-hand sides of the
-// nodes above the leaves in shared memory and the leaves streamed (below; Path-X's 16,384-leaf
-// trees: 64 KiB of shared memory per tree in f32, 384 KiB of pivots per head).
-// d x d blocks up to SWEEP_MAX_D likewise (`tree_block_pivots`, `tree_sweep_block_*`, below;
-// 4 x 4 blocks on a 1,024-leaf tree: 22 KiB of right-hand sides, 262 KiB of pivots). The
-// operations per node and their order are the CPU twins' (src/ops/tree_solve/levels.rs:
-// `pivots`, then `sweep`; blocked.rs). f32 and f64, real and complex: the pivots are kept in
-// the storage type.
+// The Myo tree solve x = T_G^-1 u, for trees too large for tree_lanes.cu, as a sweep: a block
+// takes several samples of a head (lanes) or one tree, with the right-hand sides of the nodes
+// above the leaves in shared memory and the leaves streamed (below), reading the pivots of its
+// coefficient set together. Scalar blocks eliminate those pivots themselves into shared memory
+// where they fit beside the right-hand sides (3n values: 16 KiB for a 1,024-leaf 4-ary tree in
+// f32), one launch; else `tree_pivots` eliminates each set once into global memory first (a
+// head's, shared by the batch; Path-X's 16,384-leaf trees: 384 KiB of pivots per head beside
+// 64 KiB of right-hand sides per tree). d x d blocks up to SWEEP_MAX_D always take the two
+// launches (`tree_block_pivots`, `tree_sweep_block_*`, below; 4 x 4 blocks on a 1,024-leaf
+// tree: 22 KiB of right-hand sides, 262 KiB of pivots). The operations per node and their
+// order are the CPU twins' (src/ops/tree_solve/levels.rs: `pivots`, then `sweep`; blocked.rs).
+// f32 and f64, real and complex: the pivots are kept in the storage type.
 //
 // A singular or non-finite pivot sets *status to 1 + node (first one wins).
 #include "tree_steps.cuh"
@@ -30,49 +31,60 @@ struct SweepTree {
     int levels, nodes;
 };
 
-// Per coefficient set (block), the pivots of T_G or (adjoint) T_G^H, piv = [inv; bh; dn], each
-// (sets, nodes): inv[v] = Â_v^-1, bh[v] = B̂_v = (0 - B'_v) Â_v^-1, dn[v] = C'_v, with
-// Â_p = A'_p + Σ_c C'_c B̂_c over the children in order. coef = [A; B; C], each (sets, nodes);
-// the adjoint reads A' = conj(A), B' = conj(C), C' = conj(B).
+// The pivots of T_G or (adjoint) T_G^H for one coefficient set, eliminated by the block's
+// threads: piv = [inv; bh; dn] with inv[v] = Â_v^-1, bh[v] = B̂_v = (0 - B'_v) Â_v^-1,
+// dn[v] = C'_v, and Â_p = A'_p + Σ_c C'_c B̂_c over the children in order. coef = [A; B; C]
+// with cset values per part, the set's at co; piv likewise with pset and po (global memory for
+// `tree_pivots`, a block's shared memory for a sweep that stages them). The adjoint reads
+// A' = conj(A), B' = conj(C), C' = conj(B). Thread 0 inverts the root after the last barrier:
+// the caller reads the pivots after a barrier of its own.
 template <typename T, typename O>
-__device__ void tree_pivots(const T *coef, T *piv, const SweepTree &g, int sets, int adjoint,
-                            int *status) {
+__device__ void eliminate_pivots(const T *coef, i64 cset, i64 co, T *piv, i64 pset, i64 po,
+                                 const SweepTree &g, int adjoint, int *status) {
     typedef typename O::V V;
-    const int n = g.nodes, s = blockIdx.x;
-    const i64 set = (i64)sets * n, o = (i64)s * n;
-    const i64 up = adjoint ? 2 * set : set, down = adjoint ? set : 2 * set;
+    const int n = g.nodes;
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const i64 up = adjoint ? 2 * cset : cset, down = adjoint ? cset : 2 * cset;
     auto read = [&](i64 base, int v) {
-        const V x = O::load(coef, base + o + v);
+        const V x = O::load(coef, base + co + v);
         return adjoint ? O::conj(x) : x;
     };
     // inv holds Â until a node is eliminated, bh holds B' until then.
-    for (int v = threadIdx.x; v < n; v += blockDim.x) {
-        O::store(piv, o + v, read(0, v));
-        O::store(piv, set + o + v, read(up, v));
-        O::store(piv, 2 * set + o + v, read(down, v));
+    for (int v = tid; v < n; v += threads) {
+        O::store(piv, po + v, read(0, v));
+        O::store(piv, pset + po + v, read(up, v));
+        O::store(piv, 2 * pset + po + v, read(down, v));
     }
     __syncthreads();
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
-            V ap = O::load(piv, o + p);
+        for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += threads) {
+            V ap = O::load(piv, po + p);
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V ac = O::load(piv, o + c);
+                const V ac = O::load(piv, po + c);
                 if (!pivot_ok(ac)) atomicCAS(status, 0, 1 + c);
                 const V inv = O::inv(ac);
-                const V bh = O::mul(O::sub(O::zero(), O::load(piv, set + o + c)), inv);
-                O::store(piv, o + c, inv);
-                O::store(piv, set + o + c, bh);
-                ap = O::add(ap, O::mul(O::load(piv, 2 * set + o + c), bh));
+                const V bh = O::mul(O::sub(O::zero(), O::load(piv, pset + po + c)), inv);
+                O::store(piv, po + c, inv);
+                O::store(piv, pset + po + c, bh);
+                ap = O::add(ap, O::mul(O::load(piv, 2 * pset + po + c), bh));
             }
-            O::store(piv, o + p, ap);
+            O::store(piv, po + p, ap);
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        const V ar = O::load(piv, o + n - 1);
+    if (tid == 0) {
+        const V ar = O::load(piv, po + n - 1);
         if (!pivot_ok(ar)) atomicCAS(status, 0, n);
-        O::store(piv, o + n - 1, O::inv(ar));
+        O::store(piv, po + n - 1, O::inv(ar));
     }
+}
+
+// Per coefficient set (block) the pivots into global memory, each part (sets, nodes).
+template <typename T, typename O>
+__device__ void tree_pivots(const T *coef, T *piv, const SweepTree &g, int sets, int adjoint,
+                            int *status) {
+    const i64 set = (i64)sets * g.nodes, o = (i64)blockIdx.x * g.nodes;
+    eliminate_pivots<T, O>(coef, set, o, piv, set, o, g, adjoint, status);
 }
 
 // The trees of a block of the sweep, blockDim.x lanes x blockDim.y rows: with coefficients shared
@@ -112,44 +124,49 @@ __device__ __forceinline__ int first_inner(const SweepTree &g) {
 }
 
 // A block's trees and their pivots: ws holds, per lane at an odd stride, the r values of each
-// node v >= n0 at (v - n0) * r; the pivots of the lanes' coefficient set are at piv + o.
-template <typename O> struct ScalarSweep {
+// node v >= n0 at (v - n0) * r; the pivots of the lanes' coefficient set are at piv + o, each
+// part `set` values apart.
+template <typename T, typename O> struct ScalarSweep {
     typedef typename O::V V;
-    const SweepTree &g;
-    const SweepLanes &s;
+    SweepTree g;
+    SweepLanes s;
     int r, n0, su;
+    const T *piv;
     i64 set, o;
     V *ws;
 
     __device__ __forceinline__ V &at(int l, int v, int j) const {
         return ws[l * su + (v - n0) * r + j];
     }
-    template <typename T> __device__ __forceinline__ V inv(const T *piv, int v) const {
-        return O::load(piv, o + v);
-    }
-    template <typename T> __device__ __forceinline__ V bh(const T *piv, int v) const {
-        return O::load(piv, set + o + v);
-    }
-    template <typename T> __device__ __forceinline__ V dn(const T *piv, int v) const {
-        return O::load(piv, 2 * set + o + v);
-    }
+    __device__ __forceinline__ V inv(int v) const { return O::load(piv, o + v); }
+    __device__ __forceinline__ V bh(int v) const { return O::load(piv, set + o + v); }
+    __device__ __forceinline__ V dn(int v) const { return O::load(piv, 2 * set + o + v); }
 };
 
-template <typename O>
-__device__ __forceinline__ ScalarSweep<O> scalar_sweep(const SweepTree &g, const SweepLanes &s,
-                                                       int r) {
-    const int n = g.nodes, n0 = first_inner(g);
+// The block's sweep state. src: with `stage` the coefficients [A; B; C], whose set the block
+// eliminates into its shared memory behind the lanes' workspace (the pivots of T_G, or of T_G^H
+// for the adjoint), saving `tree_pivots`' launch and its round trip through global memory;
+// else the pivots from `tree_pivots` (sets = heads for shared coefficients, else trees).
+template <typename T, typename O>
+__device__ __forceinline__ ScalarSweep<T, O> scalar_sweep(const SweepTree &g, const SweepLanes &s,
+                                                          int r, const T *src, int stage,
+                                                          int adjoint, int *status) {
+    typedef typename O::V V;
+    const int n = g.nodes, n0 = first_inner(g), su = ((n - n0) * r) | 1;
     const i64 set = (i64)(s.shared ? s.heads : s.batch * s.heads) * n;
     const i64 o = (i64)s.coef_set(s.tree(0)) * n;
-    typename O::V *ws = sweep_workspace<typename O::V>();
-    return ScalarSweep<O>{g, s, r, n0, ((n - n0) * r) | 1, set, o, ws};
+    V *ws = sweep_workspace<V>();
+    if (!stage) return ScalarSweep<T, O>{g, s, r, n0, su, src, set, o, ws};
+    T *piv = reinterpret_cast<T *>(ws + (i64)blockDim.x * su);
+    eliminate_pivots<T, O>(src, set, o, piv, n, 0, g, adjoint, status);
+    return ScalarSweep<T, O>{g, s, r, n0, su, piv, n, 0, ws};
 }
 
 // The sweep of the block's trees up to the nodes above the leaves: on return sw.ws holds their
 // x (or λ). rhs: u (or ∂x), (trees, n, r). Upward, û_c = ũ_c Â_c^-1 and ũ_p -= C'_c û_c for
 // each child in order; the root's x = ũ Â^-1; downward, x_c = û_c + B̂_c x_p down to level 1.
 template <typename T, typename O>
-__device__ void sweep_inner(const ScalarSweep<O> &sw, const T *rhs, const T *piv) {
+__device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
     typedef typename O::V V;
     const SweepTree &g = sw.g;
     const int n = g.nodes, r = sw.r, n0 = sw.n0, nr = n * r, lanes = blockDim.x;
@@ -161,6 +178,7 @@ __device__ void sweep_inner(const ScalarSweep<O> &sw, const T *rhs, const T *piv
             return t < 0 ? O::zero() : O::load(rhs, (i64)t * nr + (i64)n0 * r + e);
         },
         [&](int l, int e, V x) { sw.ws[l * sw.su + e] = x; });
+    // Also orders staged pivots (the root's) before their reads.
     __syncthreads();
     // Level 1 folds in the leaves, read from rhs; every lane's loads of a leaf issue together.
     if (g.levels > 1) {
@@ -173,8 +191,8 @@ __device__ void sweep_inner(const ScalarSweep<O> &sw, const T *rhs, const T *piv
                     V acc = sw.at(l, p, j);
                     for (int c = c0; c < c1; ++c) {
                         const V uc =
-                            O::mul(O::load(rhs, (i64)t * nr + (i64)c * r + j), sw.inv(piv, c));
-                        acc = O::sub(acc, O::mul(sw.dn(piv, c), uc));
+                            O::mul(O::load(rhs, (i64)t * nr + (i64)c * r + j), sw.inv(c));
+                        acc = O::sub(acc, O::mul(sw.dn(c), uc));
                     }
                     sw.at(l, p, j) = acc;
                 }
@@ -189,7 +207,7 @@ __device__ void sweep_inner(const ScalarSweep<O> &sw, const T *rhs, const T *piv
             const int l = i / np, p = p0 + i % np;
             if (sw.s.tree(l) < 0) continue;
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V inv = sw.inv(piv, c), dn = sw.dn(piv, c);
+                const V inv = sw.inv(c), dn = sw.dn(c);
                 for (int j = 0; j < r; ++j) {
                     const V uc = O::mul(sw.at(l, c, j), inv);
                     sw.at(l, c, j) = uc;
@@ -202,7 +220,7 @@ __device__ void sweep_inner(const ScalarSweep<O> &sw, const T *rhs, const T *piv
     const int root = n - 1;
     for (int i = tid; i < lanes * r; i += threads) {
         const int l = i / r, j = i % r;
-        if (sw.s.tree(l) >= 0) sw.at(l, root, j) = O::mul(sw.at(l, root, j), sw.inv(piv, root));
+        if (sw.s.tree(l) >= 0) sw.at(l, root, j) = O::mul(sw.at(l, root, j), sw.inv(root));
     }
     __syncthreads();
     for (int k = g.levels - 1; k >= 2; --k) {
@@ -211,7 +229,7 @@ __device__ void sweep_inner(const ScalarSweep<O> &sw, const T *rhs, const T *piv
             const int l = i / np, p = p0 + i % np;
             if (sw.s.tree(l) < 0) continue;
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V bh = sw.bh(piv, c);
+                const V bh = sw.bh(c);
                 for (int j = 0; j < r; ++j)
                     sw.at(l, c, j) = O::add(sw.at(l, c, j), O::mul(bh, sw.at(l, p, j)));
             }
@@ -222,7 +240,7 @@ __device__ void sweep_inner(const ScalarSweep<O> &sw, const T *rhs, const T *piv
 
 // Writes every live lane's values of the nodes above the leaves, from the workspace, to out.
 template <typename T, typename O>
-__device__ __forceinline__ void sweep_inner_store(const ScalarSweep<O> &sw, T *out) {
+__device__ __forceinline__ void sweep_inner_store(const ScalarSweep<T, O> &sw, T *out) {
     const int n = sw.g.nodes, r = sw.r, len = (n - sw.n0) * r;
     const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
     for (int l = 0; l < (int)blockDim.x; ++l) {
@@ -233,21 +251,20 @@ __device__ __forceinline__ void sweep_inner_store(const ScalarSweep<O> &sw, T *o
     }
 }
 
-// x = T_G^-1 u for the block's trees; piv from `tree_pivots` (sets = heads for shared
-// coefficients, else trees).
+// x = T_G^-1 u for the block's trees; src: the coefficients or the pivots (`scalar_sweep`).
 template <typename T, typename O>
-__device__ void tree_sweep_fwd(const T *u, const T *piv, T *x, const SweepTree &g,
-                               const SweepLanes &s, int r) {
+__device__ void tree_sweep_fwd(const T *u, const T *src, T *x, const SweepTree &g,
+                               const SweepLanes &s, int r, int stage, int *status) {
     typedef typename O::V V;
-    const ScalarSweep<O> sw = scalar_sweep<O>(g, s, r);
-    sweep_inner<T, O>(sw, u, piv);
+    const ScalarSweep<T, O> sw = scalar_sweep<T, O>(g, s, r, src, stage, 0, status);
+    sweep_inner<T, O>(sw, u);
     const int nr = g.nodes * r, threads = blockDim.x * blockDim.y;
     // The leaves: x_c = û_c + B̂_c x_p, straight to x.
     if (g.levels > 1) {
         for (int p = g.level_start[1] + threadIdx.y * blockDim.x + threadIdx.x;
              p < g.level_start[2]; p += threads) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V inv = sw.inv(piv, c), bh = sw.bh(piv, c);
+                const V inv = sw.inv(c), bh = sw.bh(c);
                 for (int l = 0; l < (int)blockDim.x; ++l) {
                     const int t = s.tree(l);
                     if (t < 0) break;
@@ -263,17 +280,18 @@ __device__ void tree_sweep_fwd(const T *u, const T *piv, T *x, const SweepTree &
     sweep_inner_store<T, O>(sw, x);
 }
 
-// Backward, with the adjoint's pivots: λ = T_G^-H ∂x, ∂u = λ, and the coefficient gradients
+// Backward, with the adjoint's pivots (src: the coefficients or those pivots): λ = T_G^-H ∂x, ∂u = λ, and the coefficient gradients
 // ∂A_v = -Σ_r λ_v conj(x_v), ∂B_v = -Σ_r λ_v conj(x_parent), ∂C_v = -Σ_r λ_parent conj(x_v)
 // (zero at the root), a row per block: per tree, (3, trees, nodes) as tree_solve.cu's tree_bwd
 // writes them, or for shared coefficients summed over the block's lanes in order,
 // (3, groups, heads, nodes) with groups = ceil(batch / lanes), as tree_lanes.cu's.
 template <typename T, typename O>
-__device__ void tree_sweep_bwd(const T *gx, const T *piv, const T *x, T *du, T *dcoef,
-                               const SweepTree &g, const SweepLanes &s, int r) {
+__device__ void tree_sweep_bwd(const T *gx, const T *src, const T *x, T *du, T *dcoef,
+                               const SweepTree &g, const SweepLanes &s, int r, int stage,
+                               int *status) {
     typedef typename O::V V;
-    const ScalarSweep<O> sw = scalar_sweep<O>(g, s, r);
-    sweep_inner<T, O>(sw, gx, piv);
+    const ScalarSweep<T, O> sw = scalar_sweep<T, O>(g, s, r, src, stage, 1, status);
+    sweep_inner<T, O>(sw, gx);
     const int n = g.nodes, nr = n * r, root = n - 1;
     const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
     const i64 rows = s.shared ? (i64)(s.batch + blockDim.x - 1) / blockDim.x * s.heads
@@ -289,7 +307,7 @@ __device__ void tree_sweep_bwd(const T *gx, const T *piv, const T *x, T *du, T *
     if (g.levels > 1) {
         for (int p = g.level_start[1] + tid; p < g.level_start[2]; p += threads) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V inv = sw.inv(piv, c), bh = sw.bh(piv, c);
+                const V inv = sw.inv(c), bh = sw.bh(c);
                 V da = O::zero(), db = O::zero(), dc = O::zero();
                 for (int l = 0; l < (int)blockDim.x; ++l) {
                     const int t = s.tree(l);
@@ -559,20 +577,22 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
         tree_pivots<T, OPS>(coef, piv, g, sets, adjoint, status);                               \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                              \
-        tree_sweep_fwd_##SUFFIX(const T *u, const T *piv, T *x, const int *level_start,         \
+        tree_sweep_fwd_##SUFFIX(const T *u, const T *src, T *x, const int *level_start,         \
                                 const int *child_start, const int *parent, int levels,          \
-                                int nodes, int r, int batch, int heads, int shared_coef) {      \
-        const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
-        tree_sweep_fwd<T, OPS>(u, piv, x, g, SweepLanes{batch, heads, shared_coef}, r);         \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, SWEEP_BWD_MIN_BLOCKS)           \
-        tree_sweep_bwd_##SUFFIX(const T *gx, const T *piv, const T *x, T *du, T *dcoef,         \
-                                const int *level_start, const int *child_start,                 \
-                                const int *parent, int levels, int nodes, int r, int batch,     \
-                                int heads, int shared_coef) {                                   \
+                                int nodes, int r, int batch, int heads, int shared_coef,        \
+                                int stage, int *status) {                                       \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
         const SweepLanes s{batch, heads, shared_coef};                                          \
-        tree_sweep_bwd<T, OPS>(gx, piv, x, du, dcoef, g, s, r);                                 \
+        tree_sweep_fwd<T, OPS>(u, src, x, g, s, r, stage, status);                              \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, SWEEP_BWD_MIN_BLOCKS)           \
+        tree_sweep_bwd_##SUFFIX(const T *gx, const T *src, const T *x, T *du, T *dcoef,         \
+                                const int *level_start, const int *child_start,                 \
+                                const int *parent, int levels, int nodes, int r, int batch,     \
+                                int heads, int shared_coef, int stage, int *status) {           \
+        const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
+        const SweepLanes s{batch, heads, shared_coef};                                          \
+        tree_sweep_bwd<T, OPS>(gx, src, x, du, dcoef, g, s, r, stage, status);                  \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(SWEEP_BLOCK_THREADS, 2)                        \
         tree_block_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,               \

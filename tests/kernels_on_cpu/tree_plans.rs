@@ -90,7 +90,7 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
         };
         forward_plans(tree, &coef, &coef, &coef, &u, o, limits).map(|mut p| match p.len() {
             1 => p.remove(0),
-            // The sweep layout: its second launch, after the pivots.
+            // The sweep with its pivots apart: its second launch.
             _ => p.remove(1),
         })
     };
@@ -131,15 +131,20 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
         ("tree_sweep_fwd_f32", 16383 * 4)
     );
     assert_eq!((p.grid, p.block), ([128, 1, 1], [1, 512, 1]));
+    // Its pivots (3 · 32,767 values, 393 KB) do not fit beside them: tree_pivots apart (below).
+    assert_eq!(p.args[12], KernelArg::I32(0), "staged");
     // 1,024 leaves, 4-ary, at (16, 256): 16 lanes would give 256 blocks, 8 give 512; a thread
-    // per parent of the leaves (256), each lane's 341 nodes above them at an odd stride.
+    // per parent of the leaves (256), each lane's 341 nodes above them at an odd stride, and
+    // the head's pivots (3 · 1,365 values), which each block eliminates itself: one launch.
     let sweep = TreeLayout::Sweep;
     let p = plan(16, 256, &quad, true, DType::F32, sweep, h100).unwrap();
     assert_eq!((p.grid, p.block), ([512, 1, 1], [8, 32, 1]));
-    assert_eq!(p.shared_bytes, 8 * 341 * 4);
-    // Per-sample coefficients: a block per tree.
+    assert_eq!(p.shared_bytes, (8 * 341 + 3 * 1365) * 4);
+    assert_eq!(p.args[12], KernelArg::I32(1), "staged");
+    // Per-sample coefficients: a block per tree, each with its own pivots.
     let p = plan(16, 256, &quad, false, DType::F32, sweep, h100).unwrap();
     assert_eq!((p.grid, p.block), ([4096, 1, 1], [1, 256, 1]));
+    assert_eq!(p.shared_bytes, (341 + 3 * 1365) * 4);
     let pivots = forward_plans(
         &path_x,
         &Tensor::zeros((8, 32767, 1, 1), DType::F32, &Device::Cpu).unwrap(),

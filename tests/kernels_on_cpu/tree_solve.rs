@@ -253,6 +253,19 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                     paths.push(("sweep", DeviceLimits::H100, TreeLayout::Sweep));
                     // Shared coefficients: samples of a head across lanes.
                     paths.push(("sweep, wide", FEW_SMS, TreeLayout::Sweep));
+                    if case.d == 1 {
+                        // One byte less than the blocks need to stage their pivots: those
+                        // come from tree_pivots, a launch apart.
+                        let o = opts_in(case, TreeLayout::Sweep);
+                        let staged = forward_plan(tree, &a, &b, &c, &u, o, DeviceLimits::H100)
+                            .unwrap()
+                            .shared_bytes;
+                        let apart = DeviceLimits {
+                            shared_per_block: staged - 1,
+                            ..DeviceLimits::H100
+                        };
+                        paths.push(("sweep, pivots apart", apart, TreeLayout::Sweep));
+                    }
                 }
                 for (path, shared, layout) in paths {
                     let what = format!("{name}, {case:?}, {dtype:?}, {path} (seed {seed})");
@@ -263,7 +276,8 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                     assert_eq!(lanes, layout == TreeLayout::Lanes, "{what}");
                     let sweep = plan.kernel.starts_with("tree_sweep_");
                     assert_eq!(sweep, layout == TreeLayout::Sweep, "{what}");
-                    assert_eq!(plans.len(), 1 + sweep as usize, "{what}");
+                    let apart = sweep && (case.d > 1 || path == "sweep, pivots apart");
+                    assert_eq!(plans.len(), 1 + apart as usize, "{what}");
                     assert_eq!(plan.workspace_bytes > 0, path == "global", "{what}");
                     if case.d == 1 && layout == TreeLayout::Tree {
                         let want = KernelArg::I32((path == "shared") as i32);
@@ -484,11 +498,21 @@ fn check_singular_pivot(d: usize, rng_of: (&str, u64)) {
         if d <= SWEEP_MAX_D {
             paths.push((DeviceLimits::H100, TreeLayout::Sweep));
         }
+        if d == 1 {
+            // The sweep's blocks one byte short of staging their pivots: tree_pivots apart.
+            let o = opts_in(&case, TreeLayout::Sweep);
+            let staged = forward_plan(&tree, &a, &b, &c, &u, o, DeviceLimits::H100).unwrap();
+            let apart = DeviceLimits {
+                shared_per_block: staged.shared_bytes - 1,
+                ..DeviceLimits::H100
+            };
+            paths.push((apart, TreeLayout::Sweep));
+        }
         for (shared, layout) in paths {
             let what =
                 format!("{n} nodes, d = {d}, node {node}, {shared:?}, {layout:?} (seed {seed})");
             let o = opts_in(&case, layout);
-            // The first launch meets the pivot (the sweep layout's pivots).
+            // The first launch meets the pivot (tree_pivots, where the sweep takes it apart).
             let plan = forward_plans(&tree, &a, &b, &c, &u, o, shared).unwrap();
             let inputs: &[&[f64]] = match plan.len() {
                 1 => &[&x.u, &coef],

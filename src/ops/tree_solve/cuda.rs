@@ -28,7 +28,9 @@
 //! [`lane_choice`] again), which read its pivots together. Scalar blocks keep only the nodes
 //! above the leaves in shared memory and stream the leaves from global memory (up to
 //! [`SWEEP_THREADS`] threads, one per parent of the leaves); d × d blocks keep every node's
-//! n·d·r right-hand sides ([`SWEEP_BLOCK_THREADS`]).
+//! n·d·r right-hand sides ([`SWEEP_BLOCK_THREADS`]). A scalar block whose coefficient set's
+//! pivots (3n values) fit in shared memory beside its right-hand sides eliminates them there
+//! itself, and the sweep is one launch (`tree_sweep_fwd` on u and coef).
 //!
 //! [`TreeLayout::Auto`](super::TreeLayout::Auto) chooses per pass, by the layouts' measured
 //! times: for coefficients shared by the batch the sweep for d × d blocks, and for scalar
@@ -165,12 +167,13 @@ impl TreeSolveOp {
     }
 
     /// `tree_sweep_{pass}` (`tree_sweep_block_{pass}` for d > 1) with `inputs` tensor arguments
-    /// (the pivots second) and `outputs`: a block per `lanes` samples of a head (coefficients
-    /// shared by the batch) or per tree.
+    /// (the pivots second, or coef where the blocks stage the pivots) and `outputs`: a block
+    /// per `lanes` samples of a head (coefficients shared by the batch) or per tree.
     fn sweep_plan(
         &self,
         pass: &str,
         dtype: DType,
+        limits: DeviceLimits,
         lanes: u32,
         inputs: usize,
         outputs: Vec<usize>,
@@ -207,11 +210,19 @@ impl TreeSolveOp {
         let grid = self.lane_blocks(lanes);
         let block = [lanes, threads / lanes, 1];
         args.push(KernelArg::I32(shared as i32));
+        let mut shared_bytes = self.sweep_bytes(dtype, lanes);
+        if d == 1 {
+            let stage = self.sweep_stages(dtype, limits, lanes);
+            args.extend([KernelArg::I32(stage as i32), KernelArg::Status]);
+            if stage {
+                shared_bytes += self.staged_pivot_bytes(dtype);
+            }
+        }
         Ok(LaunchPlan {
             kernel: kernel_name(&format!("{stem}_{pass}"), dtype, self.opts.complex)?,
             grid: [int_arg(op, "blocks", grid)? as u32, 1, 1],
             block,
-            shared_bytes: self.sweep_bytes(dtype, lanes),
+            shared_bytes,
             args,
             outputs,
             tables: self.tables(),
@@ -293,7 +304,9 @@ impl TreeSolveOp {
         } = self.dims;
         match layout {
             Resolved::Lanes(lanes) => return self.lanes_plan(pass, dtype, lanes, inputs, outputs),
-            Resolved::Sweep(lanes) => return self.sweep_plan(pass, dtype, lanes, inputs, outputs),
+            Resolved::Sweep(lanes) => {
+                return self.sweep_plan(pass, dtype, limits, lanes, inputs, outputs)
+            }
             Resolved::Tree => {}
         }
         let op = "tree_solve";
@@ -372,24 +385,33 @@ impl TreeSolveOp {
         batch * heads * nodes * d * r * if self.opts.complex { 2 } else { 1 }
     }
 
-    /// The forward's launches: `tree_fwd` (or `tree_block_fwd`, `tree_lanes_fwd`, ...), inputs
-    /// (u, coef = [A; B; C]), output x; or in the sweep layout `tree_pivots` (input coef,
-    /// output the pivots) and `tree_sweep_fwd` (inputs u and the pivots, output x).
+    /// Whether `layout` first eliminates the pivots in a launch of their own: the sweep, unless
+    /// its blocks stage them ([`Self::sweep_stages`]).
+    fn pivots_apart(&self, layout: Resolved, dtype: DType, limits: DeviceLimits) -> bool {
+        match layout {
+            Resolved::Sweep(lanes) => !self.sweep_stages(dtype, limits, lanes),
+            _ => false,
+        }
+    }
+
+    /// The forward's launches: `tree_fwd` (or `tree_block_fwd`, `tree_lanes_fwd`,
+    /// `tree_sweep_fwd` staging its pivots, ...), inputs (u, coef = [A; B; C]), output x; or
+    /// `tree_pivots` (input coef, output the pivots) and `tree_sweep_fwd` (or
+    /// `tree_sweep_block_fwd`; inputs u and the pivots, output x).
     fn forward_plans(&self, dtype: DType, limits: DeviceLimits) -> Result<Vec<LaunchPlan>> {
         let layout = self.resolve(Pass::Forward, dtype, limits)?;
         let x = vec![self.rhs_len()];
-        Ok(match layout {
-            Resolved::Sweep(_) => vec![
-                self.pivots_plan(dtype, false)?,
-                self.plan("fwd", dtype, limits, layout, 2, x)?,
-            ],
-            _ => vec![self.plan("fwd", dtype, limits, layout, 2, x)?],
+        let solve = self.plan("fwd", dtype, limits, layout, 2, x)?;
+        Ok(match self.pivots_apart(layout, dtype, limits) {
+            true => vec![self.pivots_plan(dtype, false)?, solve],
+            false => vec![solve],
         })
     }
 
     /// The backward's launches: inputs (∂x, coef, x), outputs ∂u and the coefficient gradients
     /// (3, rows, heads, nodes, d, d[, 2]), a row per sample or ([`Self::gradient_rows`]) per
-    /// block of samples; in the sweep layout the adjoint's pivots first, which replace coef.
+    /// block of samples; where the sweep takes the pivots apart ([`Self::pivots_apart`]) the
+    /// adjoint's pivots first, which replace coef.
     fn backward_plans(&self, dtype: DType, limits: DeviceLimits) -> Result<Vec<LaunchPlan>> {
         let Dims {
             heads, nodes, d, ..
@@ -398,21 +420,19 @@ impl TreeSolveOp {
         let w = if self.opts.complex { 2 } else { 1 };
         let dcoef = 3 * self.gradient_rows(layout) * heads * nodes * d * d * w;
         let outputs = vec![self.rhs_len(), dcoef];
-        Ok(match layout {
-            Resolved::Sweep(_) => vec![
-                self.pivots_plan(dtype, true)?,
-                self.plan("bwd", dtype, limits, layout, 3, outputs)?,
-            ],
-            _ => vec![self.plan("bwd", dtype, limits, layout, 3, outputs)?],
+        let solve = self.plan("bwd", dtype, limits, layout, 3, outputs)?;
+        Ok(match self.pivots_apart(layout, dtype, limits) {
+            true => vec![self.pivots_plan(dtype, true)?, solve],
+            false => vec![solve],
         })
     }
 }
 
 /// The launches that `tree_solve(tree, a, b, c, u, opts)` makes on a GPU with `limits`, in
 /// order: one, whose inputs are (u, coef) with coef = [a; b; c] stacked on a new first axis and
-/// whose output is x; or in the sweep layout two, `tree_pivots` (input coef, output the
-/// pivots) and `tree_sweep_fwd` (inputs u and those pivots, output x). The status word is
-/// 1 + the first node with a bad pivot, or 0.
+/// whose output is x; or, in the sweep layout where its blocks do not eliminate the pivots
+/// themselves, two: `tree_pivots` (input coef, output the pivots) and `tree_sweep_fwd` (inputs
+/// u and those pivots, output x). The status word is 1 + the first node with a bad pivot, or 0.
 pub fn forward_plans(
     tree: &Tree,
     a: &Tensor,
@@ -429,8 +449,9 @@ pub fn forward_plans(
 /// The launches of the backward of `tree_solve` on a GPU with `limits`: one, whose inputs are
 /// (∂x, coef, x) and whose outputs are ∂u and the coefficient gradients, (3, rows, heads,
 /// nodes, d, d[, 2]) with a row per sample, or for shared coefficients in the lanes and sweep
-/// layouts per block of samples (the op sums the rows for shared coefficients); or in the sweep
-/// layout the adjoint's pivots first, which take coef's place in the second launch's inputs.
+/// layouts per block of samples (the op sums the rows for shared coefficients); or, where the
+/// sweep takes the pivots apart, the adjoint's pivots first, which take coef's place in the
+/// second launch's inputs.
 pub fn backward_plans(
     tree: &Tree,
     a: &Tensor,
@@ -490,11 +511,14 @@ mod launch {
     use crate::cuda::{self, Module, TREE_LANES, TREE_SOLVE, TREE_SWEEP};
     use crate::ops::plan::LaunchPlan;
 
-    /// The module of a plan's kernel: `kernels/tree_lanes.cu` or `kernels/tree_solve.cu`.
+    /// The module of a plan's kernel: `kernels/tree_lanes.cu`, `kernels/tree_sweep.cu` or
+    /// `kernels/tree_solve.cu`.
     fn module(plan: &LaunchPlan) -> Module {
-        match plan.kernel.starts_with("tree_lanes_") {
-            true => TREE_LANES,
-            false => TREE_SOLVE,
+        let k = &plan.kernel;
+        match () {
+            _ if k.starts_with("tree_lanes_") => TREE_LANES,
+            _ if k.starts_with("tree_sweep_") || k.contains("pivots_") => TREE_SWEEP,
+            _ => TREE_SOLVE,
         }
     }
 
@@ -509,9 +533,9 @@ mod launch {
             let plan = &plans[0];
             return Ok(cuda::launch(dev, module(plan), plan, dt, &[u, coef])?.remove(0));
         };
-        let piv = cuda::launch(dev, TREE_SWEEP, pivots, dt, &[coef])?.remove(0);
+        let piv = cuda::launch(dev, module(pivots), pivots, dt, &[coef])?.remove(0);
         let piv_l = Layout::contiguous(pivots.outputs[0]);
-        Ok(cuda::launch(dev, TREE_SWEEP, sweep, dt, &[u, (&piv, &piv_l)])?.remove(0))
+        Ok(cuda::launch(dev, module(sweep), sweep, dt, &[u, (&piv, &piv_l)])?.remove(0))
     }
 
     pub(in crate::ops::tree_solve) fn backward(
@@ -533,10 +557,10 @@ mod launch {
         let plans = op.backward_plans(dt, cuda::limits(&dev)?)?;
         let (plan, out) = match &plans[..] {
             [pivots, sweep] => {
-                let piv = cuda::launch(&dev, TREE_SWEEP, pivots, dt, &[inputs[1]])?.remove(0);
+                let piv = cuda::launch(&dev, module(pivots), pivots, dt, &[inputs[1]])?.remove(0);
                 let piv_l = Layout::contiguous(pivots.outputs[0]);
                 let ins = [inputs[0], (&piv, &piv_l), inputs[2]];
-                (sweep, cuda::launch(&dev, TREE_SWEEP, sweep, dt, &ins)?)
+                (sweep, cuda::launch(&dev, module(sweep), sweep, dt, &ins)?)
             }
             _ => (
                 &plans[0],

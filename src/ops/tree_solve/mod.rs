@@ -75,7 +75,8 @@ pub enum TreeLayout {
     /// samples of a head sharing them) with its right-hand sides in shared memory, for scalar
     /// blocks those above the leaves only (`tree_pivots`, `tree_sweep_fwd`; for d × d blocks
     /// `tree_block_pivots`, `tree_sweep_block_fwd`): blocks up to 4 × 4, f32 and f64; an error
-    /// where it does not fit.
+    /// where it does not fit. Scalar blocks whose pivots fit in shared memory beside the
+    /// right-hand sides eliminate them in each sweep block instead: one launch.
     Sweep,
 }
 

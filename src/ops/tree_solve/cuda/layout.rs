@@ -96,6 +96,22 @@ impl TreeSolveOp {
         lanes as usize * (per_lane | 1) * acc * w
     }
 
+    /// Whether a scalar sweep block of `lanes` eliminates its coefficient set's pivots itself,
+    /// into shared memory beside its right-hand sides (3n values of the storage type), in one
+    /// launch; else `tree_pivots` eliminates each set once into global memory first. Never
+    /// for d × d blocks.
+    pub(super) fn sweep_stages(&self, dtype: DType, limits: DeviceLimits, lanes: u32) -> bool {
+        self.dims.d == 1
+            && limits.fits_shared(self.sweep_bytes(dtype, lanes) + self.staged_pivot_bytes(dtype))
+    }
+
+    /// Bytes of a scalar sweep block's staged pivots ([`Self::sweep_stages`]).
+    pub(super) fn staged_pivot_bytes(&self, dtype: DType) -> usize {
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        let w = if self.opts.complex { 2 } else { 1 };
+        3 * self.dims.nodes * acc * w
+    }
+
     /// The first node above the leaves (level 0); 0 for a one-node tree.
     fn first_inner(&self) -> usize {
         match self.tree.levels() {
