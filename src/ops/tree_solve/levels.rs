@@ -20,7 +20,7 @@ use crate::tree::Tree;
 mod grads;
 mod sample_lanes;
 
-use grads::grads;
+use grads::add_grads;
 
 /// Samples one task solves after computing its coefficient set's pivots.
 const SAMPLES_PER_TASK: usize = 16;
@@ -34,12 +34,11 @@ struct Pivots<V> {
 }
 
 /// A task's scratch: the pivots, one level's worth of messages or parent values, and for the
-/// backward the gradient blocks of a tree (3 × n), their sums over a task's samples, and two
+/// backward the gradient blocks (3 × n) of a tree or summed over a task's samples, and two
 /// node-sized rows.
 struct Scratch<V> {
     piv: Pivots<V>,
     m: Vec<V>,
-    g: Vec<V>,
     acc: Vec<V>,
     xs: Vec<V>,
     lp: Vec<V>,
@@ -53,11 +52,10 @@ impl<V> Scratch<V> {
             bh: vec![],
             dn: vec![],
         };
-        let [m, g, acc, xs, lp] = std::array::from_fn(|_| vec![]);
+        let [m, acc, xs, lp] = std::array::from_fn(|_| vec![]);
         Scratch {
             piv,
             m,
-            g,
             acc,
             xs,
             lp,
@@ -620,7 +618,6 @@ impl TreeSolveOp {
         };
         ws.acc.clear();
         ws.acc.resize(3 * n, V::zero());
-        ws.g.resize(3 * n, V::zero());
         let (end, io) = (b0 + count, (coef, g, du_out));
         let mut solved = b0;
         for bi in b0..end {
@@ -635,15 +632,14 @@ impl TreeSolveOp {
                 du_out.values::<V>(t * per_tree, n * r)
             };
             let xs = &x[t * per_tree..][..per_tree];
+            // Shared coefficients sum the task's trees, else each tree's own from zero.
+            if !dims.shared {
+                ws.acc.fill(V::zero());
+            }
             let scratch = (&mut ws.xs, &mut ws.lp);
-            grads::<F, V>(&self.tree, arity, r, lam, xs, &mut ws.g, scratch);
-            match dims.shared {
-                true => {
-                    for (a, g) in ws.acc.iter_mut().zip(&ws.g) {
-                        *a = a.add(*g);
-                    }
-                }
-                false => put(bi, &ws.g, &mut ws.m),
+            add_grads::<F, V>(&self.tree, arity, r, lam, xs, &mut ws.acc, scratch);
+            if !dims.shared {
+                put(bi, &ws.acc, &mut ws.m);
             }
         }
         if dims.shared {

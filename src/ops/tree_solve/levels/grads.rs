@@ -1,6 +1,6 @@
 //! The block gradients of one scalar-block tree (the backward's second half, after the adjoint
-//! solve): each node's values against its parent's, a uniform level's parents repeated eight
-//! children at a time.
+//! solve), added to a sum: each node's values against its parent's, a uniform level's parents
+//! repeated eight children at a time.
 
 use candle_core::WithDType;
 
@@ -42,11 +42,11 @@ fn spread_parents<V: Copy>(tree: &Tree, arity: &[usize], vals: &[V], out: &mut V
     }
 }
 
-/// ∂A_v, ∂B_v, ∂C_v of one tree before their sign, into `out` (3 × n): Σ_r λ_v conj(x_v),
-/// Σ_r λ_v conj(x_parent) and Σ_r λ_parent conj(x_v) (zero at the root), each summed from zero
-/// in the order of r. `xs` and `lp` are scratch.
+/// Adds ∂A_v, ∂B_v, ∂C_v of one tree before their sign to `out` (3 × n): Σ_r λ_v conj(x_v),
+/// Σ_r λ_v conj(x_parent) and Σ_r λ_parent conj(x_v) (nothing at the root), each tree's sum
+/// formed from zero in the order of r before it is added. `xs` and `lp` are scratch.
 #[inline(always)]
-pub(super) fn grads<F: WithDType, V: Value<F>>(
+pub(super) fn add_grads<F: WithDType, V: Value<F>>(
     tree: &Tree,
     arity: &[usize],
     r: usize,
@@ -61,20 +61,21 @@ pub(super) fn grads<F: WithDType, V: Value<F>>(
     let (ga, rest) = out.split_at_mut(n);
     let (gb, gc) = rest.split_at_mut(n);
     if r == 1 {
+        let add = |g: &mut V, a: V, b: V| *g = g.add(V::zero().add(a.mul(b)));
         for ((g, l), x) in ga.iter_mut().zip(lam).zip(xs.iter()) {
-            *g = V::zero().add(l.mul(*x));
+            add(g, *l, *x);
         }
-        // conj(x) and λ of each node's parent.
+        // conj(x) and λ of each node's parent; the root is its own, its terms taken out.
+        let (b_root, c_root) = (gb[root], gc[root]);
         spread_parents(tree, arity, xs, lp);
         for ((g, l), x) in gb.iter_mut().zip(lam).zip(lp.iter()) {
-            *g = V::zero().add(l.mul(*x));
+            add(g, *l, *x);
         }
         spread_parents(tree, arity, lam, lp);
         for ((g, l), x) in gc.iter_mut().zip(lp.iter()).zip(xs.iter()) {
-            *g = V::zero().add(l.mul(*x));
+            add(g, *l, *x);
         }
-        gb[root] = V::zero();
-        gc[root] = V::zero();
+        (gb[root], gc[root]) = (b_root, c_root);
         return;
     }
     for v in 0..n {
@@ -88,6 +89,10 @@ pub(super) fn grads<F: WithDType, V: Value<F>>(
                 dc = dc.add(lam[p * r + j].mul(xv));
             }
         }
-        (ga[v], gb[v], gc[v]) = (da, db, dc);
+        ga[v] = ga[v].add(da);
+        if v != root {
+            gb[v] = gb[v].add(db);
+            gc[v] = gc[v].add(dc);
+        }
     }
 }
