@@ -87,6 +87,17 @@ fn run_launches(plans: &[LaunchPlan], dtype: DType, inputs: &[&[f64]], seed: u64
     }
 }
 
+/// A device one byte short of what the scalar sweep's blocks need to eliminate their pivots
+/// themselves (on an H100): its sweep takes them from tree_pivots, a launch apart.
+fn pivots_apart(tree: &Tree, case: &TreeCase, [a, b, c, u]: [&Tensor; 4]) -> DeviceLimits {
+    let o = opts_in(case, TreeLayout::Sweep);
+    let staged = forward_plan(tree, a, b, c, u, o, DeviceLimits::H100).unwrap();
+    DeviceLimits {
+        shared_per_block: staged.shared_bytes - 1,
+        ..DeviceLimits::H100
+    }
+}
+
 /// A device whose grid is never too small: the lanes layout takes its widest width that fits.
 const FEW_SMS: DeviceLimits = DeviceLimits {
     sms: 0,
@@ -254,16 +265,7 @@ fn check_kernels(trees: &[(&str, Tree)], cases: &[TreeCase], permute: bool, rng_
                     // Shared coefficients: samples of a head across lanes.
                     paths.push(("sweep, wide", FEW_SMS, TreeLayout::Sweep));
                     if case.d == 1 {
-                        // One byte less than the blocks need to stage their pivots: those
-                        // come from tree_pivots, a launch apart.
-                        let o = opts_in(case, TreeLayout::Sweep);
-                        let staged = forward_plan(tree, &a, &b, &c, &u, o, DeviceLimits::H100)
-                            .unwrap()
-                            .shared_bytes;
-                        let apart = DeviceLimits {
-                            shared_per_block: staged - 1,
-                            ..DeviceLimits::H100
-                        };
+                        let apart = pivots_apart(tree, case, [&a, &b, &c, &u]);
                         paths.push(("sweep, pivots apart", apart, TreeLayout::Sweep));
                     }
                 }
@@ -499,14 +501,10 @@ fn check_singular_pivot(d: usize, rng_of: (&str, u64)) {
             paths.push((DeviceLimits::H100, TreeLayout::Sweep));
         }
         if d == 1 {
-            // The sweep's blocks one byte short of staging their pivots: tree_pivots apart.
-            let o = opts_in(&case, TreeLayout::Sweep);
-            let staged = forward_plan(&tree, &a, &b, &c, &u, o, DeviceLimits::H100).unwrap();
-            let apart = DeviceLimits {
-                shared_per_block: staged.shared_bytes - 1,
-                ..DeviceLimits::H100
-            };
-            paths.push((apart, TreeLayout::Sweep));
+            paths.push((
+                pivots_apart(&tree, &case, [&a, &b, &c, &u]),
+                TreeLayout::Sweep,
+            ));
         }
         for (shared, layout) in paths {
             let what =

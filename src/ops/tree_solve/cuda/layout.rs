@@ -8,31 +8,34 @@ use super::{lane_choice, lu_slots, LANE_MAX_D, SMALL_TREE_BYTES, SWEEP_MAX_D, SW
 use crate::ops::plan::DeviceLimits;
 
 impl TreeSolveOp {
+    /// Bytes of one value of the kernels' state: f32, or f64 for f64 (the sweep's pivots, kept
+    /// in the storage type, are the same: it takes f32 and f64 only), twice that for complex.
+    fn value_bytes(&self, dtype: DType) -> usize {
+        let acc = if dtype == DType::F64 { 8 } else { 4 };
+        acc * if self.opts.complex { 2 } else { 1 }
+    }
+
     /// Bytes of state one tree needs.
     pub(super) fn workspace_per_tree(&self, dtype: DType) -> usize {
-        let acc = if dtype == DType::F64 { 8 } else { 4 };
-        let w = if self.opts.complex { 2 } else { 1 };
         let Dims { nodes, d, r, .. } = self.dims;
         let values = match d {
             1 => nodes * (1 + r),
             _ => nodes * d * (d + r) + lu_slots(&self.tree) * d * d,
         };
-        values * acc * w
+        values * self.value_bytes(dtype)
     }
 
     /// Bytes of a scalar-block tree's state with its couplings and child table staged beside
     /// it (see the `cuda` module's doc); None for d > 1, which does not stage.
     pub(super) fn staged_per_tree(&self, dtype: DType) -> Option<usize> {
         let Dims { nodes, d, .. } = self.dims;
-        let acc = if dtype == DType::F64 { 8 } else { 4 };
-        let w = if self.opts.complex { 2 } else { 1 };
-        (d == 1).then(|| self.workspace_per_tree(dtype) + 2 * nodes * acc * w + (nodes + 1) * 4)
+        (d == 1).then(|| {
+            self.workspace_per_tree(dtype) + 2 * nodes * self.value_bytes(dtype) + (nodes + 1) * 4
+        })
     }
 
     /// Bytes of shared memory a block of `lanes` trees needs in the lanes layout.
     pub(super) fn lanes_bytes(&self, dtype: DType, lanes: u32) -> usize {
-        let acc = if dtype == DType::F64 { 8 } else { 4 };
-        let w = if self.opts.complex { 2 } else { 1 };
         let Dims {
             nodes,
             d,
@@ -42,7 +45,8 @@ impl TreeSolveOp {
         } = self.dims;
         let pivot_lanes = if shared { 1 } else { lanes as usize };
         let odd = |n: usize| n | 1;
-        (3 * pivot_lanes * odd(nodes * d * d) + lanes as usize * odd(nodes * d * r)) * acc * w
+        (3 * pivot_lanes * odd(nodes * d * d) + lanes as usize * odd(nodes * d * r))
+            * self.value_bytes(dtype)
     }
 
     /// Blocks of the lanes layout's grid with `lanes` trees each: per head, the batch in
@@ -86,14 +90,12 @@ impl TreeSolveOp {
     /// array at an odd stride: for d × d blocks its n·d·r right-hand sides, for scalar blocks
     /// those of the nodes above the leaves (the leaves are streamed).
     pub(super) fn sweep_bytes(&self, dtype: DType, lanes: u32) -> usize {
-        let acc = if dtype == DType::F64 { 8 } else { 4 };
-        let w = if self.opts.complex { 2 } else { 1 };
         let Dims { nodes, d, r, .. } = self.dims;
         let per_lane = match d {
             1 => (nodes - self.first_inner()) * r,
             _ => nodes * d * r,
         };
-        lanes as usize * (per_lane | 1) * acc * w
+        lanes as usize * (per_lane | 1) * self.value_bytes(dtype)
     }
 
     /// Whether a scalar sweep block of `lanes` eliminates its coefficient set's pivots itself,
@@ -107,9 +109,7 @@ impl TreeSolveOp {
 
     /// Bytes of a scalar sweep block's staged pivots ([`Self::sweep_stages`]).
     pub(super) fn staged_pivot_bytes(&self, dtype: DType) -> usize {
-        let acc = if dtype == DType::F64 { 8 } else { 4 };
-        let w = if self.opts.complex { 2 } else { 1 };
-        3 * self.dims.nodes * acc * w
+        3 * self.dims.nodes * self.value_bytes(dtype)
     }
 
     /// The first node above the leaves (level 0); 0 for a one-node tree.
