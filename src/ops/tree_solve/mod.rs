@@ -56,20 +56,8 @@ pub struct TreeSolveOptions {
     pub layout: TreeLayout,
 }
 
-/// The work layout of the CUDA tree solve (see [`cuda`]); a variant's doc is its line in
-/// `myo bench tree --help`.
-///
-/// `Auto` takes, among the layouts that take the solve, the one measured fastest for the pass:
-/// for coefficients shared by the batch the sweep for d × d blocks, and for scalar blocks the
-/// lanes backward and forward a block per tree (real trees within 48 KiB of shared memory) or
-/// else the sweep; a block per tree for per-sample coefficients.
-///
-/// `Sweep` eliminates the pivots of each coefficient set once (`tree_pivots`,
-/// `tree_block_pivots`), then sweeps each tree (or samples of a head sharing them) with its
-/// right-hand sides in shared memory, for scalar blocks those above the leaves only
-/// (`tree_sweep_fwd`, `tree_sweep_block_fwd`): blocks up to 4 × 4, f32 and f64. Scalar blocks
-/// whose pivots fit in shared memory beside the right-hand sides eliminate them in each sweep
-/// block instead: one launch.
+/// The work layout of the CUDA tree solve: the layouts and Auto's choice are described in the
+/// [`cuda`] module's docs; a variant's doc is its line in `myo bench tree --help`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TreeLayout {
