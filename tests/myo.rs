@@ -646,3 +646,44 @@ fn backward_by_hand_equals_autograd() {
         }
     }
 }
+
+/// In f16 and bf16 the layer runs by hand too (the readout matrix from C_out in f32): its
+/// output and gradients follow the f32 layer's on the same rounded parameters and input, to the
+/// half dtype's precision, every gradient in its parameter's dtype.
+#[test]
+fn backward_by_hand_in_half_precision_follows_f32() {
+    let (mut rng, seed) = seeded_rng("myo by hand in half precision", 140);
+    for (dtype, tol) in [(DType::BF16, 4e-2), (DType::F16, 4e-3)] {
+        for per_level in [false, true] {
+            let cfg = MyoConfig {
+                per_level,
+                all_nodes: true,
+                seed: rng.random(),
+                ..MyoConfig::new(
+                    3,
+                    4,
+                    TreeSpec::Ragged {
+                        leaves: 11,
+                        arity: 2,
+                    },
+                )
+            };
+            let n = Myo::new(
+                cfg.clone(),
+                VarBuilder::from_varmap(&VarMap::new(), DType::F32, &Device::Cpu),
+            )
+            .unwrap()
+            .tree()
+            .len();
+            common::half::assert_half_by_hand_follows_f32(
+                dtype,
+                &[2, n, 3],
+                |vb| Myo::new(cfg.clone(), vb).unwrap(),
+                |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
+                &mut rng,
+                tol,
+                &format!("{cfg:?} (seed {seed})"),
+            );
+        }
+    }
+}

@@ -461,6 +461,35 @@ fn backward_by_hand_equals_autograd() {
     common::assert_central_differences(&[named, vec![("u", &u)]].concat(), &grads, loss, "S5");
 }
 
+/// In f16 and bf16 the layer runs by hand too, its parameter-side ops (the discretisation, the
+/// readout matrix) in f32: its output and gradients follow the f32 layer's on the same rounded
+/// parameters and input, to the half dtype's precision, every gradient in its parameter's dtype.
+#[test]
+fn backward_by_hand_in_half_precision_follows_f32() {
+    let (mut rng, seed) = common::seeded_rng("s5 by hand in half precision", 115);
+    for (dtype, tol) in [(DType::BF16, 4e-2), (DType::F16, 4e-3)] {
+        for bidirectional in [true, false] {
+            let cfg = S5Config {
+                d_model: 3,
+                state: 8,
+                blocks: 2,
+                bidirectional,
+                seed: rng.random(),
+                ..S5Config::default()
+            };
+            common::half::assert_half_by_hand_follows_f32(
+                dtype,
+                &[2, 9, 3],
+                |vb| S5::new(cfg.clone(), vb).unwrap(),
+                |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
+                &mut rng,
+                tol,
+                &format!("{cfg:?} (seed {seed})"),
+            );
+        }
+    }
+}
+
 /// With an interval per sample, the layer by hand (`forward_timed_by_hand`: `ops::s5_timed`
 /// and the backward written out) gives `forward_timed`'s output (the same ops: to the bit) and
 /// the gradients of candle's autograd through it (to 1e-12 in f64, 1e-5 in f32), for both

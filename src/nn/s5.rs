@@ -348,6 +348,8 @@ impl Module for S5 {
 /// What a forward pass computed, kept for the backward by hand ([`S5::forward_by_hand`]).
 struct Pass {
     y: Tensor,
+    /// The parameters as the parameter-side ops took them ([`S5::param_side`]).
+    params: [Tensor; 6],
     /// The scans' initial state (zeros).
     h0: Tensor,
     gate: Tensor,
@@ -405,13 +407,18 @@ impl S5 {
     /// The layer on `u` with the parameters `w` ([`S5::params`]' order); with intervals `dt`
     /// (by hand only: [`S5::run_by_hand`]) each step discretised with its own.
     fn run(&self, u: &Tensor, w: [&Tensor; 6], dt: Option<&Tensor>) -> Result<Pass> {
-        let [lr, li, ls, b, c, d] = w;
         let (batch, len, h) = u.dims3()?;
-        let p = lr.dim(0)?;
-        // Outside candle's graph (the backward by hand), the fused op on the parameters as
-        // they are.
-        let tracked = [lr, li, ls, b].iter().any(|t| t.track_op());
+        let p = w[0].dim(0)?;
+        // Outside candle's graph (the backward by hand), the fused ops on the parameters, in
+        // f32 under half precision ([`S5::param_side`]), their results cast to u's dtype.
+        let tracked = w[..4].iter().any(|t| t.track_op());
         let by_hand = !tracked && Self::has_backward_by_hand(u);
+        let up = match by_hand {
+            true => Self::param_side(w)?,
+            false => w.map(Tensor::clone),
+        };
+        let [lr, li, ls, b, c, d] = up.each_ref();
+        let down = |t: Tensor| t.to_dtype(u.dtype());
         let mut timed = None;
         let (gate, b_mat, bu) = match dt {
             // B̃u, then Λ̄_k and B̄_k u_k = k_k ⊙ (B̃u)_k per step (`ops::s5_timed`).
@@ -425,7 +432,10 @@ impl S5 {
             Some(_) => bail!("S5: time intervals per sample are applied by hand only"),
             None => {
                 let (gate, b_mat) = match by_hand {
-                    true => s5_discretize_untracked(lr, li, ls, b, self.how())?,
+                    true => {
+                        let (gate, b_mat) = s5_discretize_untracked(lr, li, ls, b, self.how())?;
+                        (down(gate)?, down(b_mat)?)
+                    }
                     false => s5_discretize(lr, li, ls, b, self.how())?,
                 };
                 // The products: by hand as single ops, else candle's (differentiable) ones.
@@ -457,7 +467,7 @@ impl S5 {
         }
         // Re(C̃ x) (× 2 with conj_sym): one matmul of the directions' states side by side with
         // their readout matrices stacked.
-        let r = s5_readout(c, states.len(), self.cfg.conj_sym)?;
+        let r = down(s5_readout(c, states.len(), self.cfg.conj_sym)?)?;
         // (batch, len, directions · P, 2): each step's states side by side.
         let xs = match &states[..] {
             [x] => x.clone(),
@@ -474,6 +484,7 @@ impl S5 {
         let y = (channel_mul(u, d)? + read)?;
         Ok(Pass {
             y,
+            params: up,
             h0,
             gate,
             b_mat,
@@ -507,10 +518,26 @@ impl S5 {
         }
     }
 
-    /// Whether [`S5::run_by_hand`] covers `u`: the fused ops' dtypes and devices.
+    /// Whether [`S5::run_by_hand`] covers `u`: the fused ops' dtypes (f16 and bf16 by
+    /// [`S5::param_side`]) and devices.
     pub(crate) fn has_backward_by_hand(u: &Tensor) -> bool {
-        matches!(u.dtype(), DType::F32 | DType::F64)
-            && (u.device().is_cpu() || u.device().is_cuda())
+        matches!(
+            u.dtype(),
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16
+        ) && (u.device().is_cpu() || u.device().is_cuda())
+    }
+
+    /// The parameters `w` as the ops on them alone take them by hand: the discretisation and
+    /// the readout matrix (and their backward passes) in f32 for f16 and bf16 parameters, which
+    /// those ops do not take (the mixed-precision practice for a state-space layer's own
+    /// arithmetic); D, which meets the input, as it is.
+    fn param_side(w: [&Tensor; 6]) -> Result<[Tensor; 6]> {
+        let up = |t: &Tensor| match t.dtype() {
+            DType::F16 | DType::BF16 => t.to_dtype(DType::F32),
+            _ => Ok(t.clone()),
+        };
+        let [lr, li, ls, b, c, d] = w;
+        Ok([up(lr)?, up(li)?, up(ls)?, up(b)?, up(c)?, d.clone()])
     }
 
     /// Whether [`S5::run_by_hand`] takes the intervals `dt` for `u`: a causal layer, intervals
@@ -542,10 +569,10 @@ impl S5 {
             Some(dt) => Some(dt.detach().to_dtype(u.dtype())?),
             None => None,
         };
-        let pass = self.run(&x, [&w[0], &w[1], &w[2], &w[3], &w[4], &w[5]], dt.as_ref())?;
+        let pass = self.run(&x, w.each_ref(), dt.as_ref())?;
         let back = backward::S5Backward {
             vars: self.params().map(Tensor::clone),
-            w,
+            w: pass.params,
             u: x,
             h0: pass.h0,
             gate: pass.gate,

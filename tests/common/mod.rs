@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 pub mod files;
+pub mod half;
 pub mod heads;
 pub mod runs;
 pub mod trees;

@@ -23,6 +23,7 @@ use crate::tree::Tree;
 pub(super) struct MyoBackward {
     /// The parameters b_in, virtual_u, coupling_b, c_out, d (the gradients' keys).
     vars: [Tensor; 5],
+    /// C_out as the readout's fused op took it (f32 under half precision).
     c_out: Tensor,
     d: Tensor,
     x: Tensor,
@@ -55,8 +56,10 @@ impl Myo {
 
     /// Whether the backward by hand ([`Myo::forward_by_hand`]) covers this layer on `x`.
     pub fn has_backward_by_hand(&self, x: &Tensor) -> bool {
-        matches!(x.dtype(), DType::F32 | DType::F64)
-            && (x.device().is_cpu() || x.device().is_cuda())
+        matches!(
+            x.dtype(),
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16
+        ) && (x.device().is_cpu() || x.device().is_cuda())
             && self.cfg.block == 1
             && self.cfg.coupling == Coupling::Skew
             && self.cfg.all_nodes
@@ -98,7 +101,13 @@ impl Myo {
             false => raw,
         };
         let xs = head_solve_skew(&self.tree, &u, &virtual_u, &s)?;
-        let r = s5_readout(&c_out, 1, false)?;
+        // The readout matrix by its fused op, which takes f32 and f64: in f32 under half
+        // precision, cast to x's dtype.
+        let c_out = match c_out.dtype() {
+            DType::F16 | DType::BF16 => c_out.to_dtype(DType::F32)?,
+            _ => c_out,
+        };
+        let r = s5_readout(&c_out, 1, false)?.to_dtype(x.dtype())?;
         if from >= n {
             candle_core::bail!("Myo: node {from} is beyond the tree's {n} nodes");
         }
@@ -152,8 +161,8 @@ impl Backward for MyoBackward {
         let dx_skip = pad(dx_skip)?;
         let dy = Mat::rows(dy)?;
         let xs = Mat::matrix(&self.xs_out, 2 * heads)?;
-        let dc_out =
-            s5_readout_backward(&self.c_out, 1, false, &gemm(&xs.t(), &dy, (2 * heads, h))?)?;
+        let dr = gemm(&xs.t(), &dy, (2 * heads, h))?.to_dtype(self.c_out.dtype())?;
+        let dc_out = s5_readout_backward(&self.c_out, 1, false, &dr)?;
         let dxs = pad(gemm(
             &dy,
             &Mat::rows(&self.r)?.t(),
@@ -185,16 +194,10 @@ impl Backward for MyoBackward {
             (heads, h, 2),
         )?;
         let dx = (dx_skip + gemm(&du, &Mat::rows(&self.b_mat)?.t(), (batch, n, h))?)?;
-        let [b_in, virtual_u, coupling_b, c_out, d] = self.vars.clone();
-        Ok((
-            dx,
-            vec![
-                (b_in, db_in),
-                (virtual_u, dv),
-                (coupling_b, ds),
-                (c_out, dc_out),
-                (d, dd),
-            ],
-        ))
+        // Each gradient in its parameter's dtype.
+        let grads = [db_in, dv, ds, dc_out, dd];
+        let params = self.vars.iter().zip(grads);
+        let params = params.map(|(v, g)| Ok((v.clone(), g.to_dtype(v.dtype())?)));
+        Ok((dx, params.collect::<Result<_>>()?))
     }
 }

@@ -22,7 +22,8 @@ use crate::ops::{
 pub(super) struct S5Backward {
     /// The layer's parameters (the gradients' keys), in `S5::params`' order.
     pub vars: [Tensor; 6],
-    /// The same, detached.
+    /// The same, detached, as the parameter-side ops took them (`S5::param_side`: f32 under
+    /// half precision).
     pub w: [Tensor; 6],
     pub u: Tensor,
     /// The scans' initial state (zeros).
@@ -56,7 +57,7 @@ impl Backward for S5Backward {
             1 => dr.remove(0),
             _ => Tensor::cat(&dr, 0)?,
         };
-        let dc = s5_readout_backward(c, dirs, self.conj_sym, &dr)?;
+        let dc = s5_readout_backward(c, dirs, self.conj_sym, &dr.to_dtype(c.dtype())?)?;
         let (mut dbu, mut dgate) = (None::<Tensor>, None::<Tensor>);
         for (k, x) in self.states.iter().enumerate() {
             // ∂X_k = ∂y R_kᵀ, R_k the rows k · 2P.. of R.
@@ -102,19 +103,18 @@ impl Backward for S5Backward {
                     .contiguous()?;
                 [dlr, dli, dls, db]
             }
-            None => s5_discretize_backward([lr, li, ls, b], self.how, &dgate, &db_mat)?,
+            None => {
+                let up = |t: &Tensor| t.to_dtype(lr.dtype());
+                s5_discretize_backward([lr, li, ls, b], self.how, &up(&dgate)?, &up(&db_mat)?)?
+            }
         };
-        let [vlr, vli, vls, vb, vc, vd] = self.vars.clone();
-        Ok((
-            du,
-            vec![
-                (vlr, dlr),
-                (vli, dli),
-                (vls, dls),
-                (vb, db),
-                (vc, dc),
-                (vd, dd),
-            ],
-        ))
+        // Each gradient in its parameter's dtype.
+        let grads = [dlr, dli, dls, db, dc, dd];
+        let params = self
+            .vars
+            .iter()
+            .zip(grads)
+            .map(|(v, g)| Ok((v.clone(), g.to_dtype(v.dtype())?)));
+        Ok((du, params.collect::<Result<_>>()?))
     }
 }

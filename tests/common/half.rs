@@ -1,0 +1,68 @@
+//! A layer's backward by hand in half precision against the same layer in f32.
+
+use std::collections::HashMap;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{VarBuilder, VarMap};
+use myosotis::nn::GradSink;
+use rand::rngs::StdRng;
+
+use super::{randn, rel_err, to_vec};
+
+/// The layer built by `build` in `dtype` (f16 or bf16) and run by hand (`run`) follows the same
+/// layer in f32 whose parameters and input are the half ones cast up: its output, the input's
+/// gradient and every parameter's gradient (which must come in the parameter's dtype) each
+/// within `tol` of the f32 layer's (largest difference over largest value).
+pub fn assert_half_by_hand_follows_f32<L>(
+    dtype: DType,
+    shape: &[usize],
+    build: impl Fn(VarBuilder) -> L,
+    run: impl Fn(&L, &Tensor, &GradSink) -> Tensor,
+    rng: &mut StdRng,
+    tol: f64,
+    what: &str,
+) {
+    let cpu = Device::Cpu;
+    let half_map = VarMap::new();
+    let half = build(VarBuilder::from_varmap(&half_map, dtype, &cpu));
+    let full_map = VarMap::new();
+    let full = build(VarBuilder::from_varmap(&full_map, DType::F32, &cpu));
+    let half_vars: HashMap<String, Var> = half_map.data().lock().unwrap().clone();
+    let full_vars: HashMap<String, Var> = full_map.data().lock().unwrap().clone();
+    for (name, v) in &full_vars {
+        v.set(&half_vars[name].to_dtype(DType::F32).unwrap())
+            .unwrap();
+    }
+    let x = randn(rng, shape, dtype, &cpu);
+    let g = randn(rng, shape, dtype, &cpu);
+    let pass = |layer: &L, dtype: DType| -> (Var, Tensor, GradStore) {
+        let x = Var::from_tensor(&x.to_dtype(dtype).unwrap()).unwrap();
+        let sink = GradSink::new();
+        let y = run(layer, x.as_tensor(), &sink);
+        assert_eq!(y.dtype(), dtype, "the output's dtype, {what}");
+        let loss = (&y * g.to_dtype(dtype).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let mut grads = loss.backward().unwrap();
+        sink.add_to(&mut grads).unwrap();
+        (x, y, grads)
+    };
+    let (hx, hy, hg) = pass(&half, dtype);
+    let (fx, fy, fg) = pass(&full, DType::F32);
+    let mut worst = 0f64;
+    let mut check = |part: &str, got: &Tensor, want: &Tensor| {
+        assert_eq!(got.dtype(), dtype, "{part}'s dtype, {what}");
+        let e = rel_err(&to_vec(got), &to_vec(want));
+        assert!(e < tol, "{part}: error {e:e} in {dtype:?}, {what}");
+        worst = worst.max(e);
+    };
+    check("output", &hy, &fy);
+    check("∂x", hg.get(&hx).unwrap(), fg.get(&fx).unwrap());
+    for (name, v) in &half_vars {
+        let got = hg.get(v).unwrap_or_else(|| panic!("no ∂{name}, {what}"));
+        check(&format!("∂{name}"), got, fg.get(&full_vars[name]).unwrap());
+    }
+    eprintln!("{what}, {dtype:?}: largest error {worst:.2e}");
+}
