@@ -190,6 +190,61 @@ fn cuda_dropout_masks_equal_the_cpu() {
     }
 }
 
+/// The S5 and Myo layers by hand in f16 and bf16 on CUDA (their parameter-side ops in f32, the
+/// products and the scan or solve in the half dtype) follow the same layers in f32 on CUDA, as
+/// `tests/s5.rs` and `tests/myo.rs` check on the CPU.
+#[test]
+fn cuda_layers_by_hand_in_half_precision_follow_f32() {
+    let name = "cuda_layers_by_hand_in_half_precision_follow_f32";
+    let Some(gpu) = gpu(name) else {
+        return;
+    };
+    let bf16 = cuda_bf16(name);
+    let (mut rng, seed) = seeded_rng(name, 116);
+    let half = [(DType::BF16, 4e-2), (DType::F16, 4e-3)];
+    for (dtype, tol) in half.into_iter().filter(|&(d, _)| d != DType::BF16 || bf16) {
+        let s5 = S5Config {
+            d_model: 3,
+            state: 8,
+            blocks: 2,
+            seed: rng.random(),
+            ..S5Config::default()
+        };
+        common::half::assert_half_by_hand_follows_f32(
+            &gpu,
+            dtype,
+            &[2, 9, 3],
+            |vb| S5::new(s5.clone(), vb).unwrap(),
+            |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
+            &mut rng,
+            tol,
+            &format!("{s5:?} (seed {seed})"),
+        );
+        let myo = MyoConfig {
+            all_nodes: true,
+            seed: rng.random(),
+            ..MyoConfig::new(
+                3,
+                4,
+                TreeSpec::Ragged {
+                    leaves: 11,
+                    arity: 2,
+                },
+            )
+        };
+        common::half::assert_half_by_hand_follows_f32(
+            &gpu,
+            dtype,
+            &[2, myosotis::tree::Tree::ragged(11, 2).unwrap().len(), 3],
+            |vb| Myo::new(myo.clone(), vb).unwrap(),
+            |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
+            &mut rng,
+            tol,
+            &format!("{myo:?} (seed {seed})"),
+        );
+    }
+}
+
 /// Three AdamW steps (in-place `adamw_step` launches, gradient clipping on, both groups) on CUDA
 /// end where the same steps on the CPU end.
 #[test]

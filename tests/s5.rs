@@ -478,6 +478,7 @@ fn backward_by_hand_in_half_precision_follows_f32() {
                 ..S5Config::default()
             };
             common::half::assert_half_by_hand_follows_f32(
+                &Device::Cpu,
                 dtype,
                 &[2, 9, 3],
                 |vb| S5::new(cfg.clone(), vb).unwrap(),

@@ -10,11 +10,13 @@ use rand::rngs::StdRng;
 
 use super::{randn, rel_err, to_vec};
 
-/// The layer built by `build` in `dtype` (f16 or bf16) and run by hand (`run`) follows the same
-/// layer in f32 whose parameters and input are the half ones cast up: its output, the input's
-/// gradient and every parameter's gradient (which must come in the parameter's dtype) each
-/// within `tol` of the f32 layer's (largest difference over largest value).
+/// The layer built by `build` in `dtype` (f16 or bf16) on `dev` and run by hand (`run`) follows
+/// the same layer in f32 whose parameters and input are the half ones cast up: its output, the
+/// input's gradient and every parameter's gradient (which must come in the parameter's dtype)
+/// each within `tol` of the f32 layer's (largest difference over largest value).
+#[allow(clippy::too_many_arguments)]
 pub fn assert_half_by_hand_follows_f32<L>(
+    dev: &Device,
     dtype: DType,
     shape: &[usize],
     build: impl Fn(VarBuilder) -> L,
@@ -23,19 +25,18 @@ pub fn assert_half_by_hand_follows_f32<L>(
     tol: f64,
     what: &str,
 ) {
-    let cpu = Device::Cpu;
     let half_map = VarMap::new();
-    let half = build(VarBuilder::from_varmap(&half_map, dtype, &cpu));
+    let half = build(VarBuilder::from_varmap(&half_map, dtype, dev));
     let full_map = VarMap::new();
-    let full = build(VarBuilder::from_varmap(&full_map, DType::F32, &cpu));
+    let full = build(VarBuilder::from_varmap(&full_map, DType::F32, dev));
     let half_vars: HashMap<String, Var> = half_map.data().lock().unwrap().clone();
     let full_vars: HashMap<String, Var> = full_map.data().lock().unwrap().clone();
     for (name, v) in &full_vars {
         v.set(&half_vars[name].to_dtype(DType::F32).unwrap())
             .unwrap();
     }
-    let x = randn(rng, shape, dtype, &cpu);
-    let g = randn(rng, shape, dtype, &cpu);
+    let x = randn(rng, shape, dtype, dev);
+    let g = randn(rng, shape, dtype, dev);
     let pass = |layer: &L, dtype: DType| -> (Var, Tensor, GradStore) {
         let x = Var::from_tensor(&x.to_dtype(dtype).unwrap()).unwrap();
         let sink = GradSink::new();
