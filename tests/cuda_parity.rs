@@ -210,16 +210,8 @@ fn cuda_layers_by_hand_in_half_precision_follow_f32() {
             seed: rng.random(),
             ..S5Config::default()
         };
-        common::half::assert_half_by_hand_follows_f32(
-            &gpu,
-            dtype,
-            &[2, 9, 3],
-            |vb| S5::new(s5.clone(), vb).unwrap(),
-            |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
-            &mut rng,
-            tol,
-            &format!("{s5:?} (seed {seed})"),
-        );
+        let what = format!("{s5:?} (seed {seed})");
+        common::half::s5_follows_f32(&gpu, dtype, &s5, &mut rng, tol, &what);
         let myo = MyoConfig {
             all_nodes: true,
             seed: rng.random(),
@@ -232,16 +224,8 @@ fn cuda_layers_by_hand_in_half_precision_follow_f32() {
                 },
             )
         };
-        common::half::assert_half_by_hand_follows_f32(
-            &gpu,
-            dtype,
-            &[2, myosotis::tree::Tree::ragged(11, 2).unwrap().len(), 3],
-            |vb| Myo::new(myo.clone(), vb).unwrap(),
-            |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
-            &mut rng,
-            tol,
-            &format!("{myo:?} (seed {seed})"),
-        );
+        let what = format!("{myo:?} (seed {seed})");
+        common::half::myo_follows_f32(&gpu, dtype, &myo, &mut rng, tol, &what);
     }
 }
 

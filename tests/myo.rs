@@ -668,17 +668,8 @@ fn backward_by_hand_in_half_precision_follows_f32() {
                     },
                 )
             };
-            let n = myosotis::tree::Tree::ragged(11, 2).unwrap().len();
-            common::half::assert_half_by_hand_follows_f32(
-                &Device::Cpu,
-                dtype,
-                &[2, n, 3],
-                |vb| Myo::new(cfg.clone(), vb).unwrap(),
-                |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
-                &mut rng,
-                tol,
-                &format!("{cfg:?} (seed {seed})"),
-            );
+            let what = format!("{cfg:?} (seed {seed})");
+            common::half::myo_follows_f32(&Device::Cpu, dtype, &cfg, &mut rng, tol, &what);
         }
     }
 }

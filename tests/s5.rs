@@ -477,16 +477,8 @@ fn backward_by_hand_in_half_precision_follows_f32() {
                 seed: rng.random(),
                 ..S5Config::default()
             };
-            common::half::assert_half_by_hand_follows_f32(
-                &Device::Cpu,
-                dtype,
-                &[2, 9, 3],
-                |vb| S5::new(cfg.clone(), vb).unwrap(),
-                |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
-                &mut rng,
-                tol,
-                &format!("{cfg:?} (seed {seed})"),
-            );
+            let what = format!("{cfg:?} (seed {seed})");
+            common::half::s5_follows_f32(&Device::Cpu, dtype, &cfg, &mut rng, tol, &what);
         }
     }
 }

@@ -31,7 +31,7 @@ use super::ParamGroup;
 use crate::complex::C;
 use crate::ops::{
     channel_mul, gemm, linear_scan, s5_discretize, s5_discretize_untracked, s5_readout, s5_timed,
-    Mat, S5Discretization, ScanOptions,
+    widened, Mat, S5Discretization, ScanOptions,
 };
 
 /// How the continuous system is discretised.
@@ -532,12 +532,15 @@ impl S5 {
     /// those ops do not take (the mixed-precision practice for a state-space layer's own
     /// arithmetic); D, which meets the input, as it is.
     fn param_side(w: [&Tensor; 6]) -> Result<[Tensor; 6]> {
-        let up = |t: &Tensor| match t.dtype() {
-            DType::F16 | DType::BF16 => t.to_dtype(DType::F32),
-            _ => Ok(t.clone()),
-        };
         let [lr, li, ls, b, c, d] = w;
-        Ok([up(lr)?, up(li)?, up(ls)?, up(b)?, up(c)?, d.clone()])
+        Ok([
+            widened(lr)?,
+            widened(li)?,
+            widened(ls)?,
+            widened(b)?,
+            widened(c)?,
+            d.clone(),
+        ])
     }
 
     /// Whether [`S5::run_by_hand`] takes the intervals `dt` for `u`: a causal layer, intervals

@@ -29,6 +29,16 @@ pub(crate) fn fused_elementwise(t: &candle_core::Tensor) -> bool {
     }
 }
 
+/// `t` in f32 when it is f16 or bf16, else `t` itself: for what computes in f32 and f64 only
+/// under half precision (a layer's parameter-side ops, the loss).
+pub(crate) fn widened(t: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+    use candle_core::DType;
+    match t.dtype() {
+        DType::F16 | DType::BF16 => t.to_dtype(DType::F32),
+        _ => Ok(t.clone()),
+    }
+}
+
 /// A field element the CPU kernels compute with: a real `F`, or a complex number over `F`.
 pub(crate) trait Value<F: WithDType>: Copy + Send + Sync {
     /// Scalars per element in storage: 1 for real, 2 for complex (re, im).

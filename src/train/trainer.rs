@@ -285,10 +285,7 @@ pub struct Score {
 pub fn score(model: &SequenceClassifier, batch: &Batch, mode: Mode) -> Result<Score> {
     let out = model.logits_timed(&batch.x, Some(&batch.lengths), batch.dt.as_ref(), mode)?;
     // The loss of a model computing in f16 or bf16 is taken in f32.
-    let out = match out.dtype() {
-        DType::F16 | DType::BF16 => out.to_dtype(DType::F32)?,
-        _ => out,
-    };
+    let out = crate::ops::widened(&out)?;
     match &batch.target {
         Target::Labels(y) => {
             if out.rank() != 2 {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
-use myosotis::nn::GradSink;
+use myosotis::nn::{GradSink, Myo, MyoConfig, S5Config, S5};
 use rand::rngs::StdRng;
 
 use super::{randn, rel_err, to_vec};
@@ -66,4 +66,48 @@ pub fn assert_half_by_hand_follows_f32<L>(
         check(&format!("∂{name}"), got, fg.get(&full_vars[name]).unwrap());
     }
     eprintln!("{what}, {dtype:?}: largest error {worst:.2e}");
+}
+
+/// [`assert_half_by_hand_follows_f32`] for the S5 layer of `cfg` on inputs (2, 9, H).
+pub fn s5_follows_f32(
+    dev: &Device,
+    dtype: DType,
+    cfg: &S5Config,
+    rng: &mut StdRng,
+    tol: f64,
+    what: &str,
+) {
+    assert_half_by_hand_follows_f32(
+        dev,
+        dtype,
+        &[2, 9, cfg.d_model],
+        |vb| S5::new(cfg.clone(), vb).unwrap(),
+        |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
+        rng,
+        tol,
+        what,
+    );
+}
+
+/// [`assert_half_by_hand_follows_f32`] for the Myo layer of `cfg` on inputs (2, its tree's
+/// nodes, H).
+pub fn myo_follows_f32(
+    dev: &Device,
+    dtype: DType,
+    cfg: &MyoConfig,
+    rng: &mut StdRng,
+    tol: f64,
+    what: &str,
+) {
+    let n = cfg.tree.build().unwrap().len();
+    assert_half_by_hand_follows_f32(
+        dev,
+        dtype,
+        &[2, n, cfg.d_model],
+        |vb| Myo::new(cfg.clone(), vb).unwrap(),
+        |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
+        rng,
+        tol,
+        what,
+    );
 }
