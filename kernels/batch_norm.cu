@@ -15,8 +15,8 @@
 // part[block] = Σ over the block's rows of x, or of (x − μ)² when `mean` is given. Dynamic
 // shared memory: ROWS_SLOTS × h values of F.
 template <typename T>
-__device__ void batch_norm_stats(const T *x, const T *mean, T *part, int rows, int per_block,
-                                 int h) {
+__device__ void batch_norm_stats(const T *x, const T *mean, Acc<T> *part, int rows,
+                                 int per_block, int h) {
     typedef typename AccOf<T>::F F;
     extern __shared__ __align__(16) unsigned char smem[];
     F *acc = reinterpret_cast<F *>(smem);
@@ -64,7 +64,7 @@ __device__ void batch_norm_apply(const T *x, const T *mean, const T *var, const 
 // accumulators, ROWS_SLOTS × 2h values of F.
 template <typename T>
 __device__ void batch_norm_bwd_stats(const T *x, const T *mean, const T *var, const T *g,
-                                     T *part, int rows, int per_block, int h, u64 eps_bits) {
+                                     Acc<T> *part, int rows, int per_block, int h, u64 eps_bits) {
     typedef typename AccOf<T>::F F;
     extern __shared__ __align__(16) unsigned char smem[];
     F *acc = reinterpret_cast<F *>(smem);
@@ -90,7 +90,7 @@ __device__ void batch_norm_bwd_stats(const T *x, const T *mean, const T *var, co
 
 // dw[i], db[i] = the sums over the `blocks` partial rows [∂γ | ∂β] of columns i and h + i.
 template <typename T>
-__device__ void batch_norm_pair(const T *part, T *dw, T *db, int blocks, int h) {
+__device__ void batch_norm_pair(const Acc<T> *part, T *dw, T *db, int blocks, int h) {
     typedef typename AccOf<T>::F F;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < 2 * h;
          i += (i64)gridDim.x * blockDim.x) {
@@ -137,12 +137,12 @@ __device__ void batch_norm_running(T *rmean, T *rvar, const T *mean, const T *va
 
 #define BATCH_NORM_KERNELS(SUFFIX, T)                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                  \
-        batch_norm_stats_##SUFFIX(const T *x, const T *mean, T *part, int rows, int per_block,  \
-                                  int h) {                                                      \
+        batch_norm_stats_##SUFFIX(const T *x, const T *mean, Acc<T> *part, int rows,            \
+                                  int per_block, int h) {                                       \
         batch_norm_stats<T>(x, mean, part, rows, per_block, h);                                 \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                  \
-        batch_norm_sums_##SUFFIX(const T *part, T *out, int blocks, int n) {                    \
+        batch_norm_sums_##SUFFIX(const Acc<T> *part, T *out, int blocks, int n) {               \
         rows_column_sums<T>(part, out, blocks, n);                                              \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS) batch_norm_apply_##SUFFIX(       \
@@ -151,12 +151,12 @@ __device__ void batch_norm_running(T *rmean, T *rvar, const T *mean, const T *va
         batch_norm_apply<T>(x, mean, var, w, b, y, n, h, eps_bits);                             \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS) batch_norm_bwd_stats_##SUFFIX(   \
-        const T *x, const T *mean, const T *var, const T *g, T *part, int rows, int per_block,  \
-        int h, u64 eps_bits) {                                                                  \
+        const T *x, const T *mean, const T *var, const T *g, Acc<T> *part, int rows,            \
+        int per_block, int h, u64 eps_bits) {                                                   \
         batch_norm_bwd_stats<T>(x, mean, var, g, part, rows, per_block, h, eps_bits);           \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                  \
-        batch_norm_pair_##SUFFIX(const T *part, T *dw, T *db, int blocks, int h) {              \
+        batch_norm_pair_##SUFFIX(const Acc<T> *part, T *dw, T *db, int blocks, int h) {         \
         batch_norm_pair<T>(part, dw, db, blocks, h);                                            \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS) batch_norm_bwd_##SUFFIX(         \

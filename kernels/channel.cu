@@ -18,7 +18,7 @@ __device__ void channel_fwd(const T *x, const T *p, T *y, int n, int h, int mul)
 // ∂x into dx (mul; null for add) and part[block] = Σ over the block's rows of g (add) or
 // g ⊙ x (mul). Dynamic shared memory: ROWS_SLOTS × h values of F.
 template <typename T>
-__device__ void channel_bwd(const T *x, const T *p, const T *g, T *dx, T *part, int rows,
+__device__ void channel_bwd(const T *x, const T *p, const T *g, T *dx, Acc<T> *part, int rows,
                             int per_block, int h, int mul) {
     typedef typename AccOf<T>::F F;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -51,17 +51,17 @@ __device__ void channel_bwd(const T *x, const T *p, const T *g, T *dx, T *part, 
         channel_fwd<T>(x, p, y, n, h, mul);                                                     \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                  \
-        channel_bwd_##SUFFIX(const T *x, const T *p, const T *g, T *dx, T *part, int rows,      \
+        channel_bwd_##SUFFIX(const T *x, const T *p, const T *g, T *dx, Acc<T> *part, int rows, \
                              int per_block, int h, int mul) {                                   \
         channel_bwd<T>(x, p, g, dx, part, rows, per_block, h, mul);                             \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                  \
-        channel_sums_##SUFFIX(const T *part, T *out, int blocks, int n) {                       \
+        channel_sums_##SUFFIX(const Acc<T> *part, T *out, int blocks, int n) {                  \
         rows_column_sums<T>(part, out, blocks, n);                                              \
     }
 
-// The instantiations (f32, and f64 for the tests; f16/bf16 use candle's broadcast ops):
-// kernel-name suffix and storage type. The host harness registers the same list.
-#define CHANNEL_DTYPES(X) X(f32, float) X(f64, double)
+// The instantiations: kernel-name suffix and storage type (f16/bf16 computed in f32). The host
+// harness registers the same list.
+#define CHANNEL_DTYPES(X) X(f32, float) X(f64, double) X(f16, __half) X(bf16, __nv_bfloat16)
 
 CHANNEL_DTYPES(CHANNEL_KERNELS)

@@ -132,8 +132,7 @@ __device__ void gate_bwd(const T *f, const T *gate, const T *g, T *df, T *dz, in
         gate_bwd<T>(f, gate, g, df, dz, n, per_sample, features, d);                            \
     }
 
-// f32 and f64, the dtypes of the blocks whose backward is written by hand (the host harness
-// registers the same list).
-#define GATE_DTYPES(X) X(f32, float) X(f64, double)
+// The instantiations (the host harness registers the same list).
+#define GATE_DTYPES(X) X(f32, float) X(f64, double) X(f16, __half) X(bf16, __nv_bfloat16)
 
 GATE_DTYPES(GATE_KERNELS)

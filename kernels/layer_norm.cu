@@ -53,8 +53,8 @@ __device__ void layer_norm_fwd(const T *x, const T *w, const T *b, T *y, int row
 // ∂x, and part[block] = [Σ ∂y ⊙ x̂ | Σ ∂y] over the block's rows. Dynamic shared memory: the
 // slots' accumulators, ROWS_SLOTS × 2h values of F.
 template <typename T>
-__device__ void layer_norm_bwd(const T *x, const T *w, const T *g, T *dx, T *part, int rows,
-                               int per_block, int h, u64 eps_bits) {
+__device__ void layer_norm_bwd(const T *x, const T *w, const T *g, T *dx, Acc<T> *part,
+                               int rows, int per_block, int h, u64 eps_bits) {
     typedef typename AccOf<T>::F F;
     __shared__ F red[ROWS_THREADS];
     extern __shared__ __align__(16) unsigned char smem[];
@@ -98,17 +98,17 @@ __device__ void layer_norm_bwd(const T *x, const T *w, const T *g, T *dx, T *par
         layer_norm_fwd<T>(x, w, b, y, rows, per_block, h, eps_bits);                            \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                  \
-        layer_norm_bwd_##SUFFIX(const T *x, const T *w, const T *g, T *dx, T *part, int rows,   \
-                                int per_block, int h, u64 eps_bits) {                           \
+        layer_norm_bwd_##SUFFIX(const T *x, const T *w, const T *g, T *dx, Acc<T> *part,        \
+                                int rows, int per_block, int h, u64 eps_bits) {                 \
         layer_norm_bwd<T>(x, w, g, dx, part, rows, per_block, h, eps_bits);                     \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                  \
-        layer_norm_sums_##SUFFIX(const T *part, T *out, int blocks, int n) {                    \
+        layer_norm_sums_##SUFFIX(const Acc<T> *part, T *out, int blocks, int n) {               \
         rows_column_sums<T>(part, out, blocks, n);                                              \
     }
 
-// The instantiations (f32, and f64 for the tests; f16/bf16 norms are composed of candle ops):
-// kernel-name suffix and storage type. The host harness registers the same list.
-#define LAYER_NORM_DTYPES(X) X(f32, float) X(f64, double)
+// The instantiations: kernel-name suffix and storage type (f16/bf16 computed in f32). The host
+// harness registers the same list.
+#define LAYER_NORM_DTYPES(X) X(f32, float) X(f64, double) X(f16, __half) X(bf16, __nv_bfloat16)
 
 LAYER_NORM_DTYPES(LAYER_NORM_KERNELS)

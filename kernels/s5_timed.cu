@@ -41,7 +41,7 @@ __device__ void s5_timed_fwd(const T *re, const T *im, const T *log_dt, const T 
 // memory: ROWS_SLOTS × 3P values of F.
 template <typename T>
 __device__ void s5_timed_bwd(const T *re, const T *im, const T *log_dt, const T *dt, const T *bu,
-                             const T *g_gate, const T *g_v, T *dbu, T *part, int n,
+                             const T *g_gate, const T *g_v, T *dbu, Acc<T> *part, int n,
                              int per_block, int p_count, int bilinear, int clip) {
     typedef typename AccOf<T>::F F;
     typedef ComplexOps<F> CO;
@@ -78,20 +78,20 @@ __device__ void s5_timed_bwd(const T *re, const T *im, const T *log_dt, const T 
 
 #define S5T_KERNELS(SUFFIX, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                  \
-        s5_timed_fwd_##SUFFIX(const T *re, const T *im, const T *log_dt, const T *dt,          \
+        s5_timed_fwd_##SUFFIX(const T *re, const T *im, const T *log_dt, const T *dt,           \
                               const T *bu, T *out, int n, int p_count, int bilinear,            \
                               int clip) {                                                       \
         s5_timed_fwd<T>(re, im, log_dt, dt, bu, out, n, p_count, bilinear, clip);               \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(ROWS_THREADS) s5_timed_bwd_##SUFFIX(          \
+    extern "C" __global__ void __launch_bounds__(ROWS_THREADS) s5_timed_bwd_##SUFFIX(           \
         const T *re, const T *im, const T *log_dt, const T *dt, const T *bu, const T *g_gate,   \
-        const T *g_v, T *dbu, T *part, int n, int per_block, int p_count, int bilinear,         \
+        const T *g_v, T *dbu, Acc<T> *part, int n, int per_block, int p_count, int bilinear,    \
         int clip) {                                                                             \
         s5_timed_bwd<T>(re, im, log_dt, dt, bu, g_gate, g_v, dbu, part, n, per_block, p_count,  \
                         bilinear, clip);                                                        \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ROWS_THREADS)                                  \
-        s5_timed_sums_##SUFFIX(const T *part, T *out, int blocks, int n) {                      \
+        s5_timed_sums_##SUFFIX(const Acc<T> *part, T *out, int blocks, int n) {                 \
         rows_column_sums<T>(part, out, blocks, n);                                              \
     }
 

@@ -17,6 +17,7 @@ template <typename T> struct AccOf {
 template <> struct AccOf<double> {
     typedef double F;
 };
+template <typename T> using Acc = typename AccOf<T>::F;
 
 // An f64 passed to a kernel as its bits (kernel arguments are pointers, int or u64).
 __device__ __forceinline__ double f64_from_bits(u64 bits) {

@@ -1,7 +1,9 @@
 //! The fused GELU, LayerNorm, BatchNorm, channel, block epilogue, GLU gate, loss, embedding,
 //! row-gather and S5 discretisation (per state and per sample) ops and the strided products
-//! (`gemm`) on CUDA against their CPU twins (f32 and f64, up to the GPU's fused multiply-adds)
-//! and in f16/bf16 (GELU) against the f32 CPU op, forward and gradients, on awkward shapes.
+//! (`gemm`) on CUDA against their CPU twins (f32 and f64, up to the GPU's fused multiply-adds;
+//! GELU, LayerNorm, the channel ops, the epilogue and the gate in f16 and bf16 too, up to a
+//! unit in the last place), and GELU in f16/bf16 against the f32 CPU op, forward and
+//! gradients, on awkward shapes.
 //! Compiled with `--features cuda` (CI compiles them); each test prints why it is skipped when
 //! no CUDA device can be opened.
 #![cfg(feature = "cuda")]
@@ -42,12 +44,38 @@ fn run(
     out
 }
 
+/// f64 and f32, with the tolerance of CUDA's results against the CPU's.
+const WIDE: [(DType, f64); 2] = [(DType::F64, 1e-12), (DType::F32, 1e-5)];
+/// Every float dtype: f16 and bf16 compute in f32 on both devices and may round apart by one
+/// unit in the last place of what they store.
+const EVERY: [(DType, f64); 4] = [
+    (DType::F64, 1e-12),
+    (DType::F32, 1e-5),
+    (DType::F16, 2e-3),
+    (DType::BF16, 1.6e-2),
+];
+
 fn check(
     name: &str,
     op: &dyn Fn(&[Tensor]) -> Tensor,
     widths: &dyn Fn(usize, usize) -> Vec<Vec<usize>>,
 ) {
+    check_in(name, op, widths, &WIDE)
+}
+
+/// [`check`] in `dtypes` (bf16 where the kernels are built for it).
+fn check_in(
+    name: &str,
+    op: &dyn Fn(&[Tensor]) -> Tensor,
+    widths: &dyn Fn(usize, usize) -> Vec<Vec<usize>>,
+    dtypes: &[(DType, f64)],
+) {
     let Some(gpu) = gpu(name) else { return };
+    let dtypes: Vec<(DType, f64)> = dtypes
+        .iter()
+        .copied()
+        .filter(|d| d.0 != DType::BF16 || cuda_bf16(name))
+        .collect();
     let (mut rng, _) = seeded_rng(name, 31);
     for (rows, h) in SHAPES {
         let shapes = widths(rows, h);
@@ -56,7 +84,7 @@ fn check(
             .map(|s| (uniform(&mut rng, s.iter().product(), -2.0, 2.0), s.clone()))
             .collect();
         let g = uniform(&mut rng, rows * h, -1.0, 1.0);
-        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        for &(dtype, tol) in &dtypes {
             let want = run(op, &inputs, &g, &Device::Cpu, dtype);
             let got = run(op, &inputs, &g, &gpu, dtype);
             for (k, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -75,9 +103,12 @@ fn check(
 
 #[test]
 fn cuda_gelu() {
-    check("cuda_gelu", &|t| gelu(&t[0]).unwrap(), &|r, h| {
-        vec![vec![r, h]]
-    });
+    check_in(
+        "cuda_gelu",
+        &|t| gelu(&t[0]).unwrap(),
+        &|r, h| vec![vec![r, h]],
+        &EVERY,
+    );
     // f16/bf16 on CUDA against f32 on the CPU.
     let Some(gpu) = gpu("cuda_gelu") else { return };
     let (mut rng, _) = seeded_rng("cuda_gelu_half", 32);
@@ -103,24 +134,27 @@ fn cuda_gelu() {
 
 #[test]
 fn cuda_layer_norm() {
-    check(
+    check_in(
         "cuda_layer_norm",
         &|t| layer_norm(&t[0], &t[1], &t[2], 1e-5).unwrap(),
         &|r, h| vec![vec![r, h], vec![h], vec![h]],
+        &EVERY,
     );
 }
 
 #[test]
 fn cuda_channel_ops() {
-    check(
+    check_in(
         "cuda_channel_add",
         &|t| channel_add(&t[0], &t[1]).unwrap(),
         &|r, h| vec![vec![r, h], vec![h]],
+        &EVERY,
     );
-    check(
+    check_in(
         "cuda_channel_mul",
         &|t| channel_mul(&t[0], &t[1]).unwrap(),
         &|r, h| vec![vec![r, h], vec![h]],
+        &EVERY,
     );
 }
 
@@ -333,7 +367,7 @@ fn cuda_epilogue() {
             let (r, h) = t.dims2().unwrap();
             t.reshape((r, 1, h)).unwrap()
         };
-        check(
+        check_in(
             &name,
             &|t| {
                 epilogue(&three(&t[0]), Some(&three(&t[1])), act, drop(p))
@@ -342,6 +376,7 @@ fn cuda_epilogue() {
                     .unwrap()
             },
             &|r, h| vec![vec![r, h], vec![r, h]],
+            &EVERY,
         );
     }
 }
@@ -498,8 +533,8 @@ fn cuda_cross_entropy() {
     }
 }
 
-/// The GLU's gate and its backward on CUDA against the CPU twin (f32, f64), with dropout and
-/// the residual.
+/// The GLU's gate and its backward on CUDA against the CPU twin in every float dtype, with
+/// dropout and the residual.
 #[test]
 fn cuda_gate() {
     use myosotis::ops::epilogue::{gate, gate_backward, Dropout};
@@ -516,7 +551,8 @@ fn cuda_gate() {
             p: 0.2,
             key_word: None,
         });
-        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        let bf16 = cuda_bf16("cuda_gate");
+        for (dtype, tol) in EVERY.into_iter().filter(|d| d.0 != DType::BF16 || bf16) {
             let run = |dev: &Device| {
                 let t = |v: &[f64], dims: &[usize]| tensor(v, dims, dtype, dev);
                 let (ft, zt, bt) = (t(&f, &[b, l, h]), t(&z, &[b, l, h]), t(&bias, &[h]));

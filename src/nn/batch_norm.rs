@@ -95,6 +95,24 @@ impl BatchNorm {
         x: &Tensor,
         shards: Option<&Shards>,
     ) -> Result<(Tensor, BatchNormBackward)> {
+        if matches!(x.dtype(), DType::F16 | DType::BF16) {
+            // Half-precision rows are normalised in f32, as in `forward_train`: x, γ and β cast
+            // up, the output cast back (and in the backward, ∂y up, ∂x, ∂γ and ∂β back).
+            let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+            let params = [f32(&self.detached[0])?, f32(&self.detached[1])?];
+            let (y, back) = self.by_hand(&f32(x)?, shards, params)?;
+            return Ok((y.to_dtype(x.dtype())?, back));
+        }
+        self.by_hand(x, shards, self.detached.clone())
+    }
+
+    /// [`Self::forward_by_hand`] on `x` with the detached parameters `[w, b]` of its dtype.
+    fn by_hand(
+        &self,
+        x: &Tensor,
+        shards: Option<&Shards>,
+        [w, b]: [Tensor; 2],
+    ) -> Result<(Tensor, BatchNormBackward)> {
         let h = x.dim(candle_core::D::Minus1)?;
         let rows = x.elem_count() / h.max(1);
         // The rows stay a tensor (reading them would make a GPU step wait for the host), summed
@@ -117,7 +135,6 @@ impl BatchNorm {
         if shards.is_none_or(|s| s.leads()) {
             self.update_running(&mean, &var, &n)?;
         }
-        let [w, b] = self.detached.clone();
         let y = batch_norm_apply(x, &mean, &var, &w, &b, self.eps)?;
         let back = BatchNormBackward {
             vars: [self.weight.clone(), self.bias.clone()],
@@ -216,22 +233,26 @@ pub(crate) struct BatchNormBackward {
 }
 
 impl BatchNormBackward {
-    /// ∂x from ∂y; ∂γ and ∂β go to `params`.
+    /// ∂x from ∂y, in ∂y's dtype (the forward's input's); ∂γ and ∂β go to `params`, in their
+    /// parameters' dtype. Half-precision rows computed in f32 come back cast.
     pub(crate) fn backward(
         &self,
         dy: &Tensor,
         params: &mut Vec<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
         let (x, mean, var) = (&self.x, &self.mean, &self.var);
-        let [dw, db] = batch_norm_backward_stats(x, mean, var, dy, self.eps)?;
+        let out = dy.dtype();
+        let dy = dy.to_dtype(x.dtype())?;
+        let [dw, db] = batch_norm_backward_stats(x, mean, var, &dy, self.eps)?;
         let [w, b] = &self.vars;
-        params.push((w.clone(), dw.clone()));
-        params.push((b.clone(), db.clone()));
+        params.push((w.clone(), dw.to_dtype(w.dtype())?));
+        params.push((b.clone(), db.to_dtype(b.dtype())?));
         let (dw, db) = match &self.shards {
             Some(s) => (s.sum(&dw)?, s.sum(&db)?),
             None => (dw, db),
         };
-        batch_norm_backward(x, mean, var, &self.weight, dy, &dw, &db, &self.n, self.eps)
+        batch_norm_backward(x, mean, var, &self.weight, &dy, &dw, &db, &self.n, self.eps)?
+            .to_dtype(out)
     }
 }
 

@@ -102,16 +102,25 @@ pub fn column_sums<F: Float + Send + Sync>(
         .collect()
 }
 
-/// Whether a row op's fused kernels take `x`: f32 or f64 on the CPU (the CPU twins), on CUDA
-/// what the op's `cuda_supports(h, dtype)` says of rows of `x`'s last dimension; elsewhere the
-/// ops fall back to candle's.
+/// Whether a row op's fused kernels take `x`: on CUDA what the op's `cuda_supports(h, dtype)`
+/// says of rows of `x`'s last dimension, on the CPU (the CPU twins) rows of any width in the
+/// dtypes the kernels have; elsewhere the ops fall back to candle's.
 pub fn fused_rows(x: &Tensor, cuda_supports: fn(usize, DType) -> bool) -> Result<bool> {
     let h = x.dim(D::Minus1)?;
     Ok(match x.device() {
-        Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
+        Device::Cpu => cuda_supports(1, x.dtype()),
         Device::Cuda(_) => cuda_supports(h, x.dtype()),
         _ => false,
     })
+}
+
+/// Elements of `dtype` that hold `n` partial sums of a row launch, which the kernels keep in
+/// the compute type (an f32 takes two f16/bf16 elements).
+pub fn partial_elems(n: usize, dtype: DType) -> usize {
+    match dtype {
+        DType::F16 | DType::BF16 => 2 * n,
+        _ => n,
+    }
 }
 
 /// Shared memory of a row launch that accumulates `n` column sums per slot, in the compute

@@ -1,7 +1,7 @@
 //! Scalar arithmetic shared by the CPU twins: real numbers and complex numbers stored as
 //! (re, im) pairs, so one generic kernel body serves both (as the CUDA templates do).
 
-use candle_core::WithDType;
+use candle_core::{DType, WithDType};
 
 /// The contiguous elements of a CPU storage under `l` (the ops make their inputs contiguous
 /// before launching, so anything else is an internal error).
@@ -15,24 +15,72 @@ pub(crate) fn contiguous<'a, F: WithDType>(
     }
 }
 
-/// Whether an element-wise op of ours runs fused on `t`: f32/f64 on the CPU, f32/f64/f16/bf16
+/// Whether an element-wise op of ours runs fused on `t`: f32, f64, f16 and bf16 on the CPU and
 /// on CUDA (elsewhere the ops fall back to candle's).
 pub(crate) fn fused_elementwise(t: &candle_core::Tensor) -> bool {
-    use candle_core::{DType, Device};
-    match t.device() {
-        Device::Cpu => matches!(t.dtype(), DType::F32 | DType::F64),
-        Device::Cuda(_) => matches!(
+    use candle_core::Device;
+    matches!(t.device(), Device::Cpu | Device::Cuda(_))
+        && matches!(
             t.dtype(),
             DType::F32 | DType::F64 | DType::F16 | DType::BF16
-        ),
-        _ => false,
+        )
+}
+
+/// The values of an f16 or bf16 CPU storage under `l`, in f32: how the CPU twins of the kernels
+/// read half precision (the kernels load each value into f32, compute in f32 and round only
+/// what they store; the twins run their f32 arithmetic on these and [`narrowed`] rounds).
+pub(crate) fn widened_values(
+    s: &candle_core::CpuStorage,
+    l: &candle_core::Layout,
+) -> candle_core::Result<Vec<f32>> {
+    use candle_core::CpuStorage;
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("internal error: a custom op's input is not contiguous")
+    };
+    Ok(match s {
+        CpuStorage::F16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
+        CpuStorage::BF16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
+        s => {
+            use candle_core::backend::BackendStorage;
+            candle_core::bail!("internal error: {:?} is not half precision", s.dtype())
+        }
+    })
+}
+
+/// f32 results stored in `dtype` (f16 or bf16), each rounded to nearest even as the kernels'
+/// stores round.
+pub(crate) fn narrowed(v: Vec<f32>, dtype: DType) -> candle_core::Result<candle_core::CpuStorage> {
+    use candle_core::CpuStorage;
+    Ok(match dtype {
+        DType::F16 => CpuStorage::F16(v.into_iter().map(half::f16::from_f32).collect()),
+        DType::BF16 => CpuStorage::BF16(v.into_iter().map(half::bf16::from_f32).collect()),
+        dt => candle_core::bail!("internal error: {dt:?} is not half precision"),
+    })
+}
+
+/// [`narrowed`] as a CPU tensor of `shape`.
+pub(crate) fn narrowed_tensor(
+    v: Vec<f32>,
+    shape: impl Into<candle_core::Shape>,
+    dtype: DType,
+) -> candle_core::Result<candle_core::Tensor> {
+    let shape = shape.into();
+    let dev = candle_core::Device::Cpu;
+    match narrowed(v, dtype)? {
+        candle_core::CpuStorage::F16(v) => candle_core::Tensor::from_vec(v, shape, &dev),
+        candle_core::CpuStorage::BF16(v) => candle_core::Tensor::from_vec(v, shape, &dev),
+        _ => unreachable!("narrowed makes half precision"),
     }
+}
+
+/// Whether `dtype` is f16 or bf16.
+pub(crate) fn is_half(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
 }
 
 /// `t` in f32 when it is f16 or bf16, else `t` itself: for what computes in f32 and f64 only
 /// under half precision (a layer's parameter-side ops, the loss).
 pub(crate) fn widened(t: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
-    use candle_core::DType;
     match t.dtype() {
         DType::F16 | DType::BF16 => t.to_dtype(DType::F32),
         _ => Ok(t.clone()),

@@ -113,6 +113,10 @@ pub fn round_to(v: &[f64], dtype: DType) -> Vec<f64> {
 #[derive(Debug, PartialEq)]
 pub struct HostRun {
     pub outputs: Vec<Vec<f64>>,
+    /// The same as stored (the bytes of the outputs, then of the targets): what a partial-sum
+    /// output holds in another type than the plan's dtype (f32 partials of an f16 op) passes on
+    /// to the next launch as these ([`run_bytes_in_every_order`]).
+    pub raw: Vec<Vec<u8>>,
     pub status: i32,
     /// The status's second word: 1 + the head of a bad pivot (kernels with heads), else 0.
     pub status_head: i32,
@@ -156,7 +160,12 @@ pub fn run(
     inputs: &[&[f64]],
     order: Order,
 ) -> Result<HostRun, String> {
-    execute(plan, dtype, &[], inputs, order)
+    execute(plan, dtype, &[], &stored(inputs, dtype), order)
+}
+
+/// `inputs` as stored in `dtype`.
+fn stored(inputs: &[&[f64]], dtype: DType) -> Vec<Vec<u8>> {
+    inputs.iter().map(|v| to_bytes(v, dtype)).collect()
 }
 
 /// [`run`] for an in-place plan: `targets` are what [`KernelArg::Target`]s point to (the only
@@ -165,7 +174,7 @@ fn execute(
     plan: &LaunchPlan,
     dtype: DType,
     targets: &[&[f64]],
-    inputs: &[&[f64]],
+    input_bytes: &[Vec<u8>],
     order: Order,
 ) -> Result<HostRun, String> {
     let esize = dtype.size_in_bytes();
@@ -173,7 +182,6 @@ fn execute(
         .iter()
         .map(|t| Guarded::with(&to_bytes(t, dtype)))
         .collect();
-    let input_bytes: Vec<Vec<u8>> = inputs.iter().map(|v| to_bytes(v, dtype)).collect();
     let mut ins: Vec<Guarded> = input_bytes.iter().map(|b| Guarded::with(b)).collect();
     let mut outs: Vec<Guarded> = plan
         .outputs
@@ -267,7 +275,7 @@ fn execute(
         return Err(format!("{}: changed the key word", plan.kernel));
     }
     named("target", &targets)?;
-    for (i, (g, b)) in ins.iter().zip(&input_bytes).enumerate() {
+    for (i, (g, b)) in ins.iter().zip(input_bytes).enumerate() {
         if g.data() != b.as_slice() {
             return Err(format!("{}: changed input {i}", plan.kernel));
         }
@@ -282,6 +290,11 @@ fn execute(
             .iter()
             .chain(&targets)
             .map(|g| from_bytes(g.data(), dtype))
+            .collect(),
+        raw: outs
+            .iter()
+            .chain(&targets)
+            .map(|g| g.data().to_vec())
             .collect(),
         status: i32::from_le_bytes(status.data()[..4].try_into().unwrap()),
         status_head: i32::from_le_bytes(status.data()[4..].try_into().unwrap()),
@@ -298,6 +311,16 @@ pub fn run_in_every_order(
     inputs: &[&[f64]],
     seed: u64,
 ) -> HostRun {
+    in_every_order(plan, dtype, &[], &stored(inputs, dtype), seed)
+}
+
+/// [`run_in_every_order`] on inputs given as stored (say [`HostRun::raw`] of a launch before).
+pub fn run_bytes_in_every_order(
+    plan: &LaunchPlan,
+    dtype: DType,
+    inputs: &[Vec<u8>],
+    seed: u64,
+) -> HostRun {
     in_every_order(plan, dtype, &[], inputs, seed)
 }
 
@@ -310,14 +333,14 @@ pub fn run_in_place_in_every_order(
     inputs: &[&[f64]],
     seed: u64,
 ) -> HostRun {
-    in_every_order(plan, dtype, targets, inputs, seed)
+    in_every_order(plan, dtype, targets, &stored(inputs, dtype), seed)
 }
 
 fn in_every_order(
     plan: &LaunchPlan,
     dtype: DType,
     targets: &[&[f64]],
-    inputs: &[&[f64]],
+    inputs: &[Vec<u8>],
     seed: u64,
 ) -> HostRun {
     let go = |order| execute(plan, dtype, targets, inputs, order).unwrap_or_else(|e| panic!("{e}"));
@@ -325,11 +348,7 @@ fn in_every_order(
     for order in [Order::Descending, Order::Shuffled(seed)] {
         let other = go(order);
         let same = (first.status, first.status_head) == (other.status, other.status_head)
-            && first
-                .outputs
-                .iter()
-                .zip(&other.outputs)
-                .all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+            && first.raw == other.raw;
         assert!(
             same,
             "{}: the result depends on the order in which threads and blocks run ({order:?} \

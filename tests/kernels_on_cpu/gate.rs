@@ -1,14 +1,14 @@
 //! `gate_fwd_*` and `gate_bwd_*` of kernels/epilogue.cu through the harness: against an f64
 //! reference (the sigmoid and the mask from `dropout_keep`) and bit for bit against the CPU
-//! twin (the op's CPU path), in f32 and f64, with and without the residual and dropout.
+//! twin (the op's CPU path), in every dtype, with and without the residual and dropout.
 
 use candle_core::{DType, Device};
 use myosotis::ops::dropout_keep;
 use myosotis::ops::epilogue::{cuda, gate, gate_backward, Activation, Epilogue};
 
-use crate::assert_same;
 use crate::common::{rel_err, seeded_rng, tensor, to_vec, uniform};
 use crate::exec::{round_to, run_in_every_order, test_dropout};
+use crate::{assert_same, DTYPES};
 
 /// (samples, length, features): one element, odd sizes, more elements than the grid's threads.
 const SHAPES: [(usize, usize, usize); 4] = [(1, 1, 1), (2, 3, 5), (3, 7, 33), (4, 300, 100)];
@@ -16,7 +16,7 @@ const SHAPES: [(usize, usize, usize); 4] = [(1, 1, 1), (2, 3, 5), (3, 7, 33), (4
 #[test]
 fn gate_kernels_match_the_reference_and_the_cpu_twin() {
     let (mut rng, seed) = seeded_rng("gate_kernels", 43);
-    for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
+    for (dtype, tol) in DTYPES {
         for (k, (b, l, h)) in SHAPES.into_iter().enumerate() {
             let n = b * l * h;
             let [f, z, r, g] =

@@ -11,7 +11,7 @@
 //!
 //! The residual's gradient is the output's: ∂x = ∂o + Nᵀ(∂z) pre-norm, ∂o + ∂z post-norm.
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{Result, Tensor};
 use candle_nn::Linear;
 
 use super::{dropout, Activation, Block, Layer, Mode, Norm, SequenceClassifier, LN_EPS};
@@ -242,8 +242,8 @@ impl Backward for BlockBackward {
 
 impl SequenceClassifier {
     /// Block `i` on `h` as one node with its backward by hand, where it has one (a block
-    /// around an S5 layer, with intervals `dt` per step or without, or Myo's default form; in
-    /// f32 or f64): `None` otherwise. Its output covers the positions `from..` (a Myo layer's
+    /// around an S5 layer, with intervals `dt` per step or without, or Myo's default form, in
+    /// every float dtype): `None` otherwise. Its output covers the positions `from..` (a Myo layer's
     /// nodes; 0 for all).
     pub(super) fn block_by_hand(
         &self,
@@ -253,20 +253,17 @@ impl SequenceClassifier {
         mode: Mode,
         sink: &GradSink,
     ) -> Result<Option<Tensor>> {
-        // The block's fused ops (its epilogue, gate and norms) take f32 and f64.
-        let fused = matches!(h.dtype(), DType::F32 | DType::F64);
-        let covered = fused
-            && match (&block.layer, dt) {
-                (Layer::S5(_), None) => S5::has_backward_by_hand(h),
-                (Layer::S5(s5), Some(dt)) => {
-                    S5::has_backward_by_hand(h) && s5.covers_timed(h, dt)?
-                }
-                (Layer::Myo(m), None) => m.has_backward_by_hand(h),
-                _ => false,
-            };
+        let covered = match (&block.layer, dt) {
+            (Layer::S5(_), None) => S5::has_backward_by_hand(h),
+            (Layer::S5(s5), Some(dt)) => S5::has_backward_by_hand(h) && s5.covers_timed(h, dt)?,
+            (Layer::Myo(m), None) => m.has_backward_by_hand(h),
+            _ => false,
+        };
         if !covered {
             return Ok(None);
         }
+        // The block's own ops (epilogue, gate, channel bias, LayerNorm) are fused in every float
+        // dtype; BatchNorm by hand normalises f16 and bf16 rows in f32.
         let anchor = match &block.norm {
             Norm::Layer(ln) if crate::ops::layer_norm::fused(h)? => &ln.weight,
             Norm::Batch(bn) => bn.weight(),

@@ -5,7 +5,7 @@ use candle_core::{DType, Result};
 
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
 use crate::ops::rows::{
-    element_blocks, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
+    element_blocks, partial_elems, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
 };
 
 /// Shared memory of the stats launches: the slots' accumulators of `width` columns.
@@ -45,7 +45,7 @@ pub fn stats_plans(rows: usize, h: usize, centred: bool, dtype: DType) -> Result
         block: [THREADS, 1, 1],
         shared_bytes: stats_shared(h, dtype),
         args,
-        outputs: vec![split.blocks * h],
+        outputs: vec![partial_elems(split.blocks * h, dtype)],
         tables: vec![],
         workspace_bytes: 0,
     };
@@ -106,7 +106,7 @@ pub fn backward_stats_plans(
         block: [THREADS, 1, 1],
         shared_bytes: stats_shared(2 * h, dtype),
         args,
-        outputs: vec![split.blocks * 2 * h],
+        outputs: vec![partial_elems(split.blocks * 2 * h, dtype)],
         tables: vec![],
         workspace_bytes: 0,
     };

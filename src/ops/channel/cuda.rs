@@ -5,7 +5,7 @@ use candle_core::{DType, Result};
 
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
 use crate::ops::rows::{
-    element_blocks, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
+    element_blocks, partial_elems, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
 };
 
 /// The backward's shared memory: the slots' accumulators of ∂p, in the compute type.
@@ -13,10 +13,10 @@ fn backward_shared(h: usize, dtype: DType) -> usize {
     slot_sums_bytes(h, dtype)
 }
 
-/// Whether the kernels take rows of `h` values in `dtype` (f32 or f64, and the backward's
-/// accumulators within the shared memory every GPU grants a block).
+/// Whether the kernels take rows of `h` values in `dtype` (f32, f64, f16 or bf16, and the
+/// backward's accumulators within the shared memory every GPU grants a block).
 pub fn supports(h: usize, dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::F64)
+    matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
         && h > 0
         && backward_shared(h, dtype) <= DeviceLimits::DEFAULT_SHARED
 }
@@ -50,12 +50,12 @@ pub fn backward_plans(rows: usize, h: usize, mul: bool, dtype: DType) -> Result<
         true => (
             KernelArg::Output(0),
             KernelArg::Output(1),
-            vec![rows * h, split.blocks * h],
+            vec![rows * h, partial_elems(split.blocks * h, dtype)],
         ),
         false => (
             KernelArg::Null,
             KernelArg::Output(0),
-            vec![split.blocks * h],
+            vec![partial_elems(split.blocks * h, dtype)],
         ),
     };
     let rows_plan = LaunchPlan {

@@ -8,8 +8,9 @@
 //! the leading (batch, length) dimensions, which candle's CPU backend walks element by element
 //! with strided indexing, and on CUDA it is several launches; here it is one pass of row sums
 //! in the row layout of [`super::rows`] (plus one small launch adding the blocks' partial sums
-//! on CUDA). For f16/bf16, on other devices, and for rows too wide for the kernel's shared
-//! memory (see [`cuda::supports`]), these are candle's broadcast ops.
+//! on CUDA). f16 and bf16 compute in f32 and round what they store. On other devices, and for
+//! rows too wide for the kernel's shared memory (see [`cuda::supports`]), these are candle's
+//! broadcast ops.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -20,7 +21,7 @@ use num_traits::{Float, NumAssign};
 use rayon::prelude::*;
 
 use super::rows::column_sums;
-use super::value::contiguous;
+use super::value::{contiguous, is_half, narrowed, narrowed_tensor, widened_values};
 
 pub mod cuda;
 
@@ -154,31 +155,55 @@ impl ChannelOp {
         }
     }
 
-    fn bwd_tensors<F: WithDType + Float + NumAssign>(
-        &self,
-        x: &Tensor,
-        p: &Tensor,
-        g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    /// The CPU twin's backward on tensors of any float dtype (f16 and bf16 widened to f32 and
+    /// the results rounded back, as the kernels compute).
+    fn bwd_tensors(&self, x: &Tensor, p: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
         let (sx, lx) = x.storage_and_layout();
         let (sp, lp) = p.storage_and_layout();
         let (sg, lg) = g.storage_and_layout();
         let (Storage::Cpu(sx), Storage::Cpu(sp), Storage::Cpu(sg)) = (&*sx, &*sp, &*sg) else {
             bail!("channel op backward: tensors are not all on the CPU")
         };
-        let (dx, dp) = self.bwd_t::<F>(
-            contiguous(sx, lx)?,
-            contiguous(sp, lp)?,
-            contiguous(sg, lg)?,
-        );
-        let dx = match dx {
-            Some(dx) => Tensor::from_vec(dx, x.shape(), &Device::Cpu)?,
-            None => g.clone(),
-        };
-        Ok((
-            Some(dx),
-            Some(Tensor::from_vec(dp, p.shape(), &Device::Cpu)?),
-        ))
+        fn tensors<F: WithDType>(
+            (dx, dp): (Option<Vec<F>>, Vec<F>),
+            x: &Tensor,
+            p: &Tensor,
+            g: &Tensor,
+        ) -> Result<(Tensor, Tensor)> {
+            let dx = match dx {
+                Some(dx) => Tensor::from_vec(dx, x.shape(), &Device::Cpu)?,
+                None => g.clone(),
+            };
+            Ok((dx, Tensor::from_vec(dp, p.shape(), &Device::Cpu)?))
+        }
+        match x.dtype() {
+            DType::F32 => {
+                let (sx, sp, sg) = (
+                    contiguous(sx, lx)?,
+                    contiguous(sp, lp)?,
+                    contiguous(sg, lg)?,
+                );
+                tensors(self.bwd_t::<f32>(sx, sp, sg), x, p, g)
+            }
+            DType::F64 => {
+                let (sx, sp, sg) = (
+                    contiguous(sx, lx)?,
+                    contiguous(sp, lp)?,
+                    contiguous(sg, lg)?,
+                );
+                tensors(self.bwd_t::<f64>(sx, sp, sg), x, p, g)
+            }
+            dt if is_half(dt) => {
+                let (sx, sp) = (widened_values(sx, lx)?, widened_values(sp, lp)?);
+                let (dx, dp) = self.bwd_t::<f32>(&sx, &sp, &widened_values(sg, lg)?);
+                let dx = match dx {
+                    Some(dx) => narrowed_tensor(dx, x.shape(), dt)?,
+                    None => g.clone(),
+                };
+                Ok((dx, narrowed_tensor(dp, p.shape(), dt)?))
+            }
+            dt => bail!("channel op backward: dtype {dt:?} is not fused on the CPU"),
+        }
     }
 }
 
@@ -233,6 +258,10 @@ impl CustomOp2 for ChannelOp {
             DType::F64 => {
                 CpuStorage::F64(self.fwd_t::<f64>(contiguous(sx, lx)?, contiguous(sp, lp)?))
             }
+            dt if is_half(dt) => {
+                let (x, p) = (widened_values(sx, lx)?, widened_values(sp, lp)?);
+                narrowed(self.fwd_t::<f32>(&x, &p), dt)?
+            }
             dt => bail!("channel op: dtype {dt:?} is not fused on the CPU"),
         };
         Ok((out, lx.shape().clone()))
@@ -270,11 +299,7 @@ impl CustomOp2 for ChannelOp {
         if x.device().is_cuda() {
             return self.cuda_bwd(x, p, &g.to_dtype(x.dtype())?);
         }
-        let g = g.contiguous()?;
-        match x.dtype() {
-            DType::F32 => self.bwd_tensors::<f32>(x, p, &g),
-            DType::F64 => self.bwd_tensors::<f64>(x, p, &g),
-            dt => bail!("channel op backward: dtype {dt:?} is not fused on the CPU"),
-        }
+        let (dx, dp) = self.bwd_tensors(x, p, &g.contiguous()?)?;
+        Ok((Some(dx), Some(dp)))
     }
 }

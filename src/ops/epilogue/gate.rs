@@ -7,7 +7,8 @@
 //!
 //! with k the epilogue's dropout factor ([`super::Dropout`]) and r the residual (optional). In
 //! candle ops this is a bias, a sigmoid, a product and the epilogue forward, and six ops
-//! backward; f32 and f64, for the blocks whose backward is written by hand.
+//! backward; for the blocks whose backward is written by hand, in every float dtype (f16 and
+//! bf16 computed in f32).
 
 use candle_core::{bail, DType, Device, Result, Storage, Tensor, WithDType};
 use num_traits::Float;
@@ -15,7 +16,7 @@ use num_traits::Float;
 use rayon::prelude::*;
 
 use super::{Activation, Dropout, Epilogue, PER_TASK};
-use crate::ops::value::contiguous;
+use crate::ops::value::{contiguous, is_half, narrowed_tensor, widened_values};
 
 /// σ(x) as the kernel computes it.
 fn sigmoid<F: Float>(x: F) -> F {
@@ -23,8 +24,8 @@ fn sigmoid<F: Float>(x: F) -> F {
 }
 
 /// [r + k ⊙ (f ⊙ s), s] with s = σ(z + b) (see the module docs; [`gate_backward`] reads s): f, z
-/// and `residual` of one shape (samples, …, features), b (features), all f32 or f64 on the CPU
-/// or CUDA.
+/// and `residual` of one shape (samples, …, features), b (features), one float dtype, on the
+/// CPU or CUDA.
 pub fn gate(
     f: &Tensor,
     z: &Tensor,
@@ -43,9 +44,7 @@ pub fn gate(
         let out = crate::cuda::launch_tensors(EPILOGUE, &plan, f.dtype(), &refs, &[dims, dims])?;
         return two(out);
     }
-    fn run<F: WithDType + Float>(e: &Epilogue, x: &[Tensor]) -> Result<[Vec<F>; 2]> {
-        let guards: Vec<_> = x.iter().map(|t| t.storage_and_layout()).collect();
-        let v = cpu_slices::<F, _>(&guards)?;
+    fn run<F: WithDType + Float>(e: &Epilogue, v: &[&[F]]) -> [Vec<F>; 2] {
         let (f, z, b, r) = (v[0], v[1], v[2], v.get(3).copied());
         let (k, per, feat) = (e.factors::<F>(), e.per_sample, e.features);
         let (mut out, mut gate) = (vec![F::zero(); f.len()], vec![F::zero(); f.len()]);
@@ -64,13 +63,9 @@ pub fn gate(
                     *g = s;
                 }
             });
-        Ok([out, gate])
+        [out, gate]
     }
-    match f.dtype() {
-        DType::F32 => vecs(run::<f32>(&e, &inputs)?, dims),
-        DType::F64 => vecs(run::<f64>(&e, &inputs)?, dims),
-        dt => bail!("gate: dtype {dt:?} is not supported (f32 or f64)"),
-    }
+    on_cpu(&inputs, dims, |v| run(&e, v), |v| run(&e, v))
 }
 
 /// [∂f, ∂z] of [`gate`] from f, its s and the gradient `g` of its output (∂b is the sum of ∂z
@@ -93,9 +88,7 @@ pub fn gate_backward(
         let out = crate::cuda::launch_tensors(EPILOGUE, &plan, x[0].dtype(), &refs, &[dims, dims])?;
         return two(out);
     }
-    fn run<F: WithDType + Float>(e: &Epilogue, x: &[Tensor]) -> Result<[Vec<F>; 2]> {
-        let guards: Vec<_> = x.iter().map(|t| t.storage_and_layout()).collect();
-        let v = cpu_slices::<F, _>(&guards)?;
+    fn run<F: WithDType + Float>(e: &Epilogue, v: &[&[F]]) -> [Vec<F>; 2] {
         let (f, s, g) = (v[0], v[1], v[2]);
         let (k, per, feat) = (e.factors::<F>(), e.per_sample, e.features);
         let (mut df, mut dz) = (vec![F::zero(); f.len()], vec![F::zero(); f.len()]);
@@ -113,35 +106,51 @@ pub fn gate_backward(
                     *dz = (gk * f[i]) * (s[i] * (F::one() - s[i]));
                 }
             });
-        Ok([df, dz])
+        [df, dz]
     }
-    match x[0].dtype() {
-        DType::F32 => vecs(run::<f32>(&e, &x)?, dims),
-        DType::F64 => vecs(run::<f64>(&e, &x)?, dims),
-        dt => bail!("gate backward: dtype {dt:?} is not supported (f32 or f64)"),
-    }
+    on_cpu(&x, dims, |v| run(&e, v), |v| run(&e, v))
 }
 
-/// The CPU values of the operands behind `guards`.
-fn cpu_slices<'a, F: WithDType, G: std::ops::Deref<Target = Storage>>(
-    guards: &'a [(G, &'a candle_core::Layout)],
-) -> Result<Vec<&'a [F]>> {
-    let mut v = Vec::with_capacity(guards.len());
-    for (s, l) in guards {
+/// Runs a CPU twin on the operands `x` (contiguous, one dtype) in their dtype, f16 and bf16
+/// as the kernels compute them: widened to f32, the results rounded back.
+fn on_cpu(
+    x: &[Tensor],
+    dims: &[usize],
+    f32: impl Fn(&[&[f32]]) -> [Vec<f32>; 2],
+    f64: impl Fn(&[&[f64]]) -> [Vec<f64>; 2],
+) -> Result<[Tensor; 2]> {
+    let guards: Vec<_> = x.iter().map(|t| t.storage_and_layout()).collect();
+    let mut cpu = Vec::with_capacity(guards.len());
+    for (s, l) in &guards {
         match &**s {
-            Storage::Cpu(s) => v.push(contiguous::<F>(s, l)?),
+            Storage::Cpu(s) => cpu.push((s, *l)),
             _ => bail!("gate: tensors are not all on the CPU"),
         }
     }
-    Ok(v)
-}
-
-/// Two CPU results of shape `dims` as tensors.
-fn vecs<F: WithDType>([a, b]: [Vec<F>; 2], dims: &[usize]) -> Result<[Tensor; 2]> {
-    Ok([
-        Tensor::from_vec(a, dims, &Device::Cpu)?,
-        Tensor::from_vec(b, dims, &Device::Cpu)?,
-    ])
+    fn slices<'a, F: WithDType>(
+        cpu: &[(&'a candle_core::CpuStorage, &'a candle_core::Layout)],
+    ) -> Result<Vec<&'a [F]>> {
+        cpu.iter().map(|(s, l)| contiguous::<F>(s, l)).collect()
+    }
+    fn tensors<F: WithDType>([a, b]: [Vec<F>; 2], dims: &[usize]) -> Result<[Tensor; 2]> {
+        Ok([
+            Tensor::from_vec(a, dims, &Device::Cpu)?,
+            Tensor::from_vec(b, dims, &Device::Cpu)?,
+        ])
+    }
+    match x[0].dtype() {
+        DType::F32 => tensors(f32(&slices(&cpu)?), dims),
+        DType::F64 => tensors(f64(&slices(&cpu)?), dims),
+        dt if is_half(dt) => {
+            let wide = cpu
+                .iter()
+                .map(|(s, l)| widened_values(s, l))
+                .collect::<Result<Vec<_>>>()?;
+            let [a, b] = f32(&wide.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            Ok([narrowed_tensor(a, dims, dt)?, narrowed_tensor(b, dims, dt)?])
+        }
+        dt => bail!("gate: dtype {dt:?} is not supported (f32, f64, f16 or bf16)"),
+    }
 }
 
 #[cfg(feature = "cuda")]

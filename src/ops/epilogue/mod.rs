@@ -20,7 +20,9 @@ use rayon::prelude::*;
 
 use super::dropout::{kept, threshold};
 use super::gelu::{slope, value};
-use super::value::{contiguous, fused_elementwise};
+use super::value::{
+    contiguous, fused_elementwise, is_half, narrowed, narrowed_tensor, widened_values,
+};
 
 pub mod cuda;
 pub mod gate;
@@ -120,7 +122,8 @@ pub fn epilogue(
 }
 
 /// ∂y of [`epilogue`] from the gradient `g` of its output (the residual's is `g` itself), for
-/// layers that compute gradients by hand; f32 and f64 on the CPU, every float on CUDA.
+/// layers that compute gradients by hand; f32, f64, f16 and bf16 (f16 and bf16 computed in
+/// f32).
 pub fn epilogue_backward(
     y: &Tensor,
     activation: Activation,
@@ -257,6 +260,11 @@ impl Epilogue {
         Ok(match y.0.dtype() {
             DType::F32 => CpuStorage::F32(run(self, y, r)?),
             DType::F64 => CpuStorage::F64(run(self, y, r)?),
+            dt if is_half(dt) => {
+                let r = r.map(|(s, l)| widened_values(s, l)).transpose()?;
+                let y = widened_values(y.0, y.1)?;
+                narrowed(self.forward_cpu(&y, r.as_deref()), dt)?
+            }
             dt => bail!("epilogue: dtype {dt:?} is not fused on the CPU"),
         })
     }
@@ -306,6 +314,10 @@ impl Epilogue {
         match y.dtype() {
             DType::F32 => dy::<f32>(self, contiguous(sy, ly)?, contiguous(sg, lg)?, y.shape()),
             DType::F64 => dy::<f64>(self, contiguous(sy, ly)?, contiguous(sg, lg)?, y.shape()),
+            dt if is_half(dt) => {
+                let (y32, g32) = (widened_values(sy, ly)?, widened_values(sg, lg)?);
+                narrowed_tensor(self.backward_cpu(&y32, &g32), y.shape(), dt)
+            }
             dt => bail!("epilogue backward: dtype {dt:?} is not fused on the CPU"),
         }
     }

@@ -6,7 +6,8 @@
 //!
 //! candle's backward of `gelu` takes about a dozen passes over the tensor (two `powf`, a
 //! `tanh`, …); this op takes one forward and one backward, with tanh z = 1 − 2 / (1 + e^{2z}).
-//! On the CPU in f16/bf16, and on other devices, [`gelu`] is candle's own.
+//! f16 and bf16 compute in f32 and round what they store, on both devices. On other devices
+//! [`gelu`] is candle's own.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -15,7 +16,9 @@ use candle_core::{
 use num_traits::Float;
 use rayon::prelude::*;
 
-use super::value::{contiguous, fused_elementwise};
+use super::value::{
+    contiguous, fused_elementwise, is_half, narrowed, narrowed_tensor, widened_values,
+};
 
 pub mod cuda;
 
@@ -83,6 +86,7 @@ impl CustomOp1 for GeluOp {
         let out = match s.dtype() {
             DType::F32 => CpuStorage::F32(map(contiguous::<f32>(s, l)?, |x, _| value(x))),
             DType::F64 => CpuStorage::F64(map(contiguous::<f64>(s, l)?, |x, _| value(x))),
+            dt if is_half(dt) => narrowed(map(&widened_values(s, l)?, |x, _| value(x)), dt)?,
             dt => bail!("gelu: dtype {dt:?} is not fused on the CPU"),
         };
         Ok((out, l.shape().clone()))
@@ -126,6 +130,10 @@ impl CustomOp1 for GeluOp {
         Ok(Some(match x.dtype() {
             DType::F32 => dx::<f32>(contiguous(sx, lx)?, contiguous(sg, lg)?, x.shape())?,
             DType::F64 => dx::<f64>(contiguous(sx, lx)?, contiguous(sg, lg)?, x.shape())?,
+            dt if is_half(dt) => {
+                let (x32, g32) = (widened_values(sx, lx)?, widened_values(sg, lg)?);
+                narrowed_tensor(map(&x32, |x, i| g32[i] * slope(x)), x.shape(), dt)?
+            }
             dt => bail!("gelu backward: dtype {dt:?} is not fused on the CPU"),
         }))
     }

@@ -4,17 +4,17 @@
 use candle_core::{DType, Result};
 
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
-use crate::ops::rows::{slot_sums_bytes, sums_plan, RowSplit, THREADS};
+use crate::ops::rows::{partial_elems, slot_sums_bytes, sums_plan, RowSplit, THREADS};
 
 /// The backward's shared memory: the slots' [∂w | ∂b] accumulators, in the compute type.
 fn backward_shared(h: usize, dtype: DType) -> usize {
     slot_sums_bytes(2 * h, dtype)
 }
 
-/// Whether the kernels take rows of `h` values in `dtype` (f32 or f64, and the backward's
-/// accumulators within the shared memory every GPU grants a block).
+/// Whether the kernels take rows of `h` values in `dtype` (f32, f64, f16 or bf16, and the
+/// backward's accumulators within the shared memory every GPU grants a block).
 pub fn supports(h: usize, dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::F64)
+    matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
         && h > 0
         && backward_shared(h, dtype) <= DeviceLimits::DEFAULT_SHARED
 }
@@ -68,7 +68,7 @@ pub fn backward_plans(rows: usize, h: usize, eps: f64, dtype: DType) -> Result<[
         block: [THREADS, 1, 1],
         shared_bytes: backward_shared(h, dtype),
         args,
-        outputs: vec![rows * h, split.blocks * 2 * h],
+        outputs: vec![rows * h, partial_elems(split.blocks * 2 * h, dtype)],
         tables: vec![],
         workspace_bytes: 0,
     };

@@ -9,9 +9,10 @@
 //! seven passes forward and about fifteen backward over (batch, length, H); this op makes one
 //! pass forward and one backward (μ and σ are recomputed from x, nothing is stored; the
 //! backward's column sums ∂w, ∂b add one small launch on CUDA). Sums follow the row layout of
-//! [`super::rows`]. f16/bf16 rows are cast to f32 for the fused op; on other devices, and for
-//! rows too wide for the kernel's shared memory (see [`cuda::supports`]), [`layer_norm`]
-//! composes the norm from candle ops.
+//! [`super::rows`]. f16/bf16 rows are normalised in f32 (the kernels and twins load them into
+//! f32 and round what they store; where the fused op does not take them, they are cast to f32
+//! and back); on other devices, and for rows too wide for the kernel's shared memory (see
+//! [`cuda::supports`]), [`layer_norm`] composes the norm from candle ops.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -22,7 +23,7 @@ use num_traits::{Float, NumAssign};
 use rayon::prelude::*;
 
 use super::rows::{add_lanes, column_sums, lane_sum, LANES};
-use super::value::contiguous;
+use super::value::{contiguous, is_half, narrowed, narrowed_tensor, widened_values};
 
 pub mod cuda;
 
@@ -50,7 +51,7 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
             &bias.contiguous()?,
             LayerNormOp { eps },
         )
-    } else if matches!(x.dtype(), DType::F16 | DType::BF16) {
+    } else if is_half(x.dtype()) {
         // Half-precision rows are normalised in f32: their statistics need its precision.
         let f32 = |t: &Tensor| t.to_dtype(DType::F32);
         layer_norm(&f32(x)?, &f32(weight)?, &f32(bias)?, eps)?.to_dtype(x.dtype())
@@ -181,6 +182,10 @@ impl CustomOp3 for LayerNormOp {
                 contiguous(sw, lw)?,
                 contiguous(sb, lb)?,
             )),
+            dt if is_half(dt) => {
+                let [x, w, b] = [(sx, lx), (sw, lw), (sb, lb)].map(|(s, l)| widened_values(s, l));
+                narrowed(self.fwd_t::<f32>(&x?, &w?, &b?), dt)?
+            }
             dt => bail!("layer_norm: dtype {dt:?} is not fused on the CPU"),
         };
         Ok((out, lx.shape().clone()))
@@ -267,6 +272,16 @@ impl CustomOp3 for LayerNormOp {
                 x,
                 h,
             )?,
+            dt if is_half(dt) => {
+                let [x32, w32, g32] =
+                    [(sx, lx), (sw, lw), (sg, lg)].map(|(s, l)| widened_values(s, l));
+                let [dx, dw, db] = self.bwd_t::<f32>(&x32?, &w32?, &g32?);
+                [
+                    narrowed_tensor(dx, x.shape(), dt)?,
+                    narrowed_tensor(dw, h, dt)?,
+                    narrowed_tensor(db, h, dt)?,
+                ]
+            }
             dt => bail!("layer_norm backward: dtype {dt:?} is not fused on the CPU"),
         };
         Ok((Some(dx), Some(dw), Some(db)))

@@ -5,7 +5,7 @@ use candle_core::{DType, Result};
 
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
 use crate::ops::rows::{
-    element_blocks, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
+    element_blocks, partial_elems, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
 };
 use crate::ops::S5Discretization;
 
@@ -84,7 +84,7 @@ pub fn backward_plans(
         block: [THREADS, 1, 1],
         shared_bytes: backward_shared(p, dtype),
         args,
-        outputs: vec![2 * n * p, split.blocks * 3 * p],
+        outputs: vec![2 * n * p, partial_elems(split.blocks * 3 * p, dtype)],
         tables: vec![],
         workspace_bytes: 0,
     };
