@@ -5,6 +5,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
+use common::models::classifier as config;
 use common::{assert_all_gradients, randn, to_vec};
 use myosotis::nn::*;
 use myosotis::train::checkpoint;
@@ -53,32 +54,6 @@ fn layer_kinds(len: usize) -> Vec<SeqLayerConfig> {
         }),
         SeqLayerConfig::MinGru(MinGruConfig::default()),
     ]
-}
-
-fn config(
-    layer: SeqLayerConfig,
-    activation: Activation,
-    norm: NormKind,
-    pooling: Pooling,
-) -> ClassifierConfig {
-    ClassifierConfig {
-        encoder: EncoderConfig::Linear { features: 2 },
-        d_model: 6,
-        layers: 2,
-        layer,
-        norm,
-        prenorm: norm == NormKind::Batch,
-        activation,
-        dropout: 0.1,
-        pooling,
-        classes: 4,
-        timing: Default::default(),
-        pairs: false,
-        decoder: Default::default(),
-        seed: 0,
-        bn_momentum: BN_MOMENTUM,
-        dense_init: Default::default(),
-    }
 }
 
 const TRAIN: Mode = Mode::Train(
@@ -583,18 +558,11 @@ fn training_by_hand_in_half_precision_follows_f32() {
             for (dtype, tol) in [(DType::BF16, 0.15), (DType::F16, 2e-2)] {
                 let what =
                     format!("{layer:?}, {activation:?}, {norm:?}, prenorm {prenorm} (seed {seed})");
-                common::half::assert_half_by_hand_follows_f32(
+                common::half::classifier_follows_f32(
                     &Device::Cpu,
                     dtype,
-                    [&[3, len, 2], &[3, 4]],
-                    |vb| SequenceClassifier::new(cfg.clone(), vb).unwrap(),
-                    |model, x, sink| {
-                        let Mode::Train(key, _, _) = TRAIN else {
-                            unreachable!("TRAIN trains")
-                        };
-                        let mode = Mode::Train(key, None, Some(sink));
-                        model.logits_timed(x, None, None, mode).unwrap()
-                    },
+                    &cfg,
+                    len,
                     &mut rng,
                     tol,
                     &what,

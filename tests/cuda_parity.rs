@@ -229,6 +229,53 @@ fn cuda_layers_by_hand_in_half_precision_follow_f32() {
     }
 }
 
+/// Whole models' training passes by hand in f16 and bf16 on CUDA (their blocks' fused ops in
+/// half precision, BatchNorm in f32) follow the same models in f32: what
+/// `tests/classifier.rs` checks on the CPU, with its tolerances.
+#[test]
+fn cuda_blocks_by_hand_in_half_precision_follow_f32() {
+    let name = "cuda_blocks_by_hand_in_half_precision_follow_f32";
+    let Some(gpu) = gpu(name) else {
+        return;
+    };
+    let bf16 = cuda_bf16(name);
+    let (mut rng, seed) = seeded_rng(name, 117);
+    let s5 = SeqLayerConfig::S5(S5Config {
+        state: 8,
+        blocks: 2,
+        bidirectional: true,
+        ..S5Config::default()
+    });
+    let myo = SeqLayerConfig::Myo(MyoConfig {
+        per_level: true,
+        all_nodes: true,
+        seed: 2,
+        ..MyoConfig::new(
+            0,
+            3,
+            TreeSpec::Ragged {
+                leaves: 12,
+                arity: 4,
+            },
+        )
+    });
+    for (layer, norm, activation) in [
+        (&s5, NormKind::Layer, Activation::HalfGlu2),
+        (&s5, NormKind::Batch, Activation::Gelu),
+        (&myo, NormKind::Layer, Activation::FullGlu),
+    ] {
+        let cfg = ClassifierConfig {
+            prenorm: true,
+            ..common::models::classifier(layer.clone(), activation, norm, Pooling::Mean)
+        };
+        let half = [(DType::BF16, 0.15), (DType::F16, 2e-2)];
+        for (dtype, tol) in half.into_iter().filter(|&(d, _)| d != DType::BF16 || bf16) {
+            let what = format!("{layer:?}, {norm:?}, {activation:?} (seed {seed})");
+            common::half::classifier_follows_f32(&gpu, dtype, &cfg, 12, &mut rng, tol, &what);
+        }
+    }
+}
+
 /// Three AdamW steps (in-place `adamw_step` launches, gradient clipping on, both groups) on CUDA
 /// end where the same steps on the CPU end.
 #[test]

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
-use myosotis::nn::{GradSink, Myo, MyoConfig, S5Config, S5};
+use myosotis::nn::{
+    ClassifierConfig, DropoutKey, GradSink, Mode, Myo, MyoConfig, S5Config, SequenceClassifier, S5,
+};
 use rand::rngs::StdRng;
 
 use super::{randn, rel_err, to_vec};
@@ -112,6 +114,38 @@ pub fn myo_follows_f32(
         [&[2, n, cfg.d_model]; 2],
         |vb| Myo::new(cfg.clone(), vb).unwrap(),
         |layer, x, sink| layer.forward_by_hand(x, sink).unwrap(),
+        rng,
+        tol,
+        what,
+    );
+}
+
+/// [`assert_half_by_hand_follows_f32`] for a whole model of `cfg` (two features in, four classes)
+/// on inputs (3, `len`, 2): a training pass by hand, dropout on.
+pub fn classifier_follows_f32(
+    dev: &Device,
+    dtype: DType,
+    cfg: &ClassifierConfig,
+    len: usize,
+    rng: &mut StdRng,
+    tol: f64,
+    what: &str,
+) {
+    let key = DropoutKey {
+        seed: 0,
+        step: 0,
+        first_row: 0,
+        key_on_device: false,
+    };
+    assert_half_by_hand_follows_f32(
+        dev,
+        dtype,
+        [&[3, len, 2], &[3, 4]],
+        |vb| SequenceClassifier::new(cfg.clone(), vb).unwrap(),
+        |model, x, sink| {
+            let mode = Mode::Train(key, None, Some(sink));
+            model.logits_timed(x, None, None, mode).unwrap()
+        },
         rng,
         tol,
         what,

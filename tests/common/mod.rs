@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 pub mod files;
 pub mod half;
 pub mod heads;
+pub mod models;
 pub mod runs;
 pub mod trees;
 
