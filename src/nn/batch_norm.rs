@@ -165,7 +165,18 @@ impl BatchNorm {
         if fused {
             return batch_norm_running(running, mean, var, n, self.decay);
         }
-        // A half-precision copy's averages, from f32 statistics.
+        if matches!(dtype, DType::F32 | DType::F64)
+            && (mean.device().is_cpu() || mean.device().is_cuda())
+        {
+            // A half-precision copy's averages: the same update on them cast to the
+            // statistics' dtype, stored back rounded.
+            let wide = [running[0].to_dtype(dtype)?, running[1].to_dtype(dtype)?];
+            batch_norm_running([&wide[0], &wide[1]], mean, var, n, self.decay)?;
+            self.running_mean
+                .set(&wide[0].to_dtype(running[0].dtype())?)?;
+            return self.running_var.set(&wide[1].to_dtype(running[1].dtype())?);
+        }
+        // Elsewhere, the update in candle ops.
         let m = self.decay;
         let unbiased = (n / n.affine(1.0, -1.0)?)?;
         let update = |running: &Var, batch: Tensor| -> Result<()> {

@@ -16,7 +16,8 @@ use super::{randn, rel_err, to_vec};
 /// (`run`, on inputs of shape `shapes[0]`, giving outputs of shape `shapes[1]`) follows the same
 /// layer in f32 whose parameters and input are the half ones cast up: its output, the input's
 /// gradient and every parameter's gradient (which must come in the parameter's dtype) each
-/// within `tol` of the f32 layer's (largest difference over largest value).
+/// within `tol` of the f32 layer's (largest difference over largest value), and so its buffers
+/// after the pass.
 #[allow(clippy::too_many_arguments)]
 pub fn assert_half_by_hand_follows_f32<L>(
     dev: &Device,
@@ -65,9 +66,11 @@ pub fn assert_half_by_hand_follows_f32<L>(
     check("output", &hy, &fy);
     check("∂x", hg.get(&hx).unwrap(), fg.get(&fx).unwrap());
     for (name, v) in &half_vars {
-        // Buffers (BatchNorm's running averages) have no gradient in either.
+        // Buffers (BatchNorm's running averages) have no gradient in either: their values
+        // after the pass are compared.
         let Some(want) = fg.get(&full_vars[name]) else {
             assert!(hg.get(v).is_none(), "∂{name} in {dtype:?} alone, {what}");
+            check(name, v.as_tensor(), full_vars[name].as_tensor());
             continue;
         };
         let got = hg.get(v).unwrap_or_else(|| panic!("no ∂{name}, {what}"));
