@@ -164,12 +164,20 @@ impl ChannelOp {
         let (Storage::Cpu(sx), Storage::Cpu(sp), Storage::Cpu(sg)) = (&*sx, &*sp, &*sg) else {
             bail!("channel op backward: tensors are not all on the CPU")
         };
-        fn tensors<F: WithDType>(
-            (dx, dp): (Option<Vec<F>>, Vec<F>),
+        let cpu = [(sx, lx), (sp, lp), (sg, lg)];
+        /// The twin in F on the operands as stored.
+        fn run<F: WithDType + Float + NumAssign>(
+            op: &ChannelOp,
+            [(sx, lx), (sp, lp), (sg, lg)]: [(&CpuStorage, &Layout); 3],
             x: &Tensor,
             p: &Tensor,
             g: &Tensor,
         ) -> Result<(Tensor, Tensor)> {
+            let (dx, dp) = op.bwd_t::<F>(
+                contiguous(sx, lx)?,
+                contiguous(sp, lp)?,
+                contiguous(sg, lg)?,
+            );
             let dx = match dx {
                 Some(dx) => Tensor::from_vec(dx, x.shape(), &Device::Cpu)?,
                 None => g.clone(),
@@ -177,25 +185,11 @@ impl ChannelOp {
             Ok((dx, Tensor::from_vec(dp, p.shape(), &Device::Cpu)?))
         }
         match x.dtype() {
-            DType::F32 => {
-                let (sx, sp, sg) = (
-                    contiguous(sx, lx)?,
-                    contiguous(sp, lp)?,
-                    contiguous(sg, lg)?,
-                );
-                tensors(self.bwd_t::<f32>(sx, sp, sg), x, p, g)
-            }
-            DType::F64 => {
-                let (sx, sp, sg) = (
-                    contiguous(sx, lx)?,
-                    contiguous(sp, lp)?,
-                    contiguous(sg, lg)?,
-                );
-                tensors(self.bwd_t::<f64>(sx, sp, sg), x, p, g)
-            }
+            DType::F32 => run::<f32>(self, cpu, x, p, g),
+            DType::F64 => run::<f64>(self, cpu, x, p, g),
             dt if is_half(dt) => {
-                let (sx, sp) = (widened_values(sx, lx)?, widened_values(sp, lp)?);
-                let (dx, dp) = self.bwd_t::<f32>(&sx, &sp, &widened_values(sg, lg)?);
+                let [x32, p32, g32] = cpu.map(|(s, l)| widened_values(s, l));
+                let (dx, dp) = self.bwd_t::<f32>(&x32?, &p32?, &g32?);
                 let dx = match dx {
                     Some(dx) => narrowed_tensor(dx, x.shape(), dt)?,
                     None => g.clone(),
