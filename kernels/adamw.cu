@@ -14,45 +14,58 @@
 #define ADAMW_SEGMENTS 32
 #define ADAMW_HYPER 7
 
-// The parameters of one launch; entries past the launch's grid.y are unused.
-template <typename T> struct AdamwSegments {
+// The parameters of one launch, θ and its moments in T, the gradients in G and the compute
+// copies (null: none) in C; entries past the launch's grid.y are unused.
+template <typename T, typename G, typename C> struct AdamwSegments {
     T *theta[ADAMW_SEGMENTS];
     T *mv[ADAMW_SEGMENTS]; // [m; v]: 2 n values
-    const T *g[ADAMW_SEGMENTS];
+    const G *g[ADAMW_SEGMENTS];
+    C *copy[ADAMW_SEGMENTS];
     long long n[ADAMW_SEGMENTS];
     int group[ADAMW_SEGMENTS]; // the row of `hyper`
 };
 
-template <typename T>
-__device__ void adamw_step(const AdamwSegments<T> &seg, const T *hyper, const T *scale) {
+template <typename T, typename G, typename C>
+__device__ void adamw_step(const AdamwSegments<T, G, C> &seg, const T *hyper, const T *scale) {
     const int p = blockIdx.y;
     const T *h = hyper + (i64)seg.group[p] * ADAMW_HYPER;
     const T b1 = h[0], b2 = h[1], c1 = h[2], c2 = h[3], eps = h[4], eta = h[5], wd = h[6];
     const T s = scale ? scale[0] : T(1);
     T *theta = seg.theta[p], *mv = seg.mv[p];
-    const T *g = seg.g[p];
+    const G *g = seg.g[p];
+    C *copy = seg.copy[p];
     const i64 n = seg.n[p];
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n;
          e += (i64)gridDim.x * blockDim.x) {
-        const T gs = g[e] * s;
+        const T gs = to_acc(g[e]) * s;
         const T m = b1 * mv[e] + (T(1) - b1) * gs;
         const T v = b2 * mv[n + e] + (T(1) - b2) * (gs * gs);
         mv[e] = m;
         mv[n + e] = v;
         const T update = (m / c1) / (sqrt(v / c2) + eps);
         const T th = theta[e];
-        theta[e] = (th - eta * update) - eta * wd * th;
+        const T next = (th - eta * update) - eta * wd * th;
+        theta[e] = next;
+        if (copy) store_s(copy + e, next);
     }
 }
 
-#define ADAMW_KERNELS(SUFFIX, T)                                                               \
+#define ADAMW_KERNEL(NAME, T, G, C)                                                            \
     extern "C" __global__ void __launch_bounds__(ADAMW_THREADS)                                \
-        adamw_step_##SUFFIX(AdamwSegments<T> seg, const T *hyper, const T *scale) {           \
-        adamw_step<T>(seg, hyper, scale);                                                      \
+        NAME(AdamwSegments<T, G, C> seg, const T *hyper, const T *scale) {                     \
+        adamw_step<T, G, C>(seg, hyper, scale);                                                \
     }
 
-// The instantiations (parameters train in f32; f64 for the tests): kernel-name suffix and
-// type. The host harness in tests/kernels_on_cpu registers the same list.
-#define ADAMW_DTYPES(X) X(f32, float) X(f64, double)
+// The instantiations (parameters train in f32; f64 for the tests; the host harness in
+// tests/kernels_on_cpu registers the same list). adamw_step_<dtype>: the gradients, and the
+// compute copies if any, in <dtype> (f32 parameters for f16/bf16). adamw_step_wide_<dtype>:
+// f32 gradients (summed over a batch's parts in f32) and an f16/bf16 compute copy.
+#define ADAMW_INSTANCES(X)                                                                     \
+    X(adamw_step_f32, float, float, float)                                                     \
+    X(adamw_step_f64, double, double, double)                                                  \
+    X(adamw_step_f16, float, __half, __half)                                                   \
+    X(adamw_step_bf16, float, __nv_bfloat16, __nv_bfloat16)                                    \
+    X(adamw_step_wide_f16, float, float, __half)                                               \
+    X(adamw_step_wide_bf16, float, float, __nv_bfloat16)
 
-ADAMW_DTYPES(ADAMW_KERNELS)
+ADAMW_INSTANCES(ADAMW_KERNEL)

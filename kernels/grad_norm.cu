@@ -29,8 +29,8 @@ template <typename F> __device__ __forceinline__ F norm_block_sum(F v, F *red) {
     return red[0];
 }
 
-template <typename T> __device__ void grad_norm_parts(const NormSegments<T> &seg, T *part) {
-    typedef typename AccOf<T>::F F;
+template <typename T> __device__ void grad_norm_parts(const NormSegments<T> &seg, Acc<T> *part) {
+    typedef Acc<T> F;
     __shared__ F red[NORM_THREADS];
     const int p = blockIdx.y;
     const T *g = seg.g[p];
@@ -41,7 +41,7 @@ template <typename T> __device__ void grad_norm_parts(const NormSegments<T> &seg
         acc += x * x;
     }
     const F s = norm_block_sum(acc, red);
-    if (threadIdx.x == 0) store_s(part + (i64)p * gridDim.x + blockIdx.x, s);
+    if (threadIdx.x == 0) part[(i64)p * gridDim.x + blockIdx.x] = s;
 }
 
 template <typename T> __device__ void grad_norm_sum(const T *part, T *out, int count) {
@@ -53,18 +53,24 @@ template <typename T> __device__ void grad_norm_sum(const T *part, T *out, int c
     if (threadIdx.x == 0) store_s(out, sqrt(s));
 }
 
-#define GRAD_NORM_KERNELS(SUFFIX, T)                                                            \
+#define GRAD_NORM_PARTS(SUFFIX, T)                                                              \
     extern "C" __global__ void __launch_bounds__(NORM_THREADS)                                  \
-        grad_norm_parts_##SUFFIX(NormSegments<T> seg, T *part) {                                \
+        grad_norm_parts_##SUFFIX(NormSegments<T> seg, Acc<T> *part) {                           \
         grad_norm_parts<T>(seg, part);                                                          \
-    }                                                                                           \
+    }
+#define GRAD_NORM_SUM(SUFFIX, T)                                                                \
     extern "C" __global__ void __launch_bounds__(NORM_THREADS)                                  \
         grad_norm_sum_##SUFFIX(const T *part, T *out, int count) {                              \
         grad_norm_sum<T>(part, out, count);                                                     \
     }
 
-// The instantiations (gradients of f32 parameters; f64 for the tests): kernel-name suffix and
-// type. The host harness in tests/kernels_on_cpu registers the same list.
-#define GRAD_NORM_DTYPES(X) X(f32, float) X(f64, double)
+// The instantiations: kernel-name suffix and type (the host harness in tests/kernels_on_cpu
+// registers the same lists). The partial sums are f32 for f32, f16 and bf16 gradients (the
+// compute copy's under mixed precision), f64 for f64 (the tests), and summed by the sum of
+// their type.
+#define GRAD_NORM_PARTS_DTYPES(X)                                                               \
+    X(f32, float) X(f64, double) X(f16, __half) X(bf16, __nv_bfloat16)
+#define GRAD_NORM_SUM_DTYPES(X) X(f32, float) X(f64, double)
 
-GRAD_NORM_DTYPES(GRAD_NORM_KERNELS)
+GRAD_NORM_PARTS_DTYPES(GRAD_NORM_PARTS)
+GRAD_NORM_SUM_DTYPES(GRAD_NORM_SUM)

@@ -6,8 +6,7 @@ use candle_core::cuda_backend::cudarc::driver::sys::{
     CUdevice_attribute_enum, CUfunction_attribute_enum,
 };
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::DeviceId;
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -20,7 +19,10 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use crate::ops::plan::{pack_struct, DeviceLimits, KernelArg, LaunchPlan};
 
+mod address;
 pub mod graph;
+
+use address::{address, address_mut};
 
 /// The words a struct argument is passed in: CUDA's 4 KiB of kernel parameters. The driver
 /// copies as many bytes as the kernel's parameter has.
@@ -379,18 +381,31 @@ pub fn launch(
             s.dtype()
         )
     }
+    launch_into(dev, module, plan, dtype, inputs)
+}
+
+/// [`launch`] with inputs of whatever dtypes the kernel reads (the op has checked them) and
+/// outputs of `dtype`: a kernel that reads f16 gradients and writes f32 sums.
+pub fn launch_into(
+    dev: &CudaDevice,
+    module: Module,
+    plan: &LaunchPlan,
+    dtype: DType,
+    inputs: &[(&CudaStorage, &Layout)],
+) -> Result<Vec<CudaStorage>> {
     match dtype {
-        DType::F32 => run::<f32>(dev, module, plan, vec![], inputs),
-        DType::F64 => run::<f64>(dev, module, plan, vec![], inputs),
-        DType::F16 => run::<half::f16>(dev, module, plan, vec![], inputs),
-        DType::BF16 => run::<half::bf16>(dev, module, plan, vec![], inputs),
+        DType::F32 => run::<f32>(dev, module, plan, &mut [], inputs),
+        DType::F64 => run::<f64>(dev, module, plan, &mut [], inputs),
+        DType::F16 => run::<half::f16>(dev, module, plan, &mut [], inputs),
+        DType::BF16 => run::<half::bf16>(dev, module, plan, &mut [], inputs),
         dt => bail!("{}: dtype {dt:?} is not supported on CUDA", plan.kernel),
     }
 }
 
 /// Executes `plan` as [`launch`] does, for an in-place op: `targets` are the tensors it
-/// updates ([`KernelArg::Target`]; contiguous, distinct, of the inputs' dtype). Launches on the
-/// first target's device.
+/// updates ([`KernelArg::Target`]; contiguous, distinct). Targets and inputs may be of
+/// several dtypes (f32 parameters and their f16 compute copy): the op checks them against
+/// what its kernel reads. Launches on the first target's device.
 pub fn launch_in_place(
     module: Module,
     plan: &LaunchPlan,
@@ -400,58 +415,26 @@ pub fn launch_in_place(
     let Some((first, _)) = targets.first() else {
         bail!("internal error: {} updates nothing", plan.kernel)
     };
-    let (dtype, dev) = (first.dtype(), first.device().clone());
-    let dtypes = targets.iter().map(|(s, _)| s.dtype());
-    if let Some(dt) = dtypes
-        .chain(inputs.iter().map(|(s, _)| s.dtype()))
-        .find(|&d| d != dtype)
-    {
-        bail!(
-            "internal error: {} launched in {dtype:?} with a {dt:?} operand",
-            plan.kernel
-        )
-    }
-    let outs = match dtype {
-        DType::F32 => run::<f32>(&dev, module, plan, views_mut(targets, plan)?, inputs)?,
-        DType::F64 => run::<f64>(&dev, module, plan, views_mut(targets, plan)?, inputs)?,
-        dt => bail!("{}: dtype {dt:?} is not supported in place", plan.kernel),
-    };
-    if !outs.is_empty() {
+    let dev = first.device().clone();
+    if !plan.outputs.is_empty() {
         bail!(
             "internal error: the in-place {} allocates outputs",
             plan.kernel
         )
     }
+    run::<f32>(&dev, module, plan, targets, inputs)?;
     Ok(())
 }
 
-/// The targets of an in-place launch as views of their elements.
-fn views_mut<'a, T: CudaElem>(
-    targets: &'a mut [(&mut CudaStorage, &Layout)],
-    plan: &LaunchPlan,
-) -> Result<Vec<CudaViewMut<'a, T>>> {
-    targets
-        .iter_mut()
-        .map(|(s, l)| {
-            let Some((start, end)) = l.contiguous_offsets() else {
-                bail!(
-                    "internal error: {} updates a non-contiguous tensor",
-                    plan.kernel
-                )
-            };
-            Ok(s.as_cuda_slice_mut::<T>()?.slice_mut(start..end))
-        })
-        .collect()
-}
-
+/// Launches `plan` with its inputs and targets passed by address (of any dtype) and its
+/// outputs allocated as `T`.
 fn run<T: CudaElem>(
     dev: &CudaDevice,
     module: Module,
     plan: &LaunchPlan,
-    mut targets: Vec<CudaViewMut<T>>,
+    targets: &mut [(&mut CudaStorage, &Layout)],
     inputs: &[(&CudaStorage, &Layout)],
 ) -> Result<Vec<CudaStorage>> {
-    let views: Vec<CudaView<T>> = inputs.iter().map(|&i| slice_at(i)).collect::<Result<_>>()?;
     // SAFETY (outputs, workspace): the kernel writes every output element, and every workspace
     // element before reading it (the host harness runs the kernels on poisoned memory).
     let outputs: Vec<CudaSlice<T>> = plan
@@ -493,55 +476,67 @@ fn run<T: CudaElem>(
             ..
         } = state;
         let null = 0usize;
-        // Each target is borrowed by the launch once.
-        let mut slots: Vec<Option<&mut CudaViewMut<T>>> = targets.iter_mut().map(Some).collect();
-        // The structs passed by value, packed before the launch's argument list borrows them;
-        // the guards of the addresses they hold live until the launch is enqueued.
+        // The operands' addresses; their guards live until the launch is enqueued.
         let stream = dev.cuda_stream();
         let mut guards = Vec::new();
-        let mut structs: Vec<[u64; STRUCT_WORDS]> = Vec::new();
-        for arg in &plan.args {
-            let KernelArg::Struct(fields) = arg else {
-                continue;
-            };
-            let words = pack_struct(fields, |f| match f {
-                KernelArg::Input(i) => {
-                    let (p, g) = views[*i].device_ptr(&stream);
-                    guards.push(g);
-                    Ok(p)
-                }
-                KernelArg::Target(i) => match slots.get_mut(*i).and_then(Option::take) {
-                    Some(t) => {
-                        let (p, g) = t.device_ptr_mut(&stream);
-                        guards.push(g);
-                        Ok(p)
-                    }
-                    None => bail!("internal error: {} has no target {i}", plan.kernel),
-                },
-                other => bail!(
-                    "internal error: {} passes {other:?} in a struct",
-                    plan.kernel
-                ),
-            })?;
-            if words.len() > STRUCT_WORDS {
-                bail!(
-                    "internal error: {} passes a struct of over 4 KiB",
-                    plan.kernel
-                );
-            }
-            let mut w = [0u64; STRUCT_WORDS];
-            w[..words.len()].copy_from_slice(&words);
-            structs.push(w);
+        let mut ins = Vec::with_capacity(inputs.len());
+        for &(s, l) in inputs {
+            let (p, g) = address(s, l, &stream, &plan.kernel)?;
+            ins.push(p);
+            guards.push(g);
         }
-        let mut structs = structs.iter();
+        // Each target is taken by the launch once.
+        let mut outs: Vec<Option<u64>> = Vec::with_capacity(targets.len());
+        for (s, l) in targets.iter_mut() {
+            let (p, g) = address_mut(s, l, &stream, &plan.kernel)?;
+            outs.push(Some(p));
+            guards.push(g);
+        }
+        let mut target = |i: usize| match outs.get_mut(i).and_then(Option::take) {
+            Some(p) => Ok(p),
+            None => bail!("internal error: {} has no target {i}", plan.kernel),
+        };
+        let input = |i: usize| match ins.get(i) {
+            Some(&p) => Ok(p),
+            None => bail!("internal error: {} has no input {i}", plan.kernel),
+        };
+        // The structs passed by value and the addresses passed alone, made before the launch's
+        // argument list borrows them.
+        let mut structs: Vec<[u64; STRUCT_WORDS]> = Vec::new();
+        let mut addrs: Vec<u64> = Vec::new();
+        for arg in &plan.args {
+            match arg {
+                KernelArg::Input(i) => addrs.push(input(*i)?),
+                KernelArg::Target(i) => addrs.push(target(*i)?),
+                KernelArg::Struct(fields) => {
+                    let words = pack_struct(fields, |f| match f {
+                        KernelArg::Input(i) => input(*i),
+                        KernelArg::Target(i) => target(*i),
+                        other => bail!(
+                            "internal error: {} passes {other:?} in a struct",
+                            plan.kernel
+                        ),
+                    })?;
+                    if words.len() > STRUCT_WORDS {
+                        bail!(
+                            "internal error: {} passes a struct of over 4 KiB",
+                            plan.kernel
+                        );
+                    }
+                    let mut w = [0u64; STRUCT_WORDS];
+                    w[..words.len()].copy_from_slice(&words);
+                    structs.push(w);
+                }
+                _ => {}
+            }
+        }
+        let (mut structs, mut addrs) = (structs.iter(), addrs.iter());
         let mut b = func.builder();
         for arg in &plan.args {
             match arg {
-                KernelArg::Input(i) => b.arg(&views[*i]),
-                KernelArg::Target(i) => match slots.get_mut(*i).and_then(Option::take) {
-                    Some(t) => b.arg(t),
-                    None => bail!("internal error: {} has no target {i}", plan.kernel),
-                },
+                KernelArg::Input(_) | KernelArg::Target(_) => {
+                    b.arg(addrs.next().expect("taken above"))
+                }
                 KernelArg::Output(i) => b.arg(&outputs[*i]),
                 KernelArg::Table(i) => b.arg(&tables[&plan.tables[*i]]),
                 KernelArg::Workspace => match workspace.as_ref() {
@@ -619,6 +614,25 @@ pub fn launch_tensors(
     inputs: &[&Tensor],
     shapes: &[&[usize]],
 ) -> Result<Vec<Tensor>> {
+    if let Some(t) = inputs.iter().find(|t| t.dtype() != dtype) {
+        bail!(
+            "internal error: {} launched in {dtype:?} with a {:?} input",
+            plan.kernel,
+            t.dtype()
+        )
+    }
+    launch_tensors_into(module, plan, dtype, inputs, shapes)
+}
+
+/// [`launch_tensors`] with inputs of whatever dtypes the kernel reads (the op has checked
+/// them) and outputs of `dtype` ([`launch_into`]).
+pub fn launch_tensors_into(
+    module: Module,
+    plan: &LaunchPlan,
+    dtype: DType,
+    inputs: &[&Tensor],
+    shapes: &[&[usize]],
+) -> Result<Vec<Tensor>> {
     let inputs: Vec<Tensor> = inputs
         .iter()
         .map(|t| t.contiguous())
@@ -635,7 +649,7 @@ pub fn launch_tensors(
         bail!("internal error: {} launched without inputs", plan.kernel)
     };
     let dev = first.device().clone();
-    let outs = launch(&dev, module, plan, dtype, &storages)?;
+    let outs = launch_into(&dev, module, plan, dtype, &storages)?;
     Ok(outs
         .into_iter()
         .zip(shapes)

@@ -277,11 +277,13 @@ fn cuda_blocks_by_hand_in_half_precision_follow_f32() {
 }
 
 /// Three AdamW steps (in-place `adamw_step` launches, gradient clipping on, both groups) on CUDA
-/// end where the same steps on the CPU end.
+/// end where the same steps on the CPU end: in f32, and under mixed precision (the kernels that
+/// read bf16/f16 gradients and write the compute copy; f16 with its loss scale).
 #[test]
 fn cuda_optimizer_steps_equal_the_cpu() {
     use candle_core::{Tensor, Var};
     use myosotis::train::optim::{OptimConfig, Optimizer};
+    use myosotis::train::precision::Precision;
     use std::collections::HashMap;
     let Some(gpu) = gpu("cuda_optimizer_steps_equal_the_cpu") else {
         return;
@@ -303,14 +305,18 @@ fn cuda_optimizer_steps_equal_the_cpu() {
             (name.to_string(), draw(), draw(), shape.to_vec())
         })
         .collect();
-    let run = |dev: &Device| {
-        let vars: HashMap<String, Var> = init
-            .iter()
-            .map(|(name, w, _, shape)| {
-                let t = tensor(w, shape, DType::F32, dev);
-                (name.clone(), Var::from_tensor(&t).unwrap())
-            })
-            .collect();
+    // The masters and, under mixed precision, the compute copies after the steps.
+    let run = |dev: &Device, precision: Precision| {
+        let make = |dtype| -> HashMap<String, Var> {
+            init.iter()
+                .map(|(name, w, _, shape)| {
+                    let t = tensor(w, shape, dtype, dev);
+                    (name.clone(), Var::from_tensor(&t).unwrap())
+                })
+                .collect()
+        };
+        let vars = make(DType::F32);
+        let compute = make(precision.dtype());
         let cfg = OptimConfig {
             lr: 0.01,
             ssm_lr: 0.001,
@@ -328,28 +334,66 @@ fn cuda_optimizer_steps_equal_the_cpu() {
             false => ParamGroup::Regular,
         };
         let mut opt = Optimizer::new(cfg, &vars, group).unwrap();
+        let trained = match precision.is_mixed() {
+            true => {
+                opt.mirror(&vars, &compute, precision).unwrap();
+                &compute
+            }
+            false => &vars,
+        };
         for step in 0..3 {
             // loss = Σ_p Σ (w_p ⊙ c_p)·(step + 1) + Σ w_p²: gradient c (step + 1) + 2 w.
-            let mut loss = Tensor::zeros((), DType::F32, dev).unwrap();
+            let mut loss = Tensor::zeros((), precision.dtype(), dev).unwrap();
             for (name, _, c, shape) in &init {
-                let w = vars[name].as_tensor();
-                let c = tensor(c, shape, DType::F32, dev);
+                let w = trained[name].as_tensor();
+                let c = tensor(c, shape, precision.dtype(), dev);
                 let term = ((w * c).unwrap() * (step + 1) as f64)
                     .unwrap()
                     .sum_all()
                     .unwrap();
                 loss = (loss + term + w.sqr().unwrap().sum_all().unwrap()).unwrap();
             }
+            let loss = (loss * opt.loss_scale()).unwrap();
             opt.step(&loss.backward().unwrap()).unwrap();
         }
         init.iter()
-            .map(|(name, ..)| to_vec(vars[name].as_tensor()))
+            .map(|(name, ..)| {
+                let copy = precision
+                    .is_mixed()
+                    .then(|| to_vec(compute[name].as_tensor()));
+                (to_vec(vars[name].as_tensor()), copy)
+            })
             .collect::<Vec<_>>()
     };
-    let (want, got) = (run(&Device::Cpu), run(&gpu));
-    for ((name, ..), (w, g)) in init.iter().zip(want.iter().zip(&got)) {
-        let e = rel_err(g, w);
-        assert!(e < 1e-5, "{name}: CUDA vs CPU {e:e} (seed {seed})");
+    // A copy may round a master that differs in its last bits the other way: one unit in the
+    // last place of bf16 (2⁻⁸ relative) or f16 (2⁻¹¹).
+    for (precision, copy_tol) in [
+        (Precision::F32, 0.0),
+        (Precision::Bf16, 8e-3),
+        (Precision::F16, 1e-3),
+    ] {
+        let (want, got) = (run(&Device::Cpu, precision), run(&gpu, precision));
+        for ((name, ..), (w, g)) in init.iter().zip(want.iter().zip(&got)) {
+            let e = rel_err(&g.0, &w.0);
+            assert!(
+                e < 1e-5,
+                "{name}, {precision}: CUDA vs CPU {e:e} (seed {seed})"
+            );
+            if let (Some(gc), Some(wc)) = (&g.1, &w.1) {
+                let e = rel_err(gc, wc);
+                assert!(
+                    e <= copy_tol,
+                    "{name}, {precision}: the compute copy, CUDA vs CPU {e:e} (seed {seed})"
+                );
+                // From f32 (half's `from_f64` drops low bits before rounding to bf16).
+                let master = tensor(&g.0, &[g.0.len()], DType::F32, &Device::Cpu);
+                let cast = to_vec(&master.to_dtype(precision.dtype()).unwrap());
+                assert_eq!(
+                    gc, &cast,
+                    "{name}, {precision}: the copy is not the master, rounded"
+                );
+            }
+        }
     }
 }
 

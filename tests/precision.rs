@@ -258,6 +258,102 @@ fn the_loss_scaler_skips_exactly_the_steps_with_non_finite_gradients() {
     assert_eq!(fresh.scaler(), opt.scaler());
 }
 
+/// AdamW under mixed precision reads the compute copy's gradients in their dtype (or, summed
+/// over a batch's parts, in f32) and writes the stepped parameters into the copy: the same
+/// bits as a plain f32 step on the gradients cast to f32 (unscaled: f16's loss scale is a power
+/// of two) followed by a cast of the parameters, which it replaces. Three parameters of
+/// different sizes in three groups, gradient clipping on (the norm taken of the half
+/// gradients), three steps.
+#[test]
+fn a_mixed_precision_step_is_the_f32_step_on_the_cast_gradients() {
+    use rand::{Rng, SeedableRng};
+    let dev = Device::Cpu;
+    let cfg = OptimConfig {
+        clip: Some(0.5),
+        weight_decay: 0.01,
+        ..optim()
+    };
+    let names = ["a", "b", "c"];
+    let group = |n: &str| match n {
+        "a" => ParamGroup::Regular,
+        "b" => ParamGroup::Ssm,
+        _ => ParamGroup::SsmDecayed,
+    };
+    for (precision, summed) in [
+        (Precision::Bf16, false),
+        (Precision::Bf16, true),
+        (Precision::F16, false),
+        (Precision::F16, true),
+    ] {
+        let what = format!("{precision} (gradients summed in f32: {summed})");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut draw = |n: usize, r: f32| -> Tensor {
+            let v: Vec<f32> = (0..n).map(|_| rng.random_range(-r..r)).collect();
+            Tensor::new(v, &dev).unwrap()
+        };
+        let init: Vec<Tensor> = [1, 300, 5000].iter().map(|&n| draw(n, 1.0)).collect();
+        let var = |t: &Tensor, dt| Var::from_tensor(&t.to_dtype(dt).unwrap()).unwrap();
+        let master: Vec<Var> = init.iter().map(|t| var(t, DType::F32)).collect();
+        let plain: Vec<Var> = init.iter().map(|t| var(t, DType::F32)).collect();
+        let compute: Vec<Var> = init.iter().map(|t| var(t, precision.dtype())).collect();
+        let map = |vs: &[Var]| -> HashMap<String, Var> {
+            names
+                .iter()
+                .map(|n| n.to_string())
+                .zip(vs.iter().cloned())
+                .collect()
+        };
+        let mut opt = Optimizer::new(cfg.clone(), &map(&master), group).unwrap();
+        opt.mirror(&map(&master), &map(&compute), precision)
+            .unwrap();
+        let mut reference = Optimizer::new(cfg.clone(), &map(&plain), group).unwrap();
+        for step in 0..3 {
+            let scale = opt.loss_scale();
+            // The compute copy's gradients: Σ c ⊙ g'(scaled, in the compute dtype).
+            let g: Vec<Tensor> = init
+                .iter()
+                .map(|t| {
+                    (draw(t.elem_count(), 0.1) * scale)
+                        .unwrap()
+                        .to_dtype(precision.dtype())
+                        .unwrap()
+                })
+                .collect();
+            let objective = |vs: &[Var], g: &[Tensor]| -> GradStore {
+                let mut sum = Tensor::zeros((), vs[0].dtype(), &dev).unwrap();
+                for (v, g) in vs.iter().zip(g) {
+                    sum = (sum + (v.as_tensor() * g).unwrap().sum_all().unwrap()).unwrap();
+                }
+                sum.backward().unwrap()
+            };
+            let mut grads = objective(&compute, &g);
+            if summed {
+                opt.grads_to_f32(&mut grads).unwrap();
+            }
+            let unscaled: Vec<Tensor> = g
+                .iter()
+                .map(|g| (g.to_dtype(DType::F32).unwrap() * (1.0 / scale)).unwrap())
+                .collect();
+            opt.step(&grads).unwrap();
+            reference.step(&objective(&plain, &unscaled)).unwrap();
+            assert_eq!(
+                opt.step_count(),
+                step + 1,
+                "{what}: step {step} was skipped"
+            );
+            for (k, (m, p)) in master.iter().zip(&plain).enumerate() {
+                assert_eq!(values(m), values(p), "{what}: step {step}, parameter {k}");
+                let cast = m.as_tensor().to_dtype(precision.dtype()).unwrap();
+                assert_eq!(
+                    values(&compute[k]),
+                    values(&Var::from_tensor(&cast).unwrap()),
+                    "{what}: step {step}, parameter {k}'s copy"
+                );
+            }
+        }
+    }
+}
+
 /// An f16 run interrupted after its second epoch and resumed ends with the same checkpoint,
 /// to the byte, as the run that was not interrupted: the loss scaler's state is saved with it.
 #[test]

@@ -198,7 +198,6 @@ fn body(
     // As an eager step of one part: its share of the batch mean is 1.
     let mut grads = (&s.objective * opt.loss_scale())?.backward()?;
     sink.add_to(&mut grads)?;
-    opt.grads_to_f32(&mut grads)?;
     opt.launch_with(&grads)?;
     // The norm is read from the buffer the graph writes, not from the optimiser's record.
     opt.take_logged();

@@ -16,8 +16,9 @@ use candle_core::{DType, Device, Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use super::dist::World;
-use super::precision::{all_finite, compute_of, Buffers, LossScaler, Precision};
+use super::precision::{compute_of, Buffers, LossScaler, Precision};
 use crate::nn::ParamGroup;
+use crate::ops::adamw::StepDtypes;
 use crate::ops::{adamw_step, AdamwHyper, AdamwParam};
 
 /// Hyper-parameters.
@@ -190,9 +191,9 @@ impl Optimizer {
 
     /// Trains the model copy `compute` (name → variable, in `precision`'s dtype) through the
     /// f32 masters this optimiser was made with, `master` holding them and the variables not
-    /// trained: gradients are read from the compute copy and cast to f32, every step casts
-    /// the masters into it, and the compute copy's untrained variables (BatchNorm's running
-    /// statistics) are cast back into `master`. Under f16 the loss is scaled
+    /// trained: AdamW reads the compute copy's gradients and writes each stepped master,
+    /// rounded, into its compute copy, and the compute copy's untrained variables (BatchNorm's
+    /// running statistics) are cast back into `master`. Under f16 the loss is scaled
     /// ([`Optimizer::loss_scale`]). Casts the masters into the compute copy now.
     pub fn mirror(
         &mut self,
@@ -227,7 +228,8 @@ impl Optimizer {
     }
 
     /// Under mixed precision, casts the compute copies' gradients in `grads` to f32, so that
-    /// the sums over shards and micro-batches are taken in f32.
+    /// sums over shards and micro-batches are taken in f32 (one part's gradients need not be
+    /// cast: [`Optimizer::step`] reads them as they are).
     pub fn grads_to_f32(&self, grads: &mut GradStore) -> Result<()> {
         for s in &self.slots {
             if let Some(c) = &s.compute {
@@ -301,23 +303,21 @@ impl Optimizer {
         self.norm_of(&self.gather(grads)?)
     }
 
-    /// Each slot's gradient in `grads` (of its compute copy, cast to f32, under mixed
-    /// precision).
+    /// Each slot's gradient in `grads`: under mixed precision its compute copy's, as it is
+    /// (f16/bf16, or f32 where parts were summed): AdamW's kernel reads either.
     fn gather(&self, grads: &GradStore) -> Result<Vec<Option<Tensor>>> {
-        self.slots
+        Ok(self
+            .slots
             .iter()
-            .map(|s| match &s.compute {
-                None => Ok(grads.get(&s.var).cloned()),
-                Some(c) => grads.get(c).map(|g| g.to_dtype(s.var.dtype())).transpose(),
-            })
-            .collect()
+            .map(|s| grads.get(s.compute.as_ref().unwrap_or(&s.var)).cloned())
+            .collect())
     }
 
     fn norm_of(&self, grads: &[Option<Tensor>]) -> Result<Tensor> {
         let present: Vec<&Tensor> = grads.iter().flatten().collect();
         if let Some(first) = present.first() {
             let dtype = first.dtype();
-            let fused = matches!(dtype, DType::F32 | DType::F64)
+            let fused = matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
                 && matches!(first.device(), Device::Cpu | Device::Cuda(_))
                 && present.iter().all(|g| g.dtype() == dtype);
             if fused {
@@ -395,7 +395,7 @@ impl Optimizer {
                 );
             }
             match g {
-                Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f32>()?),
+                Some(g) => flat.extend(g.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?),
                 None => flat.resize(flat.len() + s.var.elem_count(), 0.0),
             }
         }
@@ -479,16 +479,24 @@ impl Optimizer {
     /// then [`Optimizer::launch`]. Under f16, a step whose gradients are not all finite is
     /// skipped (the step count stays) and the loss scale halved.
     fn apply(&mut self, grads: &[Option<Tensor>]) -> Result<()> {
-        if let Some(scaler) = &mut self.scaler {
-            let finite = all_finite(&grads.iter().flatten().collect::<Vec<_>>())?;
-            self.unscale = Some(1.0 / scaler.scale);
-            scaler.update(finite);
+        let mut norm = None;
+        if let Some(scale) = self.scaler.map(|s| s.scale) {
+            // The (scaled) gradients are all finite if and only if their norm is: its f32 sum
+            // of squares of f16 values, or of f32 sums of a batch's parts of them, cannot
+            // overflow.
+            let n = self.norm_of(grads)?;
+            let finite = n.to_dtype(DType::F64)?.to_scalar::<f64>()?.is_finite();
+            self.unscale = Some(1.0 / scale);
+            if let Some(scaler) = &mut self.scaler {
+                scaler.update(finite);
+            }
             if !finite {
                 return self.buffers.as_ref().map_or(Ok(()), |b| b.to_master());
             }
+            norm = Some(n);
         }
         self.prepare()?;
-        self.launch(grads)
+        self.launch(grads, norm)
     }
 
     /// The host's part of a step: advances the step count and writes the step's
@@ -536,15 +544,18 @@ impl Optimizer {
     /// dtype).
     pub fn launch_with(&mut self, grads: &GradStore) -> Result<()> {
         let grads = self.gather(grads)?;
-        self.launch(&grads)
+        self.launch(&grads, None)
     }
 
-    fn launch(&mut self, grads: &[Option<Tensor>]) -> Result<()> {
+    /// [`Optimizer::launch_with`] on gathered gradients; `norm`: their norm where it was
+    /// computed already (the loss scaler's check).
+    fn launch(&mut self, grads: &[Option<Tensor>], norm: Option<Tensor>) -> Result<()> {
         let kept = self.kept_rate().is_some();
         let every = self.norm_every_step && self.log_every > 0;
         let unscale = self.unscale.take();
-        let norm = match (self.cfg.clip, kept || every) {
-            (None, false) => None,
+        let norm = match (self.cfg.clip, kept || every, norm) {
+            (_, _, Some(norm)) => Some(norm),
+            (None, false, None) => None,
             _ => Some(self.norm_of(grads)?),
         }
         .map(|n| match unscale {
@@ -574,25 +585,48 @@ impl Optimizer {
             (true, Some(norm)) => Some((self.step_lr, norm)),
             _ => None,
         };
-        for (dtype, table) in &self.tables {
-            let params: Vec<AdamwParam> = self
-                .slots
-                .iter()
-                .zip(grads)
-                .filter(|(s, _)| s.var.dtype() == *dtype)
-                .filter_map(|(s, g)| {
-                    g.as_ref().map(|grad| AdamwParam {
-                        theta: s.var.as_tensor(),
-                        moments: &s.moments,
-                        grad,
-                        group: s.group,
-                    })
-                })
-                .collect();
-            let k = scale.as_ref().map(|k| k.to_dtype(*dtype)).transpose()?;
-            adamw_step(&params, table, k.as_ref())?;
+        // One adamw_step per kind of parameter (its dtypes and its compute copy's): the
+        // kernel writes the compute copies, so nothing is cast after the step.
+        let params: Vec<(StepDtypes, AdamwParam)> = self
+            .slots
+            .iter()
+            .zip(grads)
+            .filter_map(|(s, g)| {
+                let grad = g.as_ref()?;
+                let copy = s.compute.as_ref().map(|c| c.as_tensor());
+                let dtypes = StepDtypes {
+                    param: s.var.dtype(),
+                    grad: grad.dtype(),
+                    copy: copy.map(|c| c.dtype()),
+                };
+                let param = AdamwParam {
+                    theta: s.var.as_tensor(),
+                    moments: &s.moments,
+                    grad,
+                    group: s.group,
+                    copy,
+                };
+                Some((dtypes, param))
+            })
+            .collect();
+        let mut kinds: Vec<StepDtypes> = Vec::new();
+        for (k, _) in &params {
+            if !kinds.contains(k) {
+                kinds.push(*k);
+            }
         }
-        self.to_compute()?;
+        for kind in kinds {
+            let Some((_, table)) = self.tables.iter().find(|(d, _)| *d == kind.param) else {
+                candle_core::bail!("adamw: no hyper-parameter table of {:?}", kind.param)
+            };
+            let of_kind: Vec<AdamwParam> = params
+                .iter()
+                .filter(|(k, _)| *k == kind)
+                .map(|(_, p)| *p)
+                .collect();
+            let k = scale.as_ref().map(|k| k.to_dtype(kind.param)).transpose()?;
+            adamw_step(&of_kind, table, k.as_ref())?;
+        }
         self.buffers.as_ref().map_or(Ok(()), |b| b.to_master())
     }
 

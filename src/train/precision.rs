@@ -1,9 +1,10 @@
 //! Mixed precision (`--precision`): the parameters and AdamW's moments stay f32 (the master
 //! copy, which checkpoints hold), and a second copy of the model in f16 or bf16 runs the
-//! forward and backward passes. After every optimiser step the master parameters are cast
-//! into the compute copy; the compute copy's BatchNorm running statistics (which the forward
-//! pass updates) are cast back into the master. The optimiser reads the compute copy's
-//! gradients and casts them to f32 ([`super::optim::Optimizer::mirror`]).
+//! forward and backward passes. AdamW's kernel reads the compute copy's gradients in their
+//! dtype (or their f32 sums over a batch's parts) and writes each stepped master parameter,
+//! rounded, into the compute copy; the compute copy's BatchNorm running statistics (which the
+//! forward pass updates) are cast back into the master
+//! ([`super::optim::Optimizer::mirror`]).
 //!
 //! f16's range is narrow (largest 65,504, smallest normal 6.1e-5), so its gradients are those
 //! of the loss times a scale ([`LossScaler`], as PyTorch's `GradScaler`): a step whose scaled
@@ -137,19 +138,6 @@ impl LossScaler {
             ),
         }
     }
-}
-
-/// Whether every value of `grads` is finite: one value read back (the sum of g · 0, which is
-/// 0 unless some g is infinite or NaN).
-pub fn all_finite(grads: &[&Tensor]) -> Result<bool> {
-    let Some(first) = grads.first() else {
-        return Ok(true);
-    };
-    let mut sum = Tensor::zeros((), DType::F32, first.device())?;
-    for g in grads {
-        sum = (sum + g.affine(0.0, 0.0)?.sum_all()?.to_dtype(DType::F32)?)?;
-    }
-    Ok(sum.to_scalar::<f32>()?.is_finite())
 }
 
 /// The compute copy of the variables the optimiser does not train (BatchNorm's running

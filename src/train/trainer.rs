@@ -132,7 +132,6 @@ pub(crate) fn train_batch(
             let share = part.len() as f64 / idx.len() as f64;
             let mut grads = (&s.objective * (share * loss_scale))?.backward()?;
             sink.add_to(&mut grads)?;
-            master.grads_to_f32(&mut grads)?;
             Ok(((s.loss * share)?.to_dtype(DType::F64)?, s.correct, grads))
         };
         let mine_idx = &idx[mine.clone()];
@@ -166,10 +165,13 @@ pub(crate) fn train_batch(
             }
         }
     }
-    let by_shard: Vec<_> = by_shard.into_iter().map(sum_parts).collect::<Result<_>>()?;
+    let by_shard: Vec<_> = by_shard
+        .into_iter()
+        .map(|p| sum_parts(p, master))
+        .collect::<Result<_>>()?;
     let local = match by_shard.is_empty() {
         true => None,
-        false => Some(sum_parts(by_shard)?),
+        false => Some(sum_parts(by_shard, master)?),
     };
     let (value, right) = if world.size() == 1 {
         let (value, right, grads) =
@@ -200,14 +202,24 @@ pub(crate) fn train_batch(
 }
 
 /// The sum of parts' (loss, correct count, gradients), in order.
-fn sum_parts(parts: Vec<(Tensor, Tensor, GradStore)>) -> Result<(Tensor, Tensor, GradStore)> {
+fn sum_parts(
+    parts: Vec<(Tensor, Tensor, GradStore)>,
+    opt: &Optimizer,
+) -> Result<(Tensor, Tensor, GradStore)> {
+    // Under mixed precision the compute copy's gradients are summed in f32; one part's go to
+    // the optimiser as they are (its kernel reads them in their dtype).
+    let many = parts.len() > 1;
     let mut parts = parts.into_iter();
     let (mut value, mut right, mut grads) = parts
         .next()
         .ok_or_else(|| internal("a batch part without shards"))?;
-    for (v, c, g) in parts {
+    if many {
+        opt.grads_to_f32(&mut grads)?;
+    }
+    for (v, c, mut g) in parts {
         value = (value + v)?;
         right = (right + c)?;
+        opt.grads_to_f32(&mut g)?;
         grads.extend(g)?;
     }
     Ok((value, right, grads))

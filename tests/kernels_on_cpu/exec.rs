@@ -168,20 +168,18 @@ fn stored(inputs: &[&[f64]], dtype: DType) -> Vec<Vec<u8>> {
     inputs.iter().map(|v| to_bytes(v, dtype)).collect()
 }
 
-/// [`run`] for an in-place plan: `targets` are what [`KernelArg::Target`]s point to (the only
-/// buffers besides the outputs the kernel may change); their final values follow the outputs.
+/// [`run`] for an in-place plan: `targets` (as stored) are what [`KernelArg::Target`]s point
+/// to (the only buffers besides the outputs the kernel may change); their final values follow
+/// the outputs.
 fn execute(
     plan: &LaunchPlan,
     dtype: DType,
-    targets: &[&[f64]],
+    targets: &[Vec<u8>],
     input_bytes: &[Vec<u8>],
     order: Order,
 ) -> Result<HostRun, String> {
     let esize = dtype.size_in_bytes();
-    let mut targets: Vec<Guarded> = targets
-        .iter()
-        .map(|t| Guarded::with(&to_bytes(t, dtype)))
-        .collect();
+    let mut targets: Vec<Guarded> = targets.iter().map(|t| Guarded::with(t)).collect();
     let mut ins: Vec<Guarded> = input_bytes.iter().map(|b| Guarded::with(b)).collect();
     let mut outs: Vec<Guarded> = plan
         .outputs
@@ -286,11 +284,15 @@ fn execute(
         }
     }
     Ok(HostRun {
-        outputs: outs
-            .iter()
-            .chain(&targets)
-            .map(|g| from_bytes(g.data(), dtype))
-            .collect(),
+        // Buffers of several dtypes (U8) are read from `raw` alone.
+        outputs: match dtype {
+            DType::U8 => vec![],
+            _ => outs
+                .iter()
+                .chain(&targets)
+                .map(|g| from_bytes(g.data(), dtype))
+                .collect(),
+        },
         raw: outs
             .iter()
             .chain(&targets)
@@ -333,13 +335,30 @@ pub fn run_in_place_in_every_order(
     inputs: &[&[f64]],
     seed: u64,
 ) -> HostRun {
-    in_every_order(plan, dtype, targets, &stored(inputs, dtype), seed)
+    in_every_order(
+        plan,
+        dtype,
+        &stored(targets, dtype),
+        &stored(inputs, dtype),
+        seed,
+    )
+}
+
+/// [`run_in_place_in_every_order`] with targets and inputs given as stored, each in its own
+/// dtype (f32 parameters and their f16 compute copy): read the results from [`HostRun::raw`].
+pub fn run_in_place_bytes_in_every_order(
+    plan: &LaunchPlan,
+    targets: &[Vec<u8>],
+    inputs: &[Vec<u8>],
+    seed: u64,
+) -> HostRun {
+    in_every_order(plan, DType::U8, targets, inputs, seed)
 }
 
 fn in_every_order(
     plan: &LaunchPlan,
     dtype: DType,
-    targets: &[&[f64]],
+    targets: &[Vec<u8>],
     inputs: &[Vec<u8>],
     seed: u64,
 ) -> HostRun {

@@ -61,6 +61,7 @@ fn every_kernel_entry_point_is_tested() {
     // in f32 and f64.
     let all: Vec<DType> = DTYPES.iter().map(|(dt, _)| *dt).collect();
     let wide = [DType::F32, DType::F64].to_vec();
+    let half = [DType::F16, DType::BF16].to_vec();
     let (both, real, complex): (&[bool], &[bool], &[bool]) = (&[false, true], &[false], &[true]);
     let stems = [
         ("scan_fwd", both, &all),
@@ -84,7 +85,8 @@ fn every_kernel_entry_point_is_tested() {
         ("head_staged", complex, &wide),
         ("head_reduce", complex, &wide),
         ("dropout_keep", real, &all),
-        ("adamw_step", real, &wide),
+        ("adamw_step", real, &all),
+        ("adamw_step_wide", real, &half),
         ("gelu_fwd", real, &all),
         ("gelu_bwd", real, &all),
         ("epilogue_fwd", real, &all),
@@ -95,7 +97,7 @@ fn every_kernel_entry_point_is_tested() {
         ("embedding_bwd", real, &wide),
         ("gather_fwd", real, &wide),
         ("gather_bwd", real, &wide),
-        ("grad_norm_parts", real, &wide),
+        ("grad_norm_parts", real, &all),
         ("grad_norm_sum", real, &wide),
         ("masked_mean_fwd", real, &wide),
         ("masked_mean_bwd", real, &wide),

@@ -1,9 +1,10 @@
 //! The launches of `kernels/adamw.cu`: their plans (a pure function, executed by the CUDA
 //! launch, `crate::cuda::launch_in_place`, and by the host harness in `tests/kernels_on_cpu`).
 
-use candle_core::{DType, Result};
+use candle_core::Result;
 
-use crate::ops::plan::{int_arg, kernel_name, KernelArg, LaunchPlan};
+use super::StepDtypes;
+use crate::ops::plan::{int_arg, KernelArg, LaunchPlan};
 
 /// Threads per block (ADAMW_THREADS in the kernel).
 pub const THREADS: u32 = 256;
@@ -15,31 +16,36 @@ const MAX_BLOCKS: usize = 1024;
 
 /// `adamw_step` of parameters with `sizes` elements in hyper-parameter rows `groups`, a plan
 /// per [`SEGMENTS`] of them. With N parameters the targets are θ₀ … θ_{N−1}, then their
-/// moments [m; v]; the inputs the N gradients, the hyper-parameter rows and, if `scaled`, the
-/// clipping factor.
+/// moments [m; v], then (where `dtypes` has them) their compute copies; the inputs the N
+/// gradients, the hyper-parameter rows and, if `scaled`, the clipping factor.
 pub fn step_plans(
     sizes: &[usize],
     groups: &[usize],
-    dtype: DType,
+    dtypes: StepDtypes,
     scaled: bool,
 ) -> Result<Vec<LaunchPlan>> {
     let n = sizes.len();
     if groups.len() != n {
         candle_core::bail!("adamw: {n} parameters but {} groups", groups.len());
     }
-    let kernel = kernel_name("adamw_step", dtype, false)?;
+    let kernel = dtypes.kernel()?;
+    let copies = dtypes.copy.is_some();
     let mut plans = Vec::new();
     for first in (0..n).step_by(SEGMENTS) {
         let end = (first + SEGMENTS).min(n);
         // The parameter in struct entry k, if any.
         let slot = |k: usize| Some(first + k).filter(|&p| p < end);
         let most = sizes[first..end].iter().copied().max().unwrap_or(0);
-        let mut fields: Vec<KernelArg> = Vec::with_capacity(5 * SEGMENTS);
-        fields.extend((0..SEGMENTS).map(|k| slot(k).map_or(KernelArg::Null, KernelArg::Target)));
-        fields.extend(
-            (0..SEGMENTS).map(|k| slot(k).map_or(KernelArg::Null, |p| KernelArg::Target(n + p))),
-        );
+        let target =
+            |k: usize, at: usize| slot(k).map_or(KernelArg::Null, |p| KernelArg::Target(at + p));
+        let mut fields: Vec<KernelArg> = Vec::with_capacity(6 * SEGMENTS);
+        fields.extend((0..SEGMENTS).map(|k| target(k, 0)));
+        fields.extend((0..SEGMENTS).map(|k| target(k, n)));
         fields.extend((0..SEGMENTS).map(|k| slot(k).map_or(KernelArg::Null, KernelArg::Input)));
+        fields.extend((0..SEGMENTS).map(|k| match copies {
+            true => target(k, 2 * n),
+            false => KernelArg::Null,
+        }));
         fields
             .extend((0..SEGMENTS).map(|k| KernelArg::U64(slot(k).map_or(0, |p| sizes[p] as u64))));
         for k in 0..SEGMENTS {

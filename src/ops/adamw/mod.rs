@@ -7,9 +7,13 @@
 //!   θ' = θ − η (m' / c₁) / (√(v' / c₂) + ε) − η λ θ,  c₁ = 1 − β₁ᵗ, c₂ = 1 − β₂ᵗ,
 //!
 //! with s the gradient-clipping factor (a device scalar) or 1, and each parameter's
-//! hyper-parameters a row of a device table (its group's). No gradient flows through it.
+//! hyper-parameters a row of a device table (its group's). Under mixed precision the f32
+//! parameters read the gradients of their f16/bf16 compute copies (or f32 sums of them) and
+//! write θ' rounded into the copies, where a cast of each gradient before the step and of each
+//! parameter after it took two ops per parameter. No gradient flows through it.
 
 use candle_core::{bail, CpuStorage, DType, Device, Layout, Result, Tensor};
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::ops::in_place::{count_updates, with_targets, Held};
@@ -133,23 +137,57 @@ pub struct AdamwParam<'a> {
     pub theta: &'a Tensor,
     /// [m; v], contiguous, of shape (2, θ's shape): updated in place.
     pub moments: &'a Tensor,
-    /// The gradient, of θ's shape.
+    /// The gradient, of θ's shape: of θ's dtype, or of `copy`'s.
     pub grad: &'a Tensor,
     /// The row of the hyper-parameter table.
     pub group: usize,
+    /// Under mixed precision, θ's f16/bf16 compute copy (contiguous): set to θ' rounded to
+    /// nearest even, as a cast after the step would.
+    pub copy: Option<&'a Tensor>,
 }
 
-/// One step of `params`, all of one dtype (f32 or f64) and device: θ and [m; v] updated in
-/// place, with the hyper-parameters of `hyper` ([`AdamwHyper::table`]) and the gradients
-/// scaled by `scale` (one value, the clipping factor) if given.
+/// The dtypes of one [`adamw_step`]: the parameters', the gradients' and the compute copies'.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepDtypes {
+    pub param: DType,
+    pub grad: DType,
+    pub copy: Option<DType>,
+}
+
+impl StepDtypes {
+    /// The kernel of these dtypes: `adamw_step_<param>` (f32 or f64, no copy),
+    /// `adamw_step_<half>` (f32 parameters, f16/bf16 gradients and copies) or
+    /// `adamw_step_wide_<half>` (f32 parameters and gradients, f16/bf16 copies).
+    pub fn kernel(&self) -> Result<String> {
+        use crate::ops::value::is_half;
+        let (stem, dtype) = match (self.param, self.grad, self.copy) {
+            (DType::F32 | DType::F64, g, None) if g == self.param => ("adamw_step", g),
+            (DType::F32, g, Some(c)) if is_half(g) && c == g => ("adamw_step", g),
+            (DType::F32, DType::F32, Some(c)) if is_half(c) => ("adamw_step_wide", c),
+            (p, g, c) => bail!(
+                "adamw_step: {p:?} parameters with {g:?} gradients and compute copies {c:?} \
+                 (f32 or f64 alone; f32 with f16/bf16 copies and gradients of either)"
+            ),
+        };
+        crate::ops::plan::kernel_name(stem, dtype, false)
+    }
+}
+
+/// One step of `params`, all of one device and of the same [`StepDtypes`] (parameters f32 or
+/// f64): θ and [m; v] updated in place, and θ's compute copy where given, with the
+/// hyper-parameters of `hyper` ([`AdamwHyper::table`], of the parameters' dtype) and the
+/// gradients scaled by `scale` (one value of that dtype, the clipping factor) if given.
 pub fn adamw_step(params: &[AdamwParam], hyper: &Tensor, scale: Option<&Tensor>) -> Result<()> {
     let Some(first) = params.first() else {
         return Ok(());
     };
-    let dtype = first.theta.dtype();
-    if !matches!(dtype, DType::F32 | DType::F64) {
-        bail!("adamw_step: parameters of dtype {dtype:?} are not supported (f32 or f64)");
-    }
+    let dtypes = StepDtypes {
+        param: first.theta.dtype(),
+        grad: first.grad.dtype(),
+        copy: first.copy.map(|c| c.dtype()),
+    };
+    dtypes.kernel()?;
+    let dtype = dtypes.param;
     let groups = hyper.dims2().map(|d| d.0).unwrap_or(0);
     if hyper.dims() != [groups, HYPER_LEN] || hyper.dtype() != dtype {
         bail!(
@@ -170,21 +208,32 @@ pub fn adamw_step(params: &[AdamwParam], hyper: &Tensor, scale: Option<&Tensor>)
     for (k, p) in params.iter().enumerate() {
         let mut two = vec![2];
         two.extend_from_slice(p.theta.dims());
-        for (what, t, dims) in [
-            ("parameter", p.theta, p.theta.dims()),
-            ("moments", p.moments, two.as_slice()),
-            ("gradient", p.grad, p.theta.dims()),
-        ] {
-            if t.dims() != dims || t.dtype() != dtype {
+        let dims = p.theta.dims();
+        let mut operands = vec![
+            ("parameter", p.theta, dims, dtype),
+            ("moments", p.moments, two.as_slice(), dtype),
+            ("gradient", p.grad, dims, dtypes.grad),
+        ];
+        match (p.copy, dtypes.copy) {
+            (Some(c), Some(cdt)) => operands.push(("compute copy", c, dims, cdt)),
+            (None, None) => {}
+            _ => bail!("adamw_step: parameter {k} has a compute copy where the first has not, or the reverse"),
+        }
+        for (what, t, dims, dt) in operands {
+            if t.dims() != dims || t.dtype() != dt {
                 bail!(
-                    "adamw_step: parameter {k}'s {what} is {:?} {:?}, expected {dims:?} {dtype:?}",
+                    "adamw_step: parameter {k}'s {what} is {:?} {:?}, expected {dims:?} {dt:?}",
                     t.dims(),
                     t.dtype()
                 );
             }
         }
-        for (what, t) in [("parameter", p.theta), ("moments", p.moments)] {
-            if !t.is_contiguous() {
+        for (what, t) in [
+            ("parameter", Some(p.theta)),
+            ("moments", Some(p.moments)),
+            ("compute copy", p.copy),
+        ] {
+            if t.is_some_and(|t| !t.is_contiguous()) {
                 bail!(
                     "adamw_step: parameter {k}'s {what} must be contiguous to be updated in place"
                 );
@@ -202,6 +251,7 @@ pub fn adamw_step(params: &[AdamwParam], hyper: &Tensor, scale: Option<&Tensor>)
         .iter()
         .map(|p| p.theta)
         .chain(params.iter().map(|p| p.moments))
+        .chain(params.iter().filter_map(|p| p.copy))
         .collect();
     let mut inputs: Vec<&Tensor> = grads.iter().chain([hyper]).collect();
     inputs.extend(scale);
@@ -211,13 +261,13 @@ pub fn adamw_step(params: &[AdamwParam], hyper: &Tensor, scale: Option<&Tensor>)
         Held::Cpu {
             mut targets,
             inputs,
-        } => step_cpu(&sizes, &group, &mut targets, &inputs),
+        } => step_cpu(dtypes, &sizes, &group, &mut targets, &inputs),
         #[cfg(feature = "cuda")]
         Held::Cuda {
             mut targets,
             inputs,
         } => {
-            for plan in cuda::step_plans(&sizes, &group, dtype, scale.is_some())? {
+            for plan in cuda::step_plans(&sizes, &group, dtypes, scale.is_some())? {
                 crate::cuda::launch_in_place(crate::cuda::ADAMW, &plan, &mut targets, &inputs)?;
             }
             Ok(())
@@ -236,26 +286,66 @@ fn part<'a, F: candle_core::WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<
     }
 }
 
-/// The element types of the CPU twin.
-trait Elem: candle_core::WithDType + num_traits::Float + Send + Sync {
+/// The element types the CPU twin updates.
+trait Elem: candle_core::WithDType + Send + Sync {
     fn values_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
 }
 
-impl Elem for f32 {
-    fn values_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
-        match s {
-            CpuStorage::F32(v) => Some(v),
-            _ => None,
+macro_rules! elem {
+    ($t:ty, $v:ident) => {
+        impl Elem for $t {
+            fn values_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+                match s {
+                    CpuStorage::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
         }
-    }
+    };
+}
+elem!(f32, F32);
+elem!(f64, F64);
+elem!(f16, F16);
+elem!(bf16, BF16);
+
+/// A gradient's value read into the parameters' type F, as the kernel's `to_acc`.
+trait Load<F>: Elem + Copy {
+    fn load(self) -> F;
 }
 
-impl Elem for f64 {
-    fn values_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
-        match s {
-            CpuStorage::F64(v) => Some(v),
-            _ => None,
-        }
+/// F stored as a compute copy's value (rounded to nearest even), as the kernel's `store_s`.
+trait Store<F>: Elem {
+    fn store(v: F) -> Self;
+}
+
+impl<F: Elem + Copy> Load<F> for F {
+    fn load(self) -> F {
+        self
+    }
+}
+impl<F: Elem> Store<F> for F {
+    fn store(v: F) -> Self {
+        v
+    }
+}
+impl Load<f32> for f16 {
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+}
+impl Load<f32> for bf16 {
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+}
+impl Store<f32> for f16 {
+    fn store(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+impl Store<f32> for bf16 {
+    fn store(v: f32) -> Self {
+        bf16::from_f32(v)
     }
 }
 
@@ -263,48 +353,65 @@ fn part_mut<'a, F: Elem>(s: &'a mut CpuStorage, l: &Layout) -> Result<&'a mut [F
     match (l.contiguous_offsets(), F::values_mut(s)) {
         (Some((a, b)), Some(v)) => Ok(&mut v[a..b]),
         (None, _) => bail!("adamw_step: an updated tensor is not contiguous"),
-        (_, None) => bail!("adamw_step: an updated tensor is not of the parameters' dtype"),
+        (_, None) => bail!("adamw_step: an updated tensor is not of the dtype it should be"),
     }
 }
 
-/// The CPU twin: with N parameters, `targets` are θ₀ … θ_{N−1} then their moments, `inputs`
-/// the gradients, the hyper-parameter table and perhaps the scale.
+/// The CPU twin: with N parameters, `targets` are θ₀ … θ_{N−1}, their moments, then their
+/// compute copies if any; `inputs` the gradients, the hyper-parameter table and perhaps the
+/// scale.
 fn step_cpu(
+    dtypes: StepDtypes,
     sizes: &[usize],
     groups: &[usize],
     targets: &mut [(&mut CpuStorage, &Layout)],
     inputs: &[(&CpuStorage, &Layout)],
 ) -> Result<()> {
-    match inputs[sizes.len()].0 {
-        CpuStorage::F32(_) => step_typed::<f32>(sizes, groups, targets, inputs),
-        CpuStorage::F64(_) => step_typed::<f64>(sizes, groups, targets, inputs),
-        _ => bail!("adamw_step: only f32 and f64 are supported"),
+    match (dtypes.param, dtypes.grad, dtypes.copy) {
+        (DType::F64, _, _) => step_typed::<f64, f64, f64>(sizes, groups, targets, inputs),
+        (_, DType::F32, None) => step_typed::<f32, f32, f32>(sizes, groups, targets, inputs),
+        (_, DType::F16, _) => step_typed::<f32, f16, f16>(sizes, groups, targets, inputs),
+        (_, DType::BF16, _) => step_typed::<f32, bf16, bf16>(sizes, groups, targets, inputs),
+        (_, _, Some(DType::F16)) => step_typed::<f32, f32, f16>(sizes, groups, targets, inputs),
+        (_, _, Some(DType::BF16)) => step_typed::<f32, f32, bf16>(sizes, groups, targets, inputs),
+        _ => bail!("adamw_step: dtypes {dtypes:?} (checked before)"),
     }
 }
 
-fn step_typed<F: Elem>(
+fn step_typed<F, G, C>(
     sizes: &[usize],
     groups: &[usize],
     targets: &mut [(&mut CpuStorage, &Layout)],
     inputs: &[(&CpuStorage, &Layout)],
-) -> Result<()> {
+) -> Result<()>
+where
+    F: Elem + num_traits::Float,
+    G: Load<F>,
+    C: Store<F>,
+{
     let n = sizes.len();
     let hyper: &[F] = part(inputs[n].0, inputs[n].1)?;
     let s = match inputs.get(n + 1) {
         Some(&(st, l)) => part::<F>(st, l)?[0],
         None => F::one(),
     };
-    let (thetas, moments) = targets.split_at_mut(n);
+    let (thetas, rest) = targets.split_at_mut(n);
+    let (moments, copies) = rest.split_at_mut(n);
     for p in 0..n {
         let h = &hyper[groups[p] * HYPER_LEN..(groups[p] + 1) * HYPER_LEN];
         let (t, tl) = &mut thetas[p];
         let (mv, mvl) = &mut moments[p];
         let (g, gl) = inputs[p];
+        let copy = match copies.get_mut(p) {
+            Some((c, cl)) => Some(part_mut::<C>(c, cl)?),
+            None => None,
+        };
         step_one(
             sizes[p],
             part_mut(t, tl)?,
             part_mut(mv, mvl)?,
-            part(g, gl)?,
+            part::<G>(g, gl)?,
+            copy,
             h,
             s,
         );
@@ -316,31 +423,46 @@ fn step_typed<F: Elem>(
 const CHUNK: usize = 1 << 14;
 
 /// One parameter's step: the kernel's operations in its order, in F.
-fn step_one<F: num_traits::Float + Send + Sync>(
+fn step_one<F, G, C>(
     n: usize,
     theta: &mut [F],
     mv: &mut [F],
-    g: &[F],
+    g: &[G],
+    copy: Option<&mut [C]>,
     h: &[F],
     s: F,
-) {
+) where
+    F: Elem + num_traits::Float,
+    G: Load<F>,
+    C: Store<F>,
+{
     let (b1, b2, c1, c2, eps, eta, wd) = (h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
     let (m, v) = mv.split_at_mut(n);
-    theta
+    let task = |theta: &mut [F], m: &mut [F], v: &mut [F], g: &[G], mut copy: Option<&mut [C]>| {
+        for k in 0..theta.len() {
+            let gs = g[k].load() * s;
+            let mk = b1 * m[k] + (F::one() - b1) * gs;
+            let vk = b2 * v[k] + (F::one() - b2) * (gs * gs);
+            m[k] = mk;
+            v[k] = vk;
+            let update = (mk / c1) / ((vk / c2).sqrt() + eps);
+            let th = theta[k];
+            let next = (th - eta * update) - eta * wd * th;
+            theta[k] = next;
+            if let Some(c) = copy.as_deref_mut() {
+                c[k] = C::store(next);
+            }
+        }
+    };
+    let parts = theta
         .par_chunks_mut(CHUNK)
         .zip(m.par_chunks_mut(CHUNK))
         .zip(v.par_chunks_mut(CHUNK))
-        .zip(g.par_chunks(CHUNK))
-        .for_each(|(((theta, m), v), g)| {
-            for k in 0..theta.len() {
-                let gs = g[k] * s;
-                let mk = b1 * m[k] + (F::one() - b1) * gs;
-                let vk = b2 * v[k] + (F::one() - b2) * (gs * gs);
-                m[k] = mk;
-                v[k] = vk;
-                let update = (mk / c1) / ((vk / c2).sqrt() + eps);
-                let th = theta[k];
-                theta[k] = (th - eta * update) - eta * wd * th;
-            }
-        });
+        .zip(g.par_chunks(CHUNK));
+    match copy {
+        Some(c) => parts
+            .zip(c.par_chunks_mut(CHUNK))
+            .for_each(|((((t, m), v), g), c)| task(t, m, v, g, Some(c))),
+        None => parts.for_each(|(((t, m), v), g)| task(t, m, v, g, None)),
+    }
 }

@@ -18,9 +18,17 @@ pub fn blocks_for(most: usize) -> usize {
     most.div_ceil(THREADS * PER_THREAD).clamp(1, MAX_BLOCKS)
 }
 
-/// `grad_norm_parts` of gradients with `sizes` elements, a plan per [`SEGMENTS`] of them. The
-/// inputs are the gradients in order; plan k's output is its gradients' partial sums,
-/// (gradients, blocks) in that order.
+/// The dtype of the partial sums and the norm of `dtype` gradients: f64 for f64, else f32.
+pub fn sums_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    }
+}
+
+/// `grad_norm_parts` of `dtype` gradients with `sizes` elements, a plan per [`SEGMENTS`] of
+/// them. The inputs are the gradients in order; plan k's output is its gradients' partial
+/// sums in [`sums_dtype`], (gradients, blocks) in that order.
 pub fn parts_plans(sizes: &[usize], dtype: DType) -> Result<Vec<LaunchPlan>> {
     let kernel = kernel_name("grad_norm_parts", dtype, false)?;
     let mut plans = Vec::new();
@@ -46,7 +54,8 @@ pub fn parts_plans(sizes: &[usize], dtype: DType) -> Result<Vec<LaunchPlan>> {
     Ok(plans)
 }
 
-/// `grad_norm_sum`: input the `count` partial sums; output the norm (one value).
+/// `grad_norm_sum`: input the `count` partial sums (of dtype `dtype`, f32 or f64); output the
+/// norm (one value).
 pub fn sum_plan(count: usize, dtype: DType) -> Result<LaunchPlan> {
     Ok(LaunchPlan {
         kernel: kernel_name("grad_norm_sum", dtype, false)?,

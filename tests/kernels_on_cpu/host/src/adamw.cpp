@@ -2,8 +2,8 @@
 #include "../../../../kernels/adamw.cu"
 #include "launcher.h"
 
-#define ADAMW_ENTRIES(SUFFIX, T) KERNEL_ENTRY(adamw_step_##SUFFIX),
-static const KernelEntry entries[] = {ADAMW_DTYPES(ADAMW_ENTRIES)};
+#define ADAMW_ENTRIES(NAME, T, G, C) KERNEL_ENTRY(NAME),
+static const KernelEntry entries[] = {ADAMW_INSTANCES(ADAMW_ENTRIES)};
 
 const KernelEntry *adamw_kernels(size_t *n) {
     *n = sizeof(entries) / sizeof(entries[0]);
