@@ -84,8 +84,9 @@ __device__ void s5_discretize_bwd(const T *re, const T *im, const T *log_dt, con
         s5_discretize_bwd<T>(re, im, log_dt, b, g_lbar, gbar, out, p_count, h, bilinear, clip); \
     }
 
-// The instantiations (parameters train in f32; f64 for the tests): kernel-name suffix and
-// type. The host harness in tests/kernels_on_cpu registers the same list.
-#define S5D_DTYPES(X) X(f32, float) X(f64, double)
+// The instantiations: kernel-name suffix and type (f64 for the tests; f16 and bf16 for a
+// mixed-precision step's compute copy, computed in f32 and rounded once on store). The host
+// harness in tests/kernels_on_cpu registers the same list.
+#define S5D_DTYPES(X) X(f32, float) X(f64, double) X(f16, __half) X(bf16, __nv_bfloat16)
 
 S5D_DTYPES(S5D_KERNELS)

@@ -44,8 +44,9 @@ __device__ void s5_readout_bwd(const T *g, T *dc, int dirs, int p, int h, int sc
         s5_readout_bwd<T>(g, dc, dirs, p, h, scale);                                            \
     }
 
-// The instantiations (parameters train in f32; f64 for the tests): kernel-name suffix and
-// type. The host harness in tests/kernels_on_cpu registers the same list.
-#define S5R_DTYPES(X) X(f32, float) X(f64, double)
+// The instantiations: kernel-name suffix and type (f64 for the tests; f16 and bf16 for a
+// mixed-precision step's compute copy, computed in f32 and rounded once on store). The host
+// harness in tests/kernels_on_cpu registers the same list.
+#define S5R_DTYPES(X) X(f32, float) X(f64, double) X(f16, __half) X(bf16, __nv_bfloat16)
 
 S5R_DTYPES(S5R_KERNELS)

@@ -1,8 +1,8 @@
 //! The fused GELU, LayerNorm, BatchNorm, channel, block epilogue, GLU gate, loss, embedding,
 //! row-gather and S5 discretisation (per state and per sample) ops and the strided products
 //! (`gemm`) on CUDA against their CPU twins (f32 and f64, up to the GPU's fused multiply-adds;
-//! GELU, LayerNorm, the channel ops, the epilogue and the gate in f16 and bf16 too, up to a
-//! unit in the last place), and GELU in f16/bf16 against the f32 CPU op, forward and
+//! GELU, LayerNorm, the channel ops, the epilogue, the gate and S5's discretisation in f16 and
+//! bf16 too, up to a unit in the last place; S5's readout exactly in every dtype), and GELU in f16/bf16 against the f32 CPU op, forward and
 //! gradients, on awkward shapes.
 //! Compiled with `--features cuda` (CI compiles them); each test prints why it is skipped when
 //! no CUDA device can be opened.
@@ -15,7 +15,7 @@ use common::*;
 use myosotis::ops::{
     batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
     channel_add, channel_mul, column_stats, gelu, gemm, gemm_relaid, layer_norm, s5_discretize,
-    s5_readout, Mat, S5Discretization,
+    s5_discretize_backward, s5_discretize_untracked, s5_readout, Mat, S5Discretization,
 };
 
 const SHAPES: [(usize, usize); 6] = [(1, 1), (3, 5), (9, 33), (50, 128), (1000, 3), (4100, 96)];
@@ -219,6 +219,7 @@ fn cuda_s5_discretize() {
         return;
     };
     let (mut rng, _) = seeded_rng("cuda_s5_discretize", 33);
+    let bf16 = cuda_bf16("cuda_s5_discretize");
     for (p, h) in [(1, 1), (3, 5), (16, 130), (384, 512)] {
         for (bilinear, clip_eigs) in [(false, false), (false, true), (true, false), (true, true)] {
             let how = S5Discretization {
@@ -251,6 +252,35 @@ fn cuda_s5_discretize() {
                     let e = rel_err(a, b);
                     assert!(
                         e < tol,
+                        "s5_discretize {dtype:?} P {p} H {h} {how:?}: output {k} differs by {e:e}"
+                    );
+                }
+            }
+            // f16 and bf16, as the layers by hand take them (outside candle's graph): computed
+            // in f32, so the devices differ by the f32 results' differences, rounded (a unit
+            // in the last place at most).
+            let half = [(DType::F16, 2e-3), (DType::BF16, 1.6e-2)];
+            for (dtype, tol) in half.into_iter().filter(|&(d, _)| d != DType::BF16 || bf16) {
+                let on = |dev: &Device| -> Vec<Vec<f64>> {
+                    let t: Vec<Tensor> = inputs
+                        .iter()
+                        .map(|(v, s)| tensor(v, s, dtype, dev))
+                        .collect();
+                    let (gate, bmat) =
+                        s5_discretize_untracked(&t[0], &t[1], &t[2], &t[3], how).unwrap();
+                    let dg = tensor(&g[..2 * p], &[p, 2], dtype, dev);
+                    let db = tensor(&g[2 * p..], &[h, 2 * p], dtype, dev);
+                    let d = s5_discretize_backward([&t[0], &t[1], &t[2], &t[3]], how, &dg, &db)
+                        .unwrap();
+                    let mut out = vec![to_vec(&gate), to_vec(&bmat)];
+                    out.extend(d.iter().map(to_vec));
+                    out
+                };
+                let (want, got) = (on(&Device::Cpu), on(&gpu));
+                for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let e = rel_err(a, b);
+                    assert!(
+                        e <= tol,
                         "s5_discretize {dtype:?} P {p} H {h} {how:?}: output {k} differs by {e:e}"
                     );
                 }
@@ -326,6 +356,7 @@ fn cuda_s5_readout() {
         return;
     };
     let (mut rng, _) = seeded_rng("cuda_s5_readout", 34);
+    let bf16 = cuda_bf16("cuda_s5_readout");
     for (h, p, dirs) in [(1, 1, 1), (3, 5, 2), (512, 384, 2)] {
         for conj_sym in [false, true] {
             let inputs = [(
@@ -334,7 +365,8 @@ fn cuda_s5_readout() {
             )];
             let g = uniform(&mut rng, h * dirs * p * 2, -1.0, 1.0);
             let op = |t: &[Tensor]| s5_readout(&t[0], dirs, conj_sym).unwrap();
-            for dtype in [DType::F64, DType::F32] {
+            let dtypes = [DType::F64, DType::F32, DType::F16, DType::BF16];
+            for dtype in dtypes.into_iter().filter(|&d| d != DType::BF16 || bf16) {
                 let want = run(&op, &inputs, &g, &Device::Cpu, dtype);
                 let got = run(&op, &inputs, &g, &gpu, dtype);
                 // A relayout times ±1 or ±2: exact.

@@ -190,8 +190,8 @@ fn cuda_dropout_masks_equal_the_cpu() {
     }
 }
 
-/// The S5 and Myo layers by hand in f16 and bf16 on CUDA (their parameter-side ops in f32, the
-/// products and the scan or solve in the half dtype) follow the same layers in f32 on CUDA, as
+/// The S5 and Myo layers by hand in f16 and bf16 on CUDA (their parameter-side ops computing in
+/// f32 inside their kernels, the products and the scan or solve in the half dtype) follow the same layers in f32 on CUDA, as
 /// `tests/s5.rs` and `tests/myo.rs` check on the CPU.
 #[test]
 fn cuda_layers_by_hand_in_half_precision_follow_f32() {

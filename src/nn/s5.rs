@@ -31,7 +31,7 @@ use super::ParamGroup;
 use crate::complex::C;
 use crate::ops::{
     channel_mul, gemm, linear_scan, s5_discretize, s5_discretize_untracked, s5_readout, s5_timed,
-    widened, Mat, S5Discretization, ScanOptions,
+    Mat, S5Discretization, ScanOptions,
 };
 
 /// How the continuous system is discretised.
@@ -348,7 +348,7 @@ impl Module for S5 {
 /// What a forward pass computed, kept for the backward by hand ([`S5::forward_by_hand`]).
 struct Pass {
     y: Tensor,
-    /// The parameters as the parameter-side ops took them ([`S5::param_side`]).
+    /// The parameters as the parameter-side ops took them.
     params: [Tensor; 6],
     /// The scans' initial state (zeros).
     h0: Tensor,
@@ -409,14 +409,12 @@ impl S5 {
     fn run(&self, u: &Tensor, w: [&Tensor; 6], dt: Option<&Tensor>) -> Result<Pass> {
         let (batch, len, h) = u.dims3()?;
         let p = w[0].dim(0)?;
-        // Outside candle's graph (the backward by hand), the fused ops on the parameters, in
-        // f32 under half precision ([`S5::param_side`]), their results cast to u's dtype.
+        // Outside candle's graph (the backward by hand), the fused ops on the parameters (in
+        // f16 and bf16 too: they compute in f32 and round what they store); their results in
+        // u's dtype.
         let tracked = w[..4].iter().any(|t| t.track_op());
         let by_hand = !tracked && Self::has_backward_by_hand(u);
-        let up = match by_hand {
-            true => Self::param_side(w)?,
-            false => w.map(Tensor::clone),
-        };
+        let up = w.map(Tensor::clone);
         let [lr, li, ls, b, c, d] = up.each_ref();
         let down = |t: Tensor| t.to_dtype(u.dtype());
         let mut timed = None;
@@ -518,29 +516,12 @@ impl S5 {
         }
     }
 
-    /// Whether [`S5::run_by_hand`] covers `u`: the fused ops' dtypes (f16 and bf16 by
-    /// [`S5::param_side`]) and devices.
+    /// Whether [`S5::run_by_hand`] covers `u`: the fused ops' dtypes and devices.
     pub(crate) fn has_backward_by_hand(u: &Tensor) -> bool {
         matches!(
             u.dtype(),
             DType::F32 | DType::F64 | DType::F16 | DType::BF16
         ) && (u.device().is_cpu() || u.device().is_cuda())
-    }
-
-    /// The parameters `w` as the ops on them alone take them by hand: the discretisation and
-    /// the readout matrix (and their backward passes) in f32 for f16 and bf16 parameters, which
-    /// those ops do not take (the mixed-precision practice for a state-space layer's own
-    /// arithmetic); D, which meets the input, as it is.
-    fn param_side(w: [&Tensor; 6]) -> Result<[Tensor; 6]> {
-        let [lr, li, ls, b, c, d] = w;
-        Ok([
-            widened(lr)?,
-            widened(li)?,
-            widened(ls)?,
-            widened(b)?,
-            widened(c)?,
-            d.clone(),
-        ])
     }
 
     /// Whether [`S5::run_by_hand`] takes the intervals `dt` for `u`: a causal layer, intervals

@@ -1,5 +1,5 @@
 //! `s5_readout_*` of kernels/s5_readout.cu through the harness: bit for bit against the CPU
-//! twin (the op's CPU path, its gradient through candle's autograd).
+//! twin (the op's CPU path, its gradient through candle's autograd), in every dtype.
 
 use candle_core::{DType, Device, Var};
 use myosotis::ops::s5_readout;
@@ -12,7 +12,7 @@ use crate::exec::{round_to, run_in_every_order};
 #[test]
 fn s5_readout_kernels_match_the_cpu_twin() {
     let (mut rng, seed) = seeded_rng("s5_readout_kernels", 25);
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         for (h, p, dirs) in [(1, 1, 1), (3, 5, 2), (40, 16, 1), (7, 33, 2)] {
             for conj_sym in [false, true] {
                 let what = format!("s5_readout {dtype:?} H {h} P {p} dirs {dirs} {conj_sym}");

@@ -15,7 +15,7 @@ use super::{Coupling, Myo};
 use crate::nn::by_hand::{by_hand, Backward, GradSink};
 use crate::ops::{
     channel_mul, channel_mul_backward, embedding_backward, gemm, gemm_relaid, head_solve_skew,
-    head_solve_skew_backward, s5_readout, s5_readout_backward, widened, Mat,
+    head_solve_skew_backward, s5_readout, s5_readout_backward, Mat,
 };
 use crate::tree::Tree;
 
@@ -101,9 +101,7 @@ impl Myo {
             false => raw,
         };
         let xs = head_solve_skew(&self.tree, &u, &virtual_u, &s)?;
-        // The readout matrix by its fused op, which takes f32 and f64: in f32 under half
-        // precision, cast to x's dtype.
-        let c_out = widened(&c_out)?;
+        // The readout matrix by its fused op, in x's dtype.
         let r = s5_readout(&c_out, 1, false)?.to_dtype(x.dtype())?;
         if from >= n {
             candle_core::bail!("Myo: node {from} is beyond the tree's {n} nodes");

@@ -18,7 +18,10 @@
 //!   bilinear (b = 1/(1 − λΔ/2)): ∂Λ̄/∂λ = b²Δ, ∂k/∂λ = b²Δ²/2, ∂Λ̄/∂Δ = b²λ, ∂k/∂Δ = b²,
 //!
 //! then ∂log Δ = g_Δ Δ, and ∂λ_re = Re g_λ where the clip passes it (half at the bound, as
-//! candle's `minimum`). f16/bf16 and other devices use the reference.
+//! candle's `minimum`). Under candle's autograd, f16/bf16 and other devices use the reference;
+//! the entry points for layers by hand ([`s5_discretize_untracked`],
+//! [`s5_discretize_backward`]) take f16/bf16 too, computing in f32 and rounding what they
+//! store (the f32 op on the parameters cast up, its results cast down: the same bits).
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -27,7 +30,7 @@ use candle_core::{
 use num_traits::Float;
 use rayon::prelude::*;
 
-use super::value::{contiguous, Complex, Value};
+use super::value::{contiguous, narrowed_tensor, widened_values, Complex, Value};
 use crate::complex::C;
 
 pub mod cuda;
@@ -94,8 +97,8 @@ fn check(lambda_re: &Tensor, lambda_im: &Tensor, log_step: &Tensor, b: &Tensor) 
 }
 
 /// [`s5_discretize`] outside candle's graph (no gradient is tracked), for layers that compute
-/// gradients by hand: one launch on the four parameters as they are (f32 and f64 on the CPU
-/// and CUDA).
+/// gradients by hand: one launch on the four parameters as they are (f32, f64, f16 and bf16 on
+/// the CPU and CUDA).
 pub fn s5_discretize_untracked(
     lambda_re: &Tensor,
     lambda_im: &Tensor,
@@ -110,8 +113,8 @@ pub fn s5_discretize_untracked(
 }
 
 /// The backward of [`s5_discretize`] on its own, for layers that compute gradients by hand:
-/// (∂λ_re, ∂λ_im, ∂log Δ, ∂B̃) from the gradients of Λ̄ (P, 2) and B̄ (H, 2P) (f32 and f64 on
-/// the CPU and CUDA).
+/// (∂λ_re, ∂λ_im, ∂log Δ, ∂B̃) from the gradients of Λ̄ (P, 2) and B̄ (H, 2P) (f32, f64, f16
+/// and bf16 on the CPU and CUDA).
 pub fn s5_discretize_backward(
     [lambda_re, lambda_im, log_step, b]: [&Tensor; 4],
     how: S5Discretization,
@@ -441,28 +444,46 @@ impl S5DiscretizeOp {
                 crate::cuda::launch_tensors(module, &plan, dtype, &refs, &[&[n]])?.remove(0),
             );
         }
-        fn run<F: WithDType + Float>(
-            op: &S5DiscretizeOp,
-            x: &[Tensor],
-            forward: bool,
-        ) -> Result<Vec<F>> {
-            let guards: Vec<_> = x.iter().map(|t| t.storage_and_layout()).collect();
-            let mut v: Vec<&[F]> = Vec::with_capacity(guards.len());
-            for (s, l) in &guards {
-                match &**s {
-                    Storage::Cpu(s) => v.push(contiguous(s, l)?),
-                    _ => bail!("s5_discretize: tensors are not all on the CPU"),
-                }
-            }
+        fn run<F: WithDType + Float>(op: &S5DiscretizeOp, v: &[&[F]], forward: bool) -> Vec<F> {
             let params = [v[0], v[1], v[2]];
-            Ok(match forward {
+            match forward {
                 true => op.fwd_t(params, v[3]),
                 false => op.bwd_t(params, v[3], v[4], v[5]),
-            })
+            }
+        }
+        let guards: Vec<_> = x.iter().map(|t| t.storage_and_layout()).collect();
+        let mut held = Vec::with_capacity(guards.len());
+        for (s, l) in &guards {
+            match &**s {
+                Storage::Cpu(s) => held.push((s, *l)),
+                _ => bail!("s5_discretize: tensors are not all on the CPU"),
+            }
         }
         match dtype {
-            DType::F32 => Tensor::from_vec(run::<f32>(self, &x, forward)?, n, &Device::Cpu),
-            DType::F64 => Tensor::from_vec(run::<f64>(self, &x, forward)?, n, &Device::Cpu),
+            DType::F32 => {
+                let v: Vec<&[f32]> = held
+                    .iter()
+                    .map(|(s, l)| contiguous(s, l))
+                    .collect::<Result<_>>()?;
+                Tensor::from_vec(run(self, &v, forward), n, &Device::Cpu)
+            }
+            DType::F64 => {
+                let v: Vec<&[f64]> = held
+                    .iter()
+                    .map(|(s, l)| contiguous(s, l))
+                    .collect::<Result<_>>()?;
+                Tensor::from_vec(run(self, &v, forward), n, &Device::Cpu)
+            }
+            // The 16-bit values read into f32, the f32 twin, its results rounded: the kernel's
+            // arithmetic.
+            DType::F16 | DType::BF16 => {
+                let wide: Vec<Vec<f32>> = held
+                    .iter()
+                    .map(|(s, l)| widened_values(s, l))
+                    .collect::<Result<_>>()?;
+                let v: Vec<&[f32]> = wide.iter().map(Vec::as_slice).collect();
+                narrowed_tensor(run(self, &v, forward), n, dtype)
+            }
             dt => bail!("s5_discretize: dtype {dt:?} is not fused"),
         }
     }

@@ -10,7 +10,8 @@
 //! backward is the same map transposed. The Myo layer's scalar heads read out the same way
 //! (D = 1, s = 1). In candle ops this was a sign-and-scale row uploaded
 //! every forward, a broadcast product and a copy per direction (and their gradients: a product,
-//! a reduction and the copies back). f16/bf16 and other devices take those candle ops.
+//! a reduction and the copies back). f16 and bf16 are read into f32 and rounded on store, which
+//! the scale ±1 or ±2 leaves exact; other devices take those candle ops.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -19,7 +20,7 @@ use candle_core::{
 use num_traits::Float;
 use rayon::prelude::*;
 
-use super::value::contiguous;
+use super::value::{contiguous, is_half, narrowed, narrowed_tensor, widened_values};
 
 pub mod cuda;
 
@@ -42,8 +43,10 @@ pub fn s5_readout(c: &Tensor, dirs: usize, conj_sym: bool) -> Result<Tensor> {
         h,
         scale: if conj_sym { 2 } else { 1 },
     };
-    let fused = matches!(c.dtype(), DType::F32 | DType::F64)
-        && (c.device().is_cpu() || c.device().is_cuda());
+    let fused = matches!(
+        c.dtype(),
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16
+    ) && (c.device().is_cpu() || c.device().is_cuda());
     if fused {
         c.contiguous()?.apply_op1(op)
     } else {
@@ -52,7 +55,7 @@ pub fn s5_readout(c: &Tensor, dirs: usize, conj_sym: bool) -> Result<Tensor> {
 }
 
 /// The backward of [`s5_readout`] on its own, for layers that compute gradients by hand: ∂C̃
-/// from the gradient `g` of the readout matrices (f32 and f64 on the CPU and CUDA).
+/// from the gradient `g` of the readout matrices (f32, f64, f16 and bf16 on the CPU and CUDA).
 pub fn s5_readout_backward(c: &Tensor, dirs: usize, conj_sym: bool, g: &Tensor) -> Result<Tensor> {
     let (h, dp, _) = c.dims3()?;
     let op = ReadoutOp {
@@ -143,6 +146,7 @@ impl CustomOp1 for ReadoutOp {
         let out = match s.dtype() {
             DType::F32 => CpuStorage::F32(self.fwd_t(contiguous::<f32>(s, l)?)),
             DType::F64 => CpuStorage::F64(self.fwd_t(contiguous::<f64>(s, l)?)),
+            dt if is_half(dt) => narrowed(self.fwd_t(&widened_values(s, l)?), dt)?,
             dt => bail!("s5_readout: dtype {dt:?} is not fused"),
         };
         Ok((out, Shape::from((self.dirs * 2 * self.p, self.h))))
@@ -184,6 +188,9 @@ impl CustomOp1 for ReadoutOp {
                 c.dims(),
                 &Device::Cpu,
             )?,
+            dt if is_half(dt) => {
+                narrowed_tensor(self.bwd_t(&widened_values(sg, lg)?), c.dims(), dt)?
+            }
             dt => bail!("s5_readout backward: dtype {dt:?} is not fused"),
         };
         Ok(Some(dc))
