@@ -14,6 +14,12 @@
 #define ADAMW_SEGMENTS 32
 #define ADAMW_HYPER 7
 
+// The compute copy's type of a step without one: the store compiles to nothing (a copy
+// pointer kept live beside f32 division's slow path made ptxas spill on sm_90).
+struct NoCopy {};
+__device__ __forceinline__ void store_s(NoCopy *, float) {}
+__device__ __forceinline__ void store_s(NoCopy *, double) {}
+
 // The parameters of one launch, θ and its moments in T, the gradients in G and the compute
 // copies (null: none) in C; entries past the launch's grid.y are unused.
 template <typename T, typename G, typename C> struct AdamwSegments {
@@ -58,11 +64,11 @@ __device__ void adamw_step(const AdamwSegments<T, G, C> &seg, const T *hyper, co
 
 // The instantiations (parameters train in f32; f64 for the tests; the host harness in
 // tests/kernels_on_cpu registers the same list). adamw_step_<dtype>: the gradients, and the
-// compute copies if any, in <dtype> (f32 parameters for f16/bf16). adamw_step_wide_<dtype>:
+// compute copies, in <dtype> (f32 parameters for f16/bf16; no copy for f32 and f64). adamw_step_wide_<dtype>:
 // f32 gradients (summed over a batch's parts in f32) and an f16/bf16 compute copy.
 #define ADAMW_INSTANCES(X)                                                                     \
-    X(adamw_step_f32, float, float, float)                                                     \
-    X(adamw_step_f64, double, double, double)                                                  \
+    X(adamw_step_f32, float, float, NoCopy)                                                    \
+    X(adamw_step_f64, double, double, NoCopy)                                                  \
     X(adamw_step_f16, float, __half, __half)                                                   \
     X(adamw_step_bf16, float, __nv_bfloat16, __nv_bfloat16)                                    \
     X(adamw_step_wide_f16, float, float, __half)                                               \
