@@ -18,6 +18,15 @@ use myosotis::ops::{
     s5_discretize_backward, s5_discretize_untracked, s5_readout, Mat, S5Discretization,
 };
 
+/// Each of the outputs `got` within `tol` of `want`'s, relative to its largest value (`what`
+/// names the case in a failure).
+fn assert_close(got: &[Vec<f64>], want: &[Vec<f64>], tol: f64, what: &str) {
+    for (k, (a, b)) in got.iter().zip(want).enumerate() {
+        let e = rel_err(a, b);
+        assert!(e <= tol, "{what}: output {k} differs by {e:e}");
+    }
+}
+
 const SHAPES: [(usize, usize); 6] = [(1, 1), (3, 5), (9, 33), (50, 128), (1000, 3), (4100, 96)];
 
 /// The op's output and the gradients of Σ g ⊙ op(inputs), on `dev` in `dtype`.
@@ -125,10 +134,7 @@ fn cuda_gelu() {
         let inputs = [(xr, vec![5000])];
         let want = run(&op, &inputs, &gr, &Device::Cpu, DType::F32);
         let got = run(&op, &inputs, &gr, &gpu, dtype);
-        for (k, (a, b)) in got.iter().zip(&want).enumerate() {
-            let e = rel_err(a, b);
-            assert!(e < tol, "gelu {dtype:?}: output {k} differs by {e:e}");
-        }
+        assert_close(&got, &want, tol, &format!("gelu {dtype:?}"));
     }
 }
 
@@ -248,13 +254,8 @@ fn cuda_s5_discretize() {
             for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-4)] {
                 let want = run(&op, &inputs, &g, &Device::Cpu, dtype);
                 let got = run(&op, &inputs, &g, &gpu, dtype);
-                for (k, (a, b)) in got.iter().zip(&want).enumerate() {
-                    let e = rel_err(a, b);
-                    assert!(
-                        e < tol,
-                        "s5_discretize {dtype:?} P {p} H {h} {how:?}: output {k} differs by {e:e}"
-                    );
-                }
+                let what = format!("s5_discretize {dtype:?} P {p} H {h} {how:?}");
+                assert_close(&got, &want, tol, &what);
             }
             // f16 and bf16, as the layers by hand take them (outside candle's graph): computed
             // in f32, so the devices differ by the f32 results' differences, rounded (a unit
@@ -277,13 +278,8 @@ fn cuda_s5_discretize() {
                     out
                 };
                 let (want, got) = (on(&Device::Cpu), on(&gpu));
-                for (k, (a, b)) in got.iter().zip(&want).enumerate() {
-                    let e = rel_err(a, b);
-                    assert!(
-                        e <= tol,
-                        "s5_discretize {dtype:?} P {p} H {h} {how:?}: output {k} differs by {e:e}"
-                    );
-                }
+                let what = format!("s5_discretize {dtype:?} P {p} H {h} {how:?}");
+                assert_close(&got, &want, tol, &what);
             }
         }
     }
@@ -338,13 +334,8 @@ fn cuda_s5_timed() {
                     out
                 };
                 let (want, got) = (on(&Device::Cpu), on(&gpu));
-                for (k, (a, b)) in got.iter().zip(&want).enumerate() {
-                    let e = rel_err(a, b);
-                    assert!(
-                        e < tol,
-                        "s5_timed {dtype:?} N {n} P {p} {how:?}: output {k} differs by {e:e}"
-                    );
-                }
+                let what = format!("s5_timed {dtype:?} N {n} P {p} {how:?}");
+                assert_close(&got, &want, tol, &what);
             }
         }
     }
