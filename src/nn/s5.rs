@@ -348,8 +348,6 @@ impl Module for S5 {
 /// What a forward pass computed, kept for the backward by hand ([`S5::forward_by_hand`]).
 struct Pass {
     y: Tensor,
-    /// The parameters as the parameter-side ops took them.
-    params: [Tensor; 6],
     /// The scans' initial state (zeros).
     h0: Tensor,
     gate: Tensor,
@@ -414,8 +412,7 @@ impl S5 {
         // u's dtype.
         let tracked = w[..4].iter().any(|t| t.track_op());
         let by_hand = !tracked && Self::has_backward_by_hand(u);
-        let up = w.map(Tensor::clone);
-        let [lr, li, ls, b, c, d] = up.each_ref();
+        let [lr, li, ls, b, c, d] = w;
         let down = |t: Tensor| t.to_dtype(u.dtype());
         let mut timed = None;
         let (gate, b_mat, bu) = match dt {
@@ -482,7 +479,6 @@ impl S5 {
         let y = (channel_mul(u, d)? + read)?;
         Ok(Pass {
             y,
-            params: up,
             h0,
             gate,
             b_mat,
@@ -556,7 +552,7 @@ impl S5 {
         let pass = self.run(&x, w.each_ref(), dt.as_ref())?;
         let back = backward::S5Backward {
             vars: self.params().map(Tensor::clone),
-            w: pass.params,
+            w,
             u: x,
             h0: pass.h0,
             gate: pass.gate,
