@@ -1,12 +1,14 @@
 //! BatchNorm's fused training ops (`myosotis::ops::batch_norm`) against f64 loops, candle's
 //! autograd through the same norm in candle ops, and central differences of the ops
-//! themselves; the statistics of a batch cut into shards; the candle-op path (f16 on the CPU);
-//! the running averages updated in place; bad operands.
+//! themselves; the statistics of a batch cut into shards; f16 and bf16 rows (the f32 ops'
+//! results, rounded); the candle-op fallback; the running averages updated in place; bad
+//! operands.
 
 mod common;
 
 use candle_core::{DType, Device, Tensor, Var, D};
 use common::{rel_err, running_averages_reference, seeded_rng, tensor, to_vec, uniform};
+use myosotis::ops::batch_norm::{composed, stats_dtype};
 use myosotis::ops::{
     batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
     column_stats,
@@ -39,7 +41,7 @@ fn forward(x: &Tensor, w: &Tensor, b: &Tensor) -> [Tensor; 4] {
     let rows = x.elem_count() / x.dim(D::Minus1).unwrap();
     let n = Tensor::full(rows as f64, 1, x.device())
         .unwrap()
-        .to_dtype(x.dtype())
+        .to_dtype(stats_dtype(x.dtype()))
         .unwrap();
     let mean = column_stats(x, None).unwrap().broadcast_div(&n).unwrap();
     let var = column_stats(x, Some(&mean))
@@ -202,30 +204,138 @@ fn batch_norm_over_shards_is_the_whole_batch() {
     }
 }
 
-/// Where the kernels do not apply (here f16 on the CPU) the ops are the same formulas in candle
-/// ops.
+/// f16 and bf16 rows: the statistics in f32, and every result the f32 ops' on the same values
+/// (rounded where it is stored in half precision): the kernels read half precision into f32.
 #[test]
-fn batch_norm_ops_in_candle_ops_agree() {
-    let (mut rng, _) = seeded_rng("batch_norm_f16", 143);
+fn batch_norm_ops_in_half_precision_are_the_f32_ops_rounded() {
+    let (mut rng, seed) = seeded_rng("batch_norm_half", 143);
+    for (bs, len, h) in [(1, 1, 1), (2, 32, 6), (3, 700, 5)] {
+        let n = bs * len * h;
+        let (x, w, b, g) = (
+            uniform(&mut rng, n, -2.0, 3.0),
+            uniform(&mut rng, h, 0.5, 1.5),
+            uniform(&mut rng, h, -1.0, 1.0),
+            uniform(&mut rng, n, -1.0, 1.0),
+        );
+        let (rm, rv) = (
+            uniform(&mut rng, h, -1.0, 1.0),
+            uniform(&mut rng, h, 0.5, 2.0),
+        );
+        for dtype in [DType::F16, DType::BF16] {
+            let what = format!("{dtype:?} ({bs}, {len}, {h}) seed {seed}");
+            let t = |v: &[f64], s: &[usize]| tensor(v, s, dtype, &Device::Cpu);
+            let (xt, wt, bt, gt) = (
+                t(&x, &[bs, len, h]),
+                t(&w, &[h]),
+                t(&b, &[h]),
+                t(&g, &[bs, len, h]),
+            );
+            let f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let half = forward(&xt, &wt, &bt);
+            let wide = forward(&f32(&xt), &f32(&wt), &f32(&bt));
+            let back = backward(&xt, &wt, &gt);
+            let back_wide = backward(&f32(&xt), &f32(&wt), &f32(&gt));
+            let rounded = |t: &Tensor| to_vec(&t.to_dtype(dtype).unwrap());
+            let same = [
+                ("μ", to_vec(&half[0]), to_vec(&wide[0]), half[0].dtype()),
+                ("σ²", to_vec(&half[1]), to_vec(&wide[1]), half[1].dtype()),
+                ("y", to_vec(&half[2]), rounded(&wide[2]), half[2].dtype()),
+                (
+                    "∂x",
+                    to_vec(&back[0]),
+                    rounded(&back_wide[0]),
+                    back[0].dtype(),
+                ),
+                (
+                    "∂γ",
+                    to_vec(&back[1]),
+                    to_vec(&back_wide[1]),
+                    back[1].dtype(),
+                ),
+                (
+                    "∂β",
+                    to_vec(&back[2]),
+                    to_vec(&back_wide[2]),
+                    back[2].dtype(),
+                ),
+            ];
+            for (name, got, want, dt) in same {
+                let stored = if name == "y" || name == "∂x" {
+                    dtype
+                } else {
+                    DType::F32
+                };
+                assert_eq!(dt, stored, "{what}: {name}'s dtype");
+                assert_eq!(got, want, "{what}: {name} is not the f32 op's");
+            }
+            // Near f64's: y within half precision's rounding.
+            let (_, _, y) = reference(&to_vec(&xt), &to_vec(&wt), &to_vec(&bt), h);
+            let e = rel_err(&to_vec(&half[2]), &y);
+            assert!(e < 1e-2, "{what}: y against f64: {e:e}");
+
+            // The running averages of a half-precision model: the f32 update, rounded.
+            let [mean, var, _, count] = &half;
+            let running = [t(&rm, &[h]), t(&rv, &[h])];
+            let running_wide = running.each_ref().map(f32);
+            batch_norm_running([&running[0], &running[1]], mean, var, count, 0.9).unwrap();
+            let [a, b] = &running_wide;
+            batch_norm_running([a, b], mean, var, count, 0.9).unwrap();
+            for k in 0..2 {
+                let (got, want) = (to_vec(&running[k]), rounded(&running_wide[k]));
+                assert_eq!(got, want, "{what}: running average {k}");
+            }
+        }
+    }
+}
+
+/// The candle-op fallback (rows the kernels do not take, other devices) agrees with the fused
+/// ops in every dtype, with the same dtypes.
+#[test]
+fn batch_norm_composed_ops_agree_with_the_fused() {
+    let (mut rng, seed) = seeded_rng("batch_norm_composed", 145);
     let (rows, h) = (64, 6);
-    let (x, w, g) = (
+    let (x, w, b, g) = (
         uniform(&mut rng, rows * h, -2.0, 2.0),
         uniform(&mut rng, h, 0.5, 1.5),
+        uniform(&mut rng, h, -1.0, 1.0),
         uniform(&mut rng, rows * h, -1.0, 1.0),
     );
-    let run = |dtype: DType| -> Vec<Vec<f64>> {
+    for (dtype, tol) in [
+        (DType::F64, 1e-13),
+        (DType::F32, 1e-6),
+        (DType::F16, 2e-3),
+        (DType::BF16, 1e-2),
+    ] {
         let t = |v: &[f64], s: &[usize]| tensor(v, s, dtype, &Device::Cpu);
-        let (xt, wt, gt) = (t(&x, &[1, rows, h]), t(&w, &[h]), t(&g, &[1, rows, h]));
-        let y = forward(&xt, &wt, &wt.zeros_like().unwrap())[2].clone();
-        std::iter::once(y)
-            .chain(backward(&xt, &wt, &gt))
-            .map(|t| to_vec(&t))
-            .collect()
-    };
-    let (half, full) = (run(DType::F16), run(DType::F64));
-    for (k, name) in ["y", "∂x", "∂γ", "∂β"].iter().enumerate() {
-        let e = rel_err(&half[k], &full[k]);
-        assert!(e < 2e-2, "{name}: f16 against f64: {e:e}");
+        let (xt, wt, bt, gt) = (
+            t(&x, &[rows, h]),
+            t(&w, &[h]),
+            t(&b, &[h]),
+            t(&g, &[rows, h]),
+        );
+        let [mean, var, y, n] = forward(&xt, &wt, &bt);
+        let [dx, dw, db] = backward(&xt, &wt, &gt);
+        let composed = [
+            composed::column_stats(&xt, None)
+                .unwrap()
+                .broadcast_div(&n)
+                .unwrap(),
+            composed::column_stats(&xt, Some(&mean))
+                .unwrap()
+                .broadcast_div(&n)
+                .unwrap(),
+            composed::apply(&xt, &mean, &var, &wt, &bt, EPS).unwrap(),
+            composed::backward(&xt, &mean, &var, &wt, &gt, [&dw, &db], &n, EPS).unwrap(),
+        ];
+        let [cdw, cdb] = composed::backward_stats(&xt, &mean, &var, &gt, EPS).unwrap();
+        let fused = [&mean, &var, &y, &dx, &dw, &db];
+        let names = ["μ", "σ²", "y", "∂x", "∂γ", "∂β"];
+        for (k, c) in composed.iter().chain([&cdw, &cdb]).enumerate() {
+            let what = format!("{dtype:?} {} (seed {seed})", names[k]);
+            assert_eq!(c.dtype(), fused[k].dtype(), "{what}: dtype");
+            let e = rel_err(&to_vec(c), &to_vec(fused[k]));
+            assert!(e < tol, "{what}: composed against fused: {e:e}");
+        }
     }
 }
 
@@ -304,10 +414,12 @@ fn batch_norm_ops_name_a_bad_operand() {
     let e = batch_norm_apply(&x, &c(4), &f64s, &c(4), &c(4), EPS)
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("the variance is not of the input's dtype"),
-        "{e}"
-    );
+    assert!(e.contains("the variance is F64, expected F32"), "{e}");
+    let halves = Tensor::ones(4, DType::F16, &Device::Cpu).unwrap();
+    let e = column_stats(&x.to_dtype(DType::F16).unwrap(), Some(&halves))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the mean is F16, expected F32"), "{e}");
     let n = Tensor::new(&[8f32], &Device::Cpu).unwrap();
     let e = batch_norm_running([&c(4), &c(3)], &c(4), &c(4), &n, 0.9)
         .unwrap_err()

@@ -1,9 +1,9 @@
 //! The fused GELU, LayerNorm, BatchNorm, channel, block epilogue, GLU gate, loss, embedding,
 //! row-gather and S5 discretisation (per state and per sample) ops and the strided products
 //! (`gemm`) on CUDA against their CPU twins (f32 and f64, up to the GPU's fused multiply-adds;
-//! GELU, LayerNorm, the channel ops, the epilogue, the gate and S5's discretisation in f16 and
-//! bf16 too, up to a unit in the last place; S5's readout exactly in every dtype), and GELU in f16/bf16 against the f32 CPU op, forward and
-//! gradients, on awkward shapes.
+//! GELU, LayerNorm, BatchNorm, the channel ops, the epilogue, the gate and S5's discretisation
+//! in f16 and bf16 too, up to a unit in the last place; S5's readout exactly in every dtype),
+//! and GELU in f16/bf16 against the f32 CPU op, forward and gradients, on awkward shapes.
 //! Compiled with `--features cuda` (CI compiles them); each test prints why it is skipped when
 //! no CUDA device can be opened.
 #![cfg(feature = "cuda")]
@@ -12,6 +12,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use common::*;
+use myosotis::ops::batch_norm::stats_dtype;
 use myosotis::ops::{
     batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
     channel_add, channel_mul, column_stats, gelu, gemm, gemm_relaid, layer_norm, s5_discretize,
@@ -165,7 +166,8 @@ fn cuda_channel_ops() {
 }
 
 /// BatchNorm's fused training ops (no autograd: the backward is their own), the statistics
-/// chained as the layer chains them, and the running averages updated from them.
+/// chained as the layer chains them, and the running averages updated from them; f16 and bf16
+/// rows with f32 statistics.
 #[test]
 fn cuda_batch_norm() {
     let Some(gpu) = gpu("cuda_batch_norm") else {
@@ -188,7 +190,7 @@ fn cuda_batch_norm() {
                 t(&w, &[h]),
                 t(&b, &[h]),
             );
-            let n = t(&[rows as f64], &[1]);
+            let n = tensor(&[rows as f64], &[1], stats_dtype(dtype), dev);
             let mean = column_stats(&x, None).unwrap().broadcast_div(&n).unwrap();
             let var = column_stats(&x, Some(&mean))
                 .unwrap()
@@ -205,7 +207,13 @@ fn cuda_batch_norm() {
                 .map(to_vec)
                 .collect()
         };
-        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        let dtypes = [
+            (DType::F64, 1e-12),
+            (DType::F32, 1e-5),
+            (DType::F16, 2e-3),
+            (DType::BF16, 1e-2),
+        ];
+        for (dtype, tol) in dtypes {
             let (want, got) = (run(&Device::Cpu, dtype), run(&gpu, dtype));
             let names = ["μ", "σ²", "y", "∂γ", "∂β", "∂x", "running μ", "running σ²"];
             for (k, name) in names.iter().enumerate() {

@@ -18,6 +18,7 @@ use candle_core::{
 };
 use candle_nn::{Init, VarBuilder};
 
+use crate::ops::batch_norm;
 use crate::ops::{
     batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
     channel_add, channel_mul, column_stats,
@@ -95,8 +96,9 @@ impl BatchNorm {
         x: &Tensor,
         shards: Option<&Shards>,
     ) -> Result<(Tensor, BatchNormBackward)> {
-        if matches!(x.dtype(), DType::F16 | DType::BF16) {
-            // Half-precision rows are normalised in f32, as in `forward_train`: x, γ and β cast
+        if matches!(x.dtype(), DType::F16 | DType::BF16) && !batch_norm::fused(x)? {
+            // Where the kernels do not take the rows (they read half precision into f32
+            // themselves), they are normalised in f32 as in `forward_train`: x, γ and β cast
             // up, the output cast back (and in the backward, ∂y up, ∂x, ∂γ and ∂β back).
             let f32 = |t: &Tensor| t.to_dtype(DType::F32);
             let params = [f32(&self.detached[0])?, f32(&self.detached[1])?];
@@ -106,7 +108,8 @@ impl BatchNorm {
         self.by_hand(x, shards, self.detached.clone())
     }
 
-    /// [`Self::forward_by_hand`] on `x` with the detached parameters `[w, b]` of its dtype.
+    /// [`Self::forward_by_hand`] on `x` with the detached parameters `[w, b]` of its dtype, the
+    /// statistics in [`batch_norm::stats_dtype`] (f32 for half-precision rows).
     fn by_hand(
         &self,
         x: &Tensor,
@@ -117,7 +120,8 @@ impl BatchNorm {
         let rows = x.elem_count() / h.max(1);
         // The rows stay a tensor (reading them would make a GPU step wait for the host), summed
         // over the shards with Σx in one collective.
-        let count = Tensor::full(rows as f32, 1, x.device())?.to_dtype(x.dtype())?;
+        let stats = batch_norm::stats_dtype(x.dtype());
+        let count = Tensor::full(rows as f32, 1, x.device())?.to_dtype(stats)?;
         let sum = column_stats(x, None)?;
         let (sum, n) = match shards {
             Some(s) => {
@@ -155,26 +159,17 @@ impl BatchNorm {
     }
 
     /// running = m · running + (1 − m) · batch for the mean and the variance (candle-nn's
-    /// unbiased one: n / (n − 1) times the batch's), n the batch's rows.
+    /// unbiased one: n / (n − 1) times the batch's), n the batch's rows. The averages of a
+    /// half-precision model are updated from f32 statistics and stored rounded.
     fn update_running(&self, mean: &Tensor, var: &Tensor, n: &Tensor) -> Result<()> {
         let running = [self.running_mean.as_tensor(), self.running_var.as_tensor()];
-        let dtype = mean.dtype();
-        let fused = matches!(dtype, DType::F32 | DType::F64)
-            && running.iter().all(|r| r.dtype() == dtype)
+        let fused = matches!(
+            running[0].dtype(),
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16
+        ) && batch_norm::stats_dtype(running[0].dtype()) == mean.dtype()
             && (mean.device().is_cpu() || mean.device().is_cuda());
         if fused {
             return batch_norm_running(running, mean, var, n, self.decay);
-        }
-        if matches!(dtype, DType::F32 | DType::F64)
-            && (mean.device().is_cpu() || mean.device().is_cuda())
-        {
-            // A half-precision copy's averages: the same update on them cast to the
-            // statistics' dtype, stored back rounded.
-            let wide = [running[0].to_dtype(dtype)?, running[1].to_dtype(dtype)?];
-            batch_norm_running([&wide[0], &wide[1]], mean, var, n, self.decay)?;
-            self.running_mean
-                .set(&wide[0].to_dtype(running[0].dtype())?)?;
-            return self.running_var.set(&wide[1].to_dtype(running[1].dtype())?);
         }
         // Elsewhere, the update in candle ops.
         let m = self.decay;

@@ -37,9 +37,11 @@ pub(crate) fn widened_values(
     let Some((a, b)) = l.contiguous_offsets() else {
         candle_core::bail!("internal error: a custom op's input is not contiguous")
     };
+    use half::slice::HalfFloatSliceExt;
+    // The slice conversions run in SIMD lanes where the CPU has them (F16C), and are exact.
     Ok(match s {
-        CpuStorage::F16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
-        CpuStorage::BF16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
+        CpuStorage::F16(v) => v[a..b].to_f32_vec(),
+        CpuStorage::BF16(v) => v[a..b].to_f32_vec(),
         s => {
             use candle_core::backend::BackendStorage;
             candle_core::bail!("internal error: {:?} is not half precision", s.dtype())
@@ -51,9 +53,11 @@ pub(crate) fn widened_values(
 /// stores round.
 pub(crate) fn narrowed(v: Vec<f32>, dtype: DType) -> candle_core::Result<candle_core::CpuStorage> {
     use candle_core::CpuStorage;
+    use half::vec::HalfFloatVecExt;
+    // In SIMD lanes where the CPU has them (F16C, rounding to nearest even as `from_f32`).
     Ok(match dtype {
-        DType::F16 => CpuStorage::F16(v.into_iter().map(half::f16::from_f32).collect()),
-        DType::BF16 => CpuStorage::BF16(v.into_iter().map(half::bf16::from_f32).collect()),
+        DType::F16 => CpuStorage::F16(Vec::<half::f16>::from_f32_slice(&v)),
+        DType::BF16 => CpuStorage::BF16(Vec::<half::bf16>::from_f32_slice(&v)),
         dt => candle_core::bail!("internal error: {dt:?} is not half precision"),
     })
 }
@@ -84,6 +88,70 @@ pub(crate) fn widened(t: &candle_core::Tensor) -> candle_core::Result<candle_cor
     match t.dtype() {
         DType::F16 | DType::BF16 => t.to_dtype(DType::F32),
         _ => Ok(t.clone()),
+    }
+}
+
+/// The element types of the CPU twins' storage: the four float dtypes.
+pub(crate) trait Elem: candle_core::WithDType + Send + Sync {
+    fn values_mut(s: &mut candle_core::CpuStorage) -> Option<&mut [Self]>;
+}
+
+macro_rules! elem {
+    ($t:ty, $v:ident) => {
+        impl Elem for $t {
+            fn values_mut(s: &mut candle_core::CpuStorage) -> Option<&mut [Self]> {
+                match s {
+                    candle_core::CpuStorage::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+elem!(f32, F32);
+elem!(f64, F64);
+elem!(half::f16, F16);
+elem!(half::bf16, BF16);
+
+/// A stored value read into the compute type F, as the kernels' `to_acc` (f16/bf16 into f32).
+pub(crate) trait Load<F>: Elem + Copy {
+    fn load(self) -> F;
+}
+
+/// F stored as a value of this type (f32 into f16/bf16 rounded to nearest even), as the
+/// kernels' `store_s`.
+pub(crate) trait Store<F>: Elem {
+    fn store(v: F) -> Self;
+}
+
+impl<F: Elem + Copy> Load<F> for F {
+    fn load(self) -> F {
+        self
+    }
+}
+impl<F: Elem> Store<F> for F {
+    fn store(v: F) -> Self {
+        v
+    }
+}
+impl Load<f32> for half::f16 {
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+}
+impl Load<f32> for half::bf16 {
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+}
+impl Store<f32> for half::f16 {
+    fn store(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+}
+impl Store<f32> for half::bf16 {
+    fn store(v: f32) -> Self {
+        half::bf16::from_f32(v)
     }
 }
 

@@ -1,37 +1,47 @@
 //! kernels/batch_norm.cu through the harness: bit for bit against the CPU twins (the ops'
-//! CPU paths) in f32 and f64, and against f64 references.
+//! CPU paths) in every dtype, and against f64 references. Half-precision rows take f32
+//! statistics: each operand is passed as stored in its own dtype.
 
 use candle_core::{DType, Device, Tensor};
-use myosotis::ops::batch_norm::cuda;
+use myosotis::ops::batch_norm::{cuda, stats_dtype};
 use myosotis::ops::{
     batch_norm_apply, batch_norm_backward, batch_norm_backward_stats, batch_norm_running,
     column_stats,
 };
 
 use crate::common::{rel_err, running_averages_reference, seeded_rng, tensor, to_vec, uniform};
-use crate::exec::{round_to, run_in_every_order, run_in_place_in_every_order};
+use crate::exec::{
+    from_bytes, round_to, run_bytes_in_every_order, run_in_place_bytes_in_every_order, to_bytes,
+};
 use crate::fused::SHAPES;
 use crate::{assert_same, DTYPES};
 
 const EPS: f64 = 1e-5;
 
-/// Runs a stats launch and the launch adding its partial rows; returns the latter's outputs.
+/// Operands as stored: values and their dtype.
+fn stored(operands: &[(&[f64], DType)]) -> Vec<Vec<u8>> {
+    operands.iter().map(|(v, dt)| to_bytes(v, *dt)).collect()
+}
+
+/// Runs a stats launch and the launch adding its partial rows (statistics, in `s`); returns
+/// the latter's outputs.
 fn stats(
     plans: &[myosotis::ops::plan::LaunchPlan; 2],
-    dtype: DType,
-    inputs: &[&[f64]],
+    s: DType,
+    inputs: &[(&[f64], DType)],
     seed: u64,
 ) -> Vec<Vec<f64>> {
-    let part = run_in_every_order(&plans[0], dtype, inputs, seed)
-        .outputs
+    let part = run_bytes_in_every_order(&plans[0], s, &stored(inputs), seed)
+        .raw
         .remove(0);
-    run_in_every_order(&plans[1], dtype, &[&part], seed).outputs
+    run_bytes_in_every_order(&plans[1], s, &[part], seed).outputs
 }
 
 #[test]
 fn batch_norm_kernels_match_the_cpu_twin_and_the_reference() {
     let (mut rng, seed) = seeded_rng("batch_norm_kernels", 29);
     for (dtype, tol) in DTYPES.into_iter().filter(|(dt, _)| cuda::supports(1, *dt)) {
+        let s = stats_dtype(dtype);
         for (rows, h) in SHAPES {
             let what = format!("batch_norm {dtype:?} {rows} x {h}");
             let n = rows * h;
@@ -41,35 +51,45 @@ fn batch_norm_kernels_match_the_cpu_twin_and_the_reference() {
             let g = round_to(&uniform(&mut rng, n, -1.0, 1.0), dtype);
 
             // Σx, then Σ(x − μ)² around the kernels' own μ; each over the rows, rounded.
-            let moment = |inputs: &[&[f64]]| {
+            let moment = |inputs: &[(&[f64], DType)]| {
                 let plans = cuda::stats_plans(rows, h, inputs.len() == 2, dtype).unwrap();
-                let sums = stats(&plans, dtype, inputs, seed).remove(0);
-                let per_row: Vec<f64> = sums.iter().map(|s| s / rows as f64).collect();
-                (sums, round_to(&per_row, dtype))
+                let sums = stats(&plans, s, inputs, seed).remove(0);
+                let per_row: Vec<f64> = sums.iter().map(|v| v / rows as f64).collect();
+                (sums, round_to(&per_row, s))
             };
-            let (sum, mean) = moment(&[&x]);
-            let (sq, var) = moment(&[&x, &mean]);
-            let y = run_in_every_order(
+            let (sum, mean) = moment(&[(&x, dtype)]);
+            let (sq, var) = moment(&[(&x, dtype), (&mean, s)]);
+            let y = run_bytes_in_every_order(
                 &cuda::apply_plan(n, h, EPS, dtype).unwrap(),
                 dtype,
-                &[&x, &mean, &var, &w, &b],
+                &stored(&[(&x, dtype), (&mean, s), (&var, s), (&w, dtype), (&b, dtype)]),
                 seed,
             )
             .outputs
             .remove(0);
             let [dw, db]: [Vec<f64>; 2] = stats(
                 &cuda::backward_stats_plans(rows, h, EPS, dtype).unwrap(),
-                dtype,
-                &[&x, &mean, &var, &g],
+                s,
+                &[(&x, dtype), (&mean, s), (&var, s), (&g, dtype)],
                 seed,
             )
             .try_into()
             .expect("two outputs");
             let count = [rows as f64];
-            let dx = run_in_every_order(
+            let operands = [
+                (&x[..], dtype),
+                (&mean, s),
+                (&var, s),
+                (&w, dtype),
+                (&g, dtype),
+                (&dw, s),
+                (&db, s),
+                (&count, s),
+            ];
+            let dx = run_bytes_in_every_order(
                 &cuda::backward_plan(n, h, EPS, dtype).unwrap(),
                 dtype,
-                &[&x, &mean, &var, &w, &g, &dw, &db, &count],
+                &stored(&operands),
                 seed,
             )
             .outputs
@@ -110,7 +130,8 @@ fn batch_norm_kernels_match_the_cpu_twin_and_the_reference() {
             // The CPU twins: the ops' CPU paths on the same values.
             let t = |v: &[f64], s: &[usize]| tensor(v, s, dtype, &Device::Cpu);
             let (xt, gt) = (t(&x, &[rows, h]), t(&g, &[rows, h]));
-            let [mt, vt, wt, bt] = [&mean, &var, &w, &b].map(|v| t(v, &[h]));
+            let [wt, bt] = [&w, &b].map(|v| t(v, &[h]));
+            let [mt, vt] = [&mean, &var].map(|v| tensor(v, &[h], s, &Device::Cpu));
             assert_same(
                 &sum,
                 &to_vec(&column_stats(&xt, None).unwrap()),
@@ -129,7 +150,7 @@ fn batch_norm_kernels_match_the_cpu_twin_and_the_reference() {
             let [dwt, dbt] = batch_norm_backward_stats(&xt, &mt, &vt, &gt, EPS).unwrap();
             assert_same(&dw, &to_vec(&dwt), &format!("{what}: ∂γ"));
             assert_same(&db, &to_vec(&dbt), &format!("{what}: ∂β"));
-            let nt: Tensor = t(&count, &[1]);
+            let nt: Tensor = tensor(&count, &[1], s, &Device::Cpu);
             let dxt = batch_norm_backward(&xt, &mt, &vt, &wt, &gt, &dwt, &dbt, &nt, EPS).unwrap();
             assert_same(&dx, &to_vec(&dxt), &format!("{what}: ∂x"));
         }
@@ -143,27 +164,29 @@ fn batch_norm_running_kernel_matches_the_cpu_twin_and_the_reference() {
     for (dtype, tol) in DTYPES.into_iter().filter(|(dt, _)| cuda::supports(1, *dt)) {
         for (h, rows, decay) in [(1, 2, 0.9), (3, 1, 0.9), (300, 7, 0.99), (5000, 1000, 0.1)] {
             let what = format!("batch_norm running {dtype:?}, h {h}, {rows} rows (seed {seed})");
+            let s = stats_dtype(dtype);
             let rm = round_to(&uniform(&mut rng, h, -1.0, 1.0), dtype);
             let rv = round_to(&uniform(&mut rng, h, 0.5, 2.0), dtype);
-            let mean = round_to(&uniform(&mut rng, h, -1.0, 1.0), dtype);
-            let var = round_to(&uniform(&mut rng, h, 0.0, 3.0), dtype);
+            let mean = round_to(&uniform(&mut rng, h, -1.0, 1.0), s);
+            let var = round_to(&uniform(&mut rng, h, 0.0, 3.0), s);
             let count = [rows as f64];
             let plan = cuda::running_plan(h, decay, dtype).unwrap();
-            let run = run_in_place_in_every_order(
+            let run = run_in_place_bytes_in_every_order(
                 &plan,
-                dtype,
-                &[&rm, &rv],
-                &[&mean, &var, &count],
+                &stored(&[(&rm, dtype), (&rv, dtype)]),
+                &stored(&[(&mean, s), (&var, s), (&count, s)]),
                 seed,
             );
             let [want_m, want_v] = running_averages_reference([&rm, &rv], &mean, &var, rows, decay);
-            let (got_m, got_v) = (&run.outputs[0], &run.outputs[1]);
+            let [got_m, got_v] = [0, 1].map(|k| from_bytes(&run.raw[k], dtype));
+            let (got_m, got_v) = (&got_m, &got_v);
             let e = rel_err(got_m, &want_m).max(rel_err(got_v, &want_v));
             assert!(e < tol, "{what}: against f64 loops: {e:e}");
 
-            let t = |v: &[f64]| tensor(v, &[v.len()], dtype, &Device::Cpu);
-            let (rm_t, rv_t) = (t(&rm), t(&rv));
-            batch_norm_running([&rm_t, &rv_t], &t(&mean), &t(&var), &t(&count), decay).unwrap();
+            let t = |v: &[f64], dt| tensor(v, &[v.len()], dt, &Device::Cpu);
+            let (rm_t, rv_t) = (t(&rm, dtype), t(&rv, dtype));
+            let [mt, vt, nt] = [&mean[..], &var, &count].map(|v| t(v, s));
+            batch_norm_running([&rm_t, &rv_t], &mt, &vt, &nt, decay).unwrap();
             assert_same(got_m, &to_vec(&rm_t), &format!("{what}: running mean"));
             assert_same(got_v, &to_vec(&rv_t), &format!("{what}: running variance"));
         }

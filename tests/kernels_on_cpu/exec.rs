@@ -327,25 +327,8 @@ pub fn run_bytes_in_every_order(
 }
 
 /// [`run_in_every_order`] for an in-place plan: `targets` as in [`execute`], their final values
-/// the last outputs.
-pub fn run_in_place_in_every_order(
-    plan: &LaunchPlan,
-    dtype: DType,
-    targets: &[&[f64]],
-    inputs: &[&[f64]],
-    seed: u64,
-) -> HostRun {
-    in_every_order(
-        plan,
-        dtype,
-        &stored(targets, dtype),
-        &stored(inputs, dtype),
-        seed,
-    )
-}
-
-/// [`run_in_place_in_every_order`] with targets and inputs given as stored, each in its own
-/// dtype (f32 parameters and their f16 compute copy): read the results from [`HostRun::raw`].
+/// after the outputs; targets and inputs given as stored, each in its own dtype (f32
+/// parameters and their f16 compute copy): read the results from [`HostRun::raw`].
 pub fn run_in_place_bytes_in_every_order(
     plan: &LaunchPlan,
     targets: &[Vec<u8>],

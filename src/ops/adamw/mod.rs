@@ -17,6 +17,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::ops::in_place::{count_updates, with_targets, Held};
+use crate::ops::value::{Elem, Load, Store};
 
 pub mod cuda;
 
@@ -283,69 +284,6 @@ fn part<'a, F: candle_core::WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&F::cpu_storage_as_slice(s)?[a..b]),
         None => bail!("adamw_step: an input is not contiguous"),
-    }
-}
-
-/// The element types the CPU twin updates.
-trait Elem: candle_core::WithDType + Send + Sync {
-    fn values_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
-}
-
-macro_rules! elem {
-    ($t:ty, $v:ident) => {
-        impl Elem for $t {
-            fn values_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
-                match s {
-                    CpuStorage::$v(v) => Some(v),
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-elem!(f32, F32);
-elem!(f64, F64);
-elem!(f16, F16);
-elem!(bf16, BF16);
-
-/// A gradient's value read into the parameters' type F, as the kernel's `to_acc`.
-trait Load<F>: Elem + Copy {
-    fn load(self) -> F;
-}
-
-/// F stored as a compute copy's value (rounded to nearest even), as the kernel's `store_s`.
-trait Store<F>: Elem {
-    fn store(v: F) -> Self;
-}
-
-impl<F: Elem + Copy> Load<F> for F {
-    fn load(self) -> F {
-        self
-    }
-}
-impl<F: Elem> Store<F> for F {
-    fn store(v: F) -> Self {
-        v
-    }
-}
-impl Load<f32> for f16 {
-    fn load(self) -> f32 {
-        self.to_f32()
-    }
-}
-impl Load<f32> for bf16 {
-    fn load(self) -> f32 {
-        self.to_f32()
-    }
-}
-impl Store<f32> for f16 {
-    fn store(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-}
-impl Store<f32> for bf16 {
-    fn store(v: f32) -> Self {
-        bf16::from_f32(v)
     }
 }
 

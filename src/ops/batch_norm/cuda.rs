@@ -1,11 +1,14 @@
 //! The launches of `kernels/batch_norm.cu`: plans (pure functions, executed by the CUDA launch
-//! and by the host harness in `tests/kernels_on_cpu`).
+//! and by the host harness in `tests/kernels_on_cpu`). `dtype` is the rows' (x, ∂y, y, ∂x, γ,
+//! β, the running averages); the statistics, the partial sums included, are in
+//! [`stats_dtype`]`(dtype)`, and the launches that write them allocate their outputs in it.
 
 use candle_core::{DType, Result};
 
+use super::stats_dtype;
 use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
 use crate::ops::rows::{
-    element_blocks, partial_elems, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
+    element_blocks, slot_sums_bytes, sums_plan, RowSplit, ELEMENT_THREADS, THREADS,
 };
 
 /// Shared memory of the stats launches: the slots' accumulators of `width` columns.
@@ -13,10 +16,10 @@ fn stats_shared(width: usize, dtype: DType) -> usize {
     slot_sums_bytes(width, dtype)
 }
 
-/// Whether the kernels take rows of `h` values in `dtype` (f32 or f64, and the backward's
-/// [∂γ | ∂β] accumulators within the shared memory every GPU grants a block).
+/// Whether the kernels take rows of `h` values in `dtype` (f32, f64, f16 or bf16, and the
+/// backward's [∂γ | ∂β] accumulators within the shared memory every GPU grants a block).
 pub fn supports(h: usize, dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::F64)
+    matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
         && h > 0
         && stats_shared(2 * h, dtype) <= DeviceLimits::DEFAULT_SHARED
 }
@@ -30,7 +33,8 @@ fn ints(rows: usize, split: RowSplit, h: usize) -> Result<[KernelArg; 3]> {
 }
 
 /// `batch_norm_stats` (inputs x, then μ if `centred`; output the blocks' partial rows of Σx,
-/// or of Σ(x − μ)²) and `batch_norm_sums` (input the partials; output the column sums).
+/// or of Σ(x − μ)²) and `batch_norm_sums` (input the partials; output the column sums), both
+/// writing statistics.
 pub fn stats_plans(rows: usize, h: usize, centred: bool, dtype: DType) -> Result<[LaunchPlan; 2]> {
     let split = RowSplit::new(rows);
     let mean = match centred {
@@ -45,11 +49,17 @@ pub fn stats_plans(rows: usize, h: usize, centred: bool, dtype: DType) -> Result
         block: [THREADS, 1, 1],
         shared_bytes: stats_shared(h, dtype),
         args,
-        outputs: vec![partial_elems(split.blocks * h, dtype)],
+        outputs: vec![split.blocks * h],
         tables: vec![],
         workspace_bytes: 0,
     };
-    let sums = sums_plan("batch_norm", "batch_norm", split.blocks, h, dtype)?;
+    let sums = sums_plan(
+        "batch_norm",
+        "batch_norm",
+        split.blocks,
+        h,
+        stats_dtype(dtype),
+    )?;
     Ok([stats, sums])
 }
 
@@ -88,7 +98,7 @@ pub fn apply_plan(n: usize, h: usize, eps: f64, dtype: DType) -> Result<LaunchPl
 }
 
 /// `batch_norm_bwd_stats` (inputs x, μ, σ², ∂y; output the blocks' partial [∂γ | ∂β] rows)
-/// and `batch_norm_pair` (input the partials; outputs ∂γ and ∂β).
+/// and `batch_norm_pair` (input the partials; outputs ∂γ and ∂β), both writing statistics.
 pub fn backward_stats_plans(
     rows: usize,
     h: usize,
@@ -106,12 +116,12 @@ pub fn backward_stats_plans(
         block: [THREADS, 1, 1],
         shared_bytes: stats_shared(2 * h, dtype),
         args,
-        outputs: vec![partial_elems(split.blocks * 2 * h, dtype)],
+        outputs: vec![split.blocks * 2 * h],
         tables: vec![],
         workspace_bytes: 0,
     };
     let pair = LaunchPlan {
-        kernel: kernel_name("batch_norm_pair", dtype, false)?,
+        kernel: kernel_name("batch_norm_pair", stats_dtype(dtype), false)?,
         grid: [element_blocks(2 * h), 1, 1],
         block: [ELEMENT_THREADS, 1, 1],
         shared_bytes: 0,
