@@ -1,8 +1,9 @@
 //! The fused GELU, LayerNorm, BatchNorm, channel, block epilogue, GLU gate, loss, embedding,
 //! row-gather and S5 discretisation (per state and per sample) ops and the strided products
 //! (`gemm`) on CUDA against their CPU twins (f32 and f64, up to the GPU's fused multiply-adds;
-//! GELU, LayerNorm, BatchNorm, the channel ops, the epilogue, the gate and S5's discretisation
-//! in f16 and bf16 too, up to a unit in the last place; S5's readout exactly in every dtype),
+//! GELU, LayerNorm, BatchNorm, the channel ops, the epilogue, the gate, S5's discretisation
+//! and the masked mean in f16 and bf16 too, up to a unit in the last place; S5's readout
+//! exactly in every dtype),
 //! and GELU in f16/bf16 against the f32 CPU op, forward and gradients, on awkward shapes.
 //! Compiled with `--features cuda` (CI compiles them); each test prints why it is skipped when
 //! no CUDA device can be opened.
@@ -54,8 +55,6 @@ fn run(
     out
 }
 
-/// f64 and f32, with the tolerance of CUDA's results against the CPU's.
-const WIDE: [(DType, f64); 2] = [(DType::F64, 1e-12), (DType::F32, 1e-5)];
 /// Every float dtype: f16 and bf16 compute in f32 on both devices and may round apart by one
 /// unit in the last place of what they store.
 const EVERY: [(DType, f64); 4] = [
@@ -65,15 +64,8 @@ const EVERY: [(DType, f64); 4] = [
     (DType::BF16, 1.6e-2),
 ];
 
-fn check(
-    name: &str,
-    op: &dyn Fn(&[Tensor]) -> Tensor,
-    widths: &dyn Fn(usize, usize) -> Vec<Vec<usize>>,
-) {
-    check_in(name, op, widths, &WIDE)
-}
-
-/// [`check`] in `dtypes` (bf16 where the kernels are built for it).
+/// An op's outputs and gradients on CUDA against the CPU's in `dtypes` (bf16 where the
+/// kernels are built for it).
 fn check_in(
     name: &str,
     op: &dyn Fn(&[Tensor]) -> Tensor,
@@ -413,11 +405,12 @@ fn cuda_epilogue() {
 }
 
 /// The mean over each sample's valid steps: rows × h viewed as (rows, 1, h) per sample would
-/// have one step; here each sample is a block of 3 rows with lengths 1..=3.
+/// have one step; here each sample is a block of 3 rows with lengths 1..=3. Every dtype (f16
+/// and bf16 summed in f32).
 #[test]
 fn cuda_masked_mean() {
     use myosotis::ops::masked_mean;
-    check(
+    check_in(
         "cuda_masked_mean",
         &|t| {
             let (r, h) = t[0].dims2().unwrap();
@@ -442,6 +435,7 @@ fn cuda_masked_mean() {
                 .unwrap()
         },
         &|r, h| vec![vec![r, h]],
+        &EVERY,
     );
 }
 

@@ -77,6 +77,14 @@ pub(crate) fn narrowed_tensor(
     }
 }
 
+/// The kernels' compute type `Acc<T>` for values stored in `dtype`: f64 for f64, f32 otherwise.
+pub(crate) fn acc_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    }
+}
+
 /// Whether `dtype` is f16 or bf16.
 pub(crate) fn is_half(dtype: DType) -> bool {
     matches!(dtype, DType::F16 | DType::BF16)

@@ -1,6 +1,6 @@
 //! `masked_mean_fwd_*` and `masked_mean_bwd_*` of kernels/masked_mean.cu through the harness:
 //! against an f64 loop, and bit for bit against the CPU twin (the op's CPU path, ∂h through
-//! candle's autograd), in f32 and f64.
+//! candle's autograd), in every dtype (f16 and bf16 with f32 lengths).
 
 use candle_core::{DType, Device, Var};
 use myosotis::ops::masked_mean;
@@ -9,7 +9,8 @@ use rand::Rng;
 
 use crate::assert_same;
 use crate::common::{rel_err, seeded_rng, tensor, to_vec, uniform};
-use crate::exec::{round_to, run_in_every_order};
+use crate::exec::{round_to, run_bytes_in_every_order, to_bytes};
+use crate::DTYPES;
 
 /// (batch, steps, features): one element, odd sizes, more outputs and elements than the grid's
 /// threads (each thread then takes several).
@@ -18,7 +19,13 @@ const SHAPES: [(usize, usize, usize); 4] = [(1, 1, 1), (3, 7, 5), (16, 50, 33), 
 #[test]
 fn masked_mean_kernels_match_the_loop_and_the_cpu_twin() {
     let (mut rng, seed) = seeded_rng("masked_mean_kernels", 51);
-    for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
+    for (dtype, tol) in DTYPES {
+        // The lengths in the kernels' compute type.
+        let len_dtype = if dtype == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
         for (b, l, w) in SHAPES {
             let what = format!("{dtype:?} {b} x {l} x {w}");
             let h = round_to(&uniform(&mut rng, b * l * w, -2.0, 2.0), dtype);
@@ -31,22 +38,14 @@ fn masked_mean_kernels_match_the_loop_and_the_cpu_twin() {
                     _ => rng.random_range(1..=l) as f64,
                 })
                 .collect();
-            let out = run_in_every_order(
-                &forward_plan(b, l, w, dtype).unwrap(),
-                dtype,
-                &[&h, &len],
-                seed,
-            )
-            .outputs
-            .remove(0);
-            let dh = run_in_every_order(
-                &backward_plan(b, l, w, dtype).unwrap(),
-                dtype,
-                &[&g, &len],
-                seed,
-            )
-            .outputs
-            .remove(0);
+            let run = |plan: &myosotis::ops::plan::LaunchPlan, rows: &[f64]| {
+                let inputs = [to_bytes(rows, dtype), to_bytes(&len, len_dtype)];
+                run_bytes_in_every_order(plan, dtype, &inputs, seed)
+                    .outputs
+                    .remove(0)
+            };
+            let out = run(&forward_plan(b, l, w, dtype).unwrap(), &h);
+            let dh = run(&backward_plan(b, l, w, dtype).unwrap(), &g);
             let (mut out_ref, mut dh_ref) = (vec![0.0; b * w], vec![0.0; b * l * w]);
             for i in 0..b {
                 let n = len[i] as usize;

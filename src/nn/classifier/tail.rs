@@ -128,8 +128,10 @@ impl SequenceClassifier {
         head: bool,
         mode: Mode,
     ) -> Result<Tensor> {
-        let fused = matches!(h.dtype(), DType::F32 | DType::F64)
-            && (h.device().is_cpu() || h.device().is_cuda());
+        let fused = matches!(
+            h.dtype(),
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16
+        ) && (h.device().is_cpu() || h.device().is_cuda());
         match (head, fused, mode.sink(), &self.head_dense, &pool) {
             (
                 true,
@@ -139,14 +141,20 @@ impl SequenceClassifier {
                 Some(pool @ (Pool::Mean(_) | Pool::Nodes { .. })),
             ) => {
                 let x = h.detach();
-                // The lengths in h's dtype once, for the forward and the backward.
+                // The lengths in the mean's compute dtype once (f32 for f16/bf16 h), for the
+                // forward and the backward.
+                let len_dtype = if x.dtype() == DType::F64 {
+                    DType::F64
+                } else {
+                    DType::F32
+                };
                 let pool = match pool {
-                    Pool::Mean(lengths) => Pool::Mean(lengths.to_dtype(x.dtype())?),
+                    Pool::Mean(lengths) => Pool::Mean(lengths.to_dtype(len_dtype)?),
                     // The mean over all positions: the fused op, one kernel each way.
                     Pool::Nodes { first: 0 } => {
                         let (b, n, _) = x.dims3()?;
                         let all = Tensor::full(n as f32, b, x.device())?;
-                        Pool::Mean(all.to_dtype(x.dtype())?)
+                        Pool::Mean(all.to_dtype(len_dtype)?)
                     }
                     pool => pool.clone(),
                 };

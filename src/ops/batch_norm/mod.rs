@@ -41,10 +41,7 @@ pub fn fused(x: &Tensor) -> Result<bool> {
 
 /// The dtype of the statistics of rows stored in `dtype`: f64 for f64, f32 otherwise.
 pub fn stats_dtype(dtype: DType) -> DType {
-    match dtype {
-        DType::F64 => DType::F64,
-        _ => DType::F32,
-    }
+    super::value::acc_dtype(dtype)
 }
 
 /// The width H of `x`'s rows, after checking that every per-column tensor is (H) and on `x`'s

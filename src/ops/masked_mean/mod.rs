@@ -7,8 +7,8 @@
 //!
 //! In candle ops this was a step index and a mask made every forward (two uploads on CUDA), a
 //! broadcast product, two sums and a quotient, and their gradients. The sum runs in step order,
-//! as candle's did, so the CPU result is the same. f32 and f64; other dtypes take the candle
-//! ops.
+//! as candle's did, so the CPU result is the same. f32, f64, and f16/bf16 summed in f32 (the
+//! lengths then f32 too); on other devices the candle ops.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -17,7 +17,7 @@ use candle_core::{
 use num_traits::Float;
 use rayon::prelude::*;
 
-use super::value::contiguous;
+use super::value::{acc_dtype, contiguous, is_half, narrowed, narrowed_tensor, widened_values};
 
 pub mod cuda;
 
@@ -37,18 +37,20 @@ pub fn masked_mean(h: &Tensor, lengths: &Tensor) -> Result<Tensor> {
         steps,
         features,
     };
-    let fused = matches!(h.dtype(), DType::F32 | DType::F64)
-        && matches!(h.device(), Device::Cpu | Device::Cuda(_));
-    let len = lengths.to_dtype(h.dtype())?;
+    let fused = matches!(
+        h.dtype(),
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16
+    ) && matches!(h.device(), Device::Cpu | Device::Cuda(_));
     if !fused {
-        return op.composed(h, &len);
+        return op.composed(h, &lengths.to_dtype(h.dtype())?);
     }
+    let len = lengths.to_dtype(acc_dtype(h.dtype()))?;
     h.contiguous()?.apply_op2(&len.contiguous()?, op)
 }
 
 /// The backward of [`masked_mean`] on its own, for callers that compute gradients by hand:
-/// ∂h (shaped like `h`) from the gradient `g` (batch, H) of the means; f32 and f64 on the CPU
-/// and CUDA.
+/// ∂h (shaped like `h`) from the gradient `g` (batch, H) of the means; f32, f64, f16 and bf16
+/// on the CPU and CUDA.
 pub fn masked_mean_backward(h: &Tensor, lengths: &Tensor, g: &Tensor) -> Result<Tensor> {
     let (batch, steps, features) = h.dims3()?;
     if lengths.dims() != [batch] || g.dims() != [batch, features] {
@@ -64,7 +66,7 @@ pub fn masked_mean_backward(h: &Tensor, lengths: &Tensor, g: &Tensor) -> Result<
         steps,
         features,
     };
-    let len = lengths.to_dtype(h.dtype())?.contiguous()?;
+    let len = lengths.to_dtype(acc_dtype(h.dtype()))?.contiguous()?;
     match op.bwd(h, &len, g, g)? {
         (Some(dh), _) => Ok(dh),
         (None, _) => bail!("masked_mean_backward: no gradient"),
@@ -149,6 +151,10 @@ impl CustomOp2 for MaskedMean {
             DType::F64 => {
                 CpuStorage::F64(self.forward_cpu(contiguous(h, hl)?, contiguous(len, ll)?))
             }
+            dt if is_half(dt) => {
+                let out = self.forward_cpu(&widened_values(h, hl)?, contiguous(len, ll)?);
+                narrowed(out, dt)?
+            }
             dt => bail!("masked_mean: dtype {dt:?} is not fused"),
         };
         Ok((out, Shape::from((self.batch, self.features))))
@@ -164,8 +170,8 @@ impl CustomOp2 for MaskedMean {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let plan = cuda::forward_plan(self.batch, self.steps, self.features, h.dtype())?;
         let module = crate::cuda::MASKED_MEAN;
-        let mut out =
-            crate::cuda::launch(h.device(), module, &plan, h.dtype(), &[(h, hl), (len, ll)])?;
+        let inputs = [(h, hl), (len, ll)];
+        let mut out = crate::cuda::launch_into(h.device(), module, &plan, h.dtype(), &inputs)?;
         Ok((out.remove(0), Shape::from((self.batch, self.features))))
     }
 
@@ -181,8 +187,13 @@ impl CustomOp2 for MaskedMean {
         if h.device().is_cuda() {
             let plan = cuda::backward_plan(self.batch, self.steps, self.features, h.dtype())?;
             let module = crate::cuda::MASKED_MEAN;
-            let mut dh =
-                crate::cuda::launch_tensors(module, &plan, h.dtype(), &[&g, len], &[h.dims()])?;
+            let mut dh = crate::cuda::launch_tensors_into(
+                module,
+                &plan,
+                h.dtype(),
+                &[&g, len],
+                &[h.dims()],
+            )?;
             return Ok((Some(dh.remove(0)), None));
         }
         let (sg, lg) = g.storage_and_layout();
@@ -200,6 +211,11 @@ impl CustomOp2 for MaskedMean {
                 self.backward_cpu::<f64>(contiguous(sg, lg)?, contiguous(sl, ll)?),
                 h.shape(),
                 &Device::Cpu,
+            )?,
+            dt if is_half(dt) => narrowed_tensor(
+                self.backward_cpu::<f32>(&widened_values(sg, lg)?, contiguous(sl, ll)?),
+                h.shape(),
+                dt,
             )?,
             dt => bail!("masked_mean backward: dtype {dt:?} is not fused"),
         };
