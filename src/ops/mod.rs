@@ -29,7 +29,7 @@ pub mod scan;
 pub mod transpose;
 pub mod tree_solve;
 mod value;
-pub(crate) use value::widened;
+pub(crate) use value::{acc_dtype, widened};
 
 pub use adamw::{adamw_step, AdamwHyper, AdamwParam};
 pub use batch_norm::{

@@ -143,11 +143,7 @@ impl SequenceClassifier {
                 let x = h.detach();
                 // The lengths in the mean's compute dtype once (f32 for f16/bf16 h), for the
                 // forward and the backward.
-                let len_dtype = if x.dtype() == DType::F64 {
-                    DType::F64
-                } else {
-                    DType::F32
-                };
+                let len_dtype = crate::ops::acc_dtype(x.dtype());
                 let pool = match pool {
                     Pool::Mean(lengths) => Pool::Mean(lengths.to_dtype(len_dtype)?),
                     // The mean over all positions: the fused op, one kernel each way.
