@@ -47,6 +47,12 @@ struct LaneTrees {
     }
     // The coefficient set of lane l's tree (its head, or the tree itself).
     __device__ __forceinline__ int coef_set(int t) const { return shared ? t % heads : t; }
+    // How many of the `per` lanes from `first` have a tree (they come first).
+    __device__ __forceinline__ int live(int first, int per) const {
+        int l = 0;
+        while (l < per && tree(first + l) >= 0) ++l;
+        return l;
+    }
     // Pivot lanes: one when the lanes share coefficients.
     __device__ __forceinline__ int pivot_lanes() const { return shared ? 1 : blockDim.x; }
 };
@@ -195,17 +201,20 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
     const i64 set = (i64)(g.shared ? groups * g.heads : g.batch * g.heads) * n;
     for (int e = tid; e < rows * n; e += threads) {
         const int first = e / n, v = e % n, p = g.parent[v];
+        const int t = g.tree(first), live = g.live(first, per);
+        if (live == 0) continue;
+        // Over the live lanes l and right-hand sides j, in that order.
         V da = O::zero(), db = O::zero(), dc = O::zero();
-        for (int l = first; l < first + per; ++l) {
-            const int t = g.tree(l);
-            if (t < 0) break;
-            const V *lt = lam + l * su;
-            const i64 x0 = (i64)t * n * r;
-            add_gradient_terms<T, O>(lt + v * r, lt + p * r, x, x0 + v * r, x0 + p * r, r,
-                                     v == root, da, db, dc);
-        }
-        const int t = g.tree(first);
-        if (t < 0) continue;
+        in_batches<batch_of<GradientLoad<V>, 64>>(
+            live * r,
+            [&](int q) {
+                const i64 x0 = (i64)g.tree(first + q / r) * n * r + q % r;
+                return GradientLoad<V>{p, O::load(x, x0 + v * r), O::load(x, x0 + p * r)};
+            },
+            [&](int q, const GradientLoad<V> &in) {
+                const V *lt = lam + (first + q / r) * su + q % r;
+                add_gradient_term<O>(lt[v * r], lt[p * r], in.xv, in.xp, v == root, da, db, dc);
+            });
         // The block's row: its tree, or (group, head) = blockIdx.x for shared coefficients.
         const i64 d0 = (i64)(g.shared ? (int)blockIdx.x : t) * n + v;
         O::store(dcoef, d0, O::sub(O::zero(), da));
@@ -334,18 +343,22 @@ __device__ void tree_lanes_block_bwd(const T *gx, const T *coef, const T *x, T *
     for (int e = tid; e < lines * n * dd; e += threads) {
         const int first = e / (n * dd), k = e % (n * dd);
         const int v = k / dd, i = k % dd / d, j = k % d, p = g.parent[v];
+        const int t = g.tree(first), live = g.live(first, per);
+        if (live == 0) continue;
+        // Over the live lanes and right-hand sides, in that order (tree_lanes_bwd).
         V da = O::zero(), db = O::zero(), dc = O::zero();
-        for (int l = first; l < first + per; ++l) {
-            const int t = g.tree(l);
-            if (t < 0) break;
-            const V *lt = lam + l * su;
-            const i64 x0 = (i64)t * n * dr;
-            add_gradient_terms<T, O>(lt + (v * d + i) * r, lt + (p * d + i) * r, x,
-                                     x0 + (v * d + j) * r, x0 + (p * d + j) * r, r, v == root,
-                                     da, db, dc);
-        }
-        const int t = g.tree(first);
-        if (t < 0) continue;
+        in_batches<batch_of<GradientLoad<V>, 64>>(
+            live * r,
+            [&](int q) {
+                const i64 x0 = (i64)g.tree(first + q / r) * n * dr + q % r;
+                return GradientLoad<V>{p, O::load(x, x0 + (v * d + j) * r),
+                                       O::load(x, x0 + (p * d + j) * r)};
+            },
+            [&](int q, const GradientLoad<V> &in) {
+                const V *lt = lam + (first + q / r) * su + q % r;
+                add_gradient_term<O>(lt[(v * d + i) * r], lt[(p * d + i) * r], in.xv, in.xp,
+                                     v == root, da, db, dc);
+            });
         const i64 d0 = (i64)(g.shared ? (int)blockIdx.x : t) * n * dd + k;
         O::store(dcoef, d0, O::sub(O::zero(), da));
         O::store(dcoef, set + d0, O::sub(O::zero(), db));

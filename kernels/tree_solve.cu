@@ -334,16 +334,28 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
     for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(du, x0 + e, lam[e]);
     const i64 per_tree = (i64)g.nodes * dd, set = (i64)trees * per_tree;
     const i64 d0 = (i64)tree * per_tree;
-    for (i64 e = threadIdx.x; e < per_tree; e += blockDim.x) {
-        const int v = (int)(e / dd), i = (int)(e % dd) / d, j = (int)(e % d), p = g.parent[v];
-        const V *lv = lam + ((i64)v * d + i) * r, *lp = lam + ((i64)p * d + i) * r;
-        const i64 xv = x0 + ((i64)v * d + j) * r, xp = x0 + ((i64)p * d + j) * r;
-        V da = O::zero(), db = O::zero(), dc = O::zero();
-        add_gradient_terms<T, O>(lv, lp, x, xv, xp, r, v == root, da, db, dc);
-        O::store(dcoef, d0 + e, O::sub(O::zero(), da));
-        O::store(dcoef, set + d0 + e, O::sub(O::zero(), db));
-        O::store(dcoef, 2 * set + d0 + e, O::sub(O::zero(), dc));
-    }
+    // This thread's entries e = tid, tid + blockDim.x, ... (row i, column j of node v's
+    // block), each over its r right-hand sides k.
+    const int tid = threadIdx.x, mine = strided_count((int)per_tree, tid, blockDim.x);
+    auto entry = [&](int q) { return tid + q / r * (int)blockDim.x; };
+    V da, db, dc;
+    in_batches<batch_of<GradientLoad<V>, 24>>(
+        mine * r,
+        [&](int q) {
+            const int e = entry(q), v = e / dd, j = e % d, k = q % r, p = g.parent[v];
+            return GradientLoad<V>{p, O::load(x, x0 + ((i64)v * d + j) * r + k),
+                                   O::load(x, x0 + ((i64)p * d + j) * r + k)};
+        },
+        [&](int q, const GradientLoad<V> &in) {
+            const int e = entry(q), v = e / dd, i = e % dd / d, k = q % r;
+            if (k == 0) da = db = dc = O::zero();
+            add_gradient_term<O>(lam[((i64)v * d + i) * r + k], lam[((i64)in.p * d + i) * r + k],
+                                 in.xv, in.xp, v == root, da, db, dc);
+            if (k < r - 1) return;
+            O::store(dcoef, d0 + e, O::sub(O::zero(), da));
+            O::store(dcoef, set + d0 + e, O::sub(O::zero(), db));
+            O::store(dcoef, 2 * set + d0 + e, O::sub(O::zero(), dc));
+        });
 }
 
 // Each block solves trees blockIdx.x, blockIdx.x + gridDim.x, ... of the `trees` (batch x heads)

@@ -132,22 +132,64 @@ __device__ __forceinline__ void block_push_down(const typename O::V *bc, const t
     }
 }
 
-// One entry's terms of the coefficient gradients over the r right-hand sides, added in order:
+// Runs use(i, load(i)) for i = 0, 1, ..., n - 1 in that order, B at a time: a batch's loads
+// all issue before its first use. A loop that loads, uses and stores one value at a time waits
+// a whole memory round trip per value (the compiler may not move a load above a store that may
+// alias it), and the solves' loops over lanes and children were chains of such round trips.
+template <int B, typename Load, typename Use>
+__device__ __forceinline__ void in_batches(int n, Load load, Use use) {
+    for (int i0 = 0; i0 < n; i0 += B) {
+        decltype(load(0)) v[B];
+#pragma unroll
+        for (int q = 0; q < B; ++q)
+            if (i0 + q < n) v[q] = load(i0 + q);
+#pragma unroll
+        for (int q = 0; q < B; ++q)
+            if (i0 + q < n) use(i0 + q, v[q]);
+    }
+}
+
+// How many of first, first + stride, ... are below n.
+__device__ __forceinline__ int strided_count(int n, int first, int stride) {
+    return n > first ? (n - 1 - first) / stride + 1 : 0;
+}
+
+// How many items of type I one batch of `in_batches` takes within `bytes` of registers.
+template <typename I, int bytes>
+constexpr int batch_of = bytes / (int)sizeof(I) > 1 ? bytes / (int)sizeof(I) : 1;
+
+// One right-hand side's terms of an entry's coefficient gradients, added in order:
 // da += λ_v conj(x_v) and, unless v is the root, db += λ_v conj(x_parent),
-// dc += λ_parent conj(x_v). lv and lp are λ's r values of the entry's row at v and at the
-// parent; x's r values of its column are at xv and xp.
+// dc += λ_parent conj(x_v).
+template <typename O>
+__device__ __forceinline__ void add_gradient_term(typename O::V lv, typename O::V lp,
+                                                  typename O::V xv, typename O::V xp, bool root,
+                                                  typename O::V &da, typename O::V &db,
+                                                  typename O::V &dc) {
+    const typename O::V xvj = O::conj(xv);
+    da = O::add(da, O::mul(lv, xvj));
+    if (!root) {
+        db = O::add(db, O::mul(lv, O::conj(xp)));
+        dc = O::add(dc, O::mul(lp, xvj));
+    }
+}
+
+// An entry's terms over the r right-hand sides (add_gradient_term for j = 0, ..., r - 1). lv and
+// lp are λ's r values of the entry's row at v and at the parent; x's r values of its column
+// are at xv and xp.
 template <typename T, typename O>
 __device__ __forceinline__ void add_gradient_terms(const typename O::V *lv,
                                                    const typename O::V *lp, const T *x, i64 xv,
                                                    i64 xp, int r, bool root, typename O::V &da,
                                                    typename O::V &db, typename O::V &dc) {
-    typedef typename O::V V;
-    for (int j = 0; j < r; ++j) {
-        const V xvj = O::conj(O::load(x, xv + j));
-        da = O::add(da, O::mul(lv[j], xvj));
-        if (!root) {
-            db = O::add(db, O::mul(lv[j], O::conj(O::load(x, xp + j))));
-            dc = O::add(dc, O::mul(lp[j], xvj));
-        }
-    }
+    for (int j = 0; j < r; ++j)
+        add_gradient_term<O>(lv[j], lp[j], O::load(x, xv + j), root ? O::zero() : O::load(x, xp + j),
+                             root, da, db, dc);
 }
+
+// x's values of an entry's column at v and at its parent p, for add_gradient_term, loaded
+// together.
+template <typename V> struct GradientLoad {
+    int p;
+    V xv, xp;
+};

@@ -50,11 +50,11 @@ __device__ void eliminate_pivots(const T *coef, i64 cset, i64 co, T *piv, i64 ps
         return adjoint ? O::conj(x) : x;
     };
     // inv holds Â until a node is eliminated, bh holds B' until then.
-    for (int v = tid; v < n; v += threads) {
-        O::store(piv, po + v, read(0, v));
-        O::store(piv, pset + po + v, read(up, v));
-        O::store(piv, 2 * pset + po + v, read(down, v));
-    }
+    const i64 parts[3] = {0, up, down};
+    for (int k = 0; k < 3; ++k)
+        lanes_copy<V>(
+            1, n, [&](int, int v) { return read(parts[k], v); },
+            [&](int, int v, V x) { O::store(piv, k * pset + po + v, x); });
     __syncthreads();
     for (int k = 1; k < g.levels; ++k) {
         for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += threads) {
@@ -102,6 +102,12 @@ struct SweepLanes {
     }
     // The coefficient set of tree t (its head, or the tree itself).
     __device__ __forceinline__ int coef_set(int t) const { return shared ? t % heads : t; }
+    // The lanes 0, 1, ... that have a tree.
+    __device__ __forceinline__ int live() const {
+        int l = 1;
+        while (l < (int)blockDim.x && tree(l) >= 0) ++l;
+        return l;
+    }
 };
 
 template <typename V> __device__ __forceinline__ V *sweep_workspace() {
@@ -110,6 +116,15 @@ template <typename V> __device__ __forceinline__ V *sweep_workspace() {
 }
 
 // ---- scalar blocks: the leaves streamed ----------------------------------------------------
+// The batches of leaves the forward loads at once (in_batches): 32 bytes of values (16 for
+// complex f64, which spilled on sm_70 at 32).
+template <typename V> constexpr int sweep_leaf_bytes = sizeof(V) > 8 ? 16 : 32;
+
+// What the backward loads for a leaf, together: ∂x and x at the leaf, x at its parent.
+template <typename V> struct LeafLoad {
+    V g, xv, xp;
+};
+
 // Only the nodes above the leaves live in shared memory, each lane's (n - n0) * r values at an
 // odd stride (n0: the leaves, level 0; a one-node tree has none below its root). A leaf's
 // right-hand side is read from global memory where its parent's upward step needs it
@@ -180,22 +195,22 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
         [&](int l, int e, V x) { sw.ws[l * sw.su + e] = x; });
     // Also orders staged pivots (the root's) before their reads.
     __syncthreads();
-    // Level 1 folds in the leaves, read from rhs; every lane's loads of a leaf issue together.
+    // Level 1 folds in the leaves, read from rhs: per child, every lane's loads issue together.
     if (g.levels > 1) {
+        const int live = sw.s.live();
         for (int p = g.level_start[1] + tid; p < g.level_start[2]; p += threads) {
-            const int c0 = g.child_start[p], c1 = g.child_start[p + 1];
-            for (int l = 0; l < lanes; ++l) {
-                const int t = sw.s.tree(l);
-                if (t < 0) break;
-                for (int j = 0; j < r; ++j) {
-                    V acc = sw.at(l, p, j);
-                    for (int c = c0; c < c1; ++c) {
-                        const V uc =
-                            O::mul(O::load(rhs, (i64)t * nr + (i64)c * r + j), sw.inv(c));
-                        acc = O::sub(acc, O::mul(sw.dn(c), uc));
-                    }
-                    sw.at(l, p, j) = acc;
-                }
+            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                const V inv = sw.inv(c), dn = sw.dn(c);
+                in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
+                    live * r,
+                    [&](int q) {
+                        const i64 t = sw.s.tree(q / r);
+                        return O::load(rhs, t * nr + (i64)c * r + q % r);
+                    },
+                    [&](int q, V u) {
+                        V &acc = sw.at(q / r, p, q % r);
+                        acc = O::sub(acc, O::mul(dn, O::mul(u, inv)));
+                    });
             }
         }
     }
@@ -258,22 +273,20 @@ __device__ void tree_sweep_fwd(const T *u, const T *src, T *x, const SweepTree &
     typedef typename O::V V;
     const ScalarSweep<T, O> sw = scalar_sweep<T, O>(g, s, r, src, stage, 0, status);
     sweep_inner<T, O>(sw, u);
-    const int nr = g.nodes * r, threads = blockDim.x * blockDim.y;
-    // The leaves: x_c = û_c + B̂_c x_p, straight to x.
+    const int nr = g.nodes * r, threads = blockDim.x * blockDim.y, live = s.live();
+    // The leaves: x_c = û_c + B̂_c x_p, straight to x; per child, every lane's loads together.
     if (g.levels > 1) {
         for (int p = g.level_start[1] + threadIdx.y * blockDim.x + threadIdx.x;
              p < g.level_start[2]; p += threads) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const V inv = sw.inv(c), bh = sw.bh(c);
-                for (int l = 0; l < (int)blockDim.x; ++l) {
-                    const int t = s.tree(l);
-                    if (t < 0) break;
-                    const i64 e = (i64)t * nr + (i64)c * r;
-                    for (int j = 0; j < r; ++j) {
-                        const V uc = O::mul(O::load(u, e + j), inv);
-                        O::store(x, e + j, O::add(uc, O::mul(bh, sw.at(l, p, j))));
-                    }
-                }
+                auto at = [&](int q) { return (i64)s.tree(q / r) * nr + (i64)c * r + q % r; };
+                in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
+                    live * r, [&](int q) { return O::load(u, at(q)); },
+                    [&](int q, V uq) {
+                        const V uc = O::mul(uq, inv);
+                        O::store(x, at(q), O::add(uc, O::mul(bh, sw.at(q / r, p, q % r))));
+                    });
             }
         }
     }
@@ -302,27 +315,29 @@ __device__ void tree_sweep_bwd(const T *gx, const T *src, const T *x, T *du, T *
         O::store(dcoef, dset + d0 + v, O::sub(O::zero(), db));
         O::store(dcoef, 2 * dset + d0 + v, O::sub(O::zero(), dc));
     };
-    // The leaves: λ_c = û_c + B̂_c λ_p to ∂u, and their gradient terms (add_gradient_terms'
-    // operations, λ_c made on the way).
+    // The leaves: λ_c = û_c + B̂_c λ_p to ∂u, and their gradient terms, over the lanes and
+    // right-hand sides in order; per child, every lane's loads issue together.
+    const int live = s.live();
     if (g.levels > 1) {
         for (int p = g.level_start[1] + tid; p < g.level_start[2]; p += threads) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const V inv = sw.inv(c), bh = sw.bh(c);
                 V da = O::zero(), db = O::zero(), dc = O::zero();
-                for (int l = 0; l < (int)blockDim.x; ++l) {
-                    const int t = s.tree(l);
-                    if (t < 0) break;
-                    const i64 e = (i64)t * nr + (i64)c * r, ep = (i64)t * nr + (i64)p * r;
-                    for (int j = 0; j < r; ++j) {
-                        const V lp = sw.at(l, p, j);
-                        const V lc = O::add(O::mul(O::load(gx, e + j), inv), O::mul(bh, lp));
-                        O::store(du, e + j, lc);
-                        const V xcj = O::conj(O::load(x, e + j));
-                        da = O::add(da, O::mul(lc, xcj));
-                        db = O::add(db, O::mul(lc, O::conj(O::load(x, ep + j))));
-                        dc = O::add(dc, O::mul(lp, xcj));
-                    }
-                }
+                auto at = [&](int q, int v) {
+                    return (i64)s.tree(q / r) * nr + (i64)v * r + q % r;
+                };
+                in_batches<batch_of<LeafLoad<V>, 96>>(
+                    live * r,
+                    [&](int q) {
+                        return LeafLoad<V>{O::load(gx, at(q, c)), O::load(x, at(q, c)),
+                                           O::load(x, at(q, p))};
+                    },
+                    [&](int q, const LeafLoad<V> &in) {
+                        const V lp = sw.at(q / r, p, q % r);
+                        const V lc = O::add(O::mul(in.g, inv), O::mul(bh, lp));
+                        O::store(du, at(q, c), lc);
+                        add_gradient_term<O>(lc, lp, in.xv, in.xp, false, da, db, dc);
+                    });
                 put(c, da, db, dc);
             }
         }
@@ -331,13 +346,17 @@ __device__ void tree_sweep_bwd(const T *gx, const T *src, const T *x, T *du, T *
     for (int v = sw.n0 + tid; v < n; v += threads) {
         const int p = g.parent[v];
         V da = O::zero(), db = O::zero(), dc = O::zero();
-        for (int l = 0; l < (int)blockDim.x; ++l) {
-            const int t = s.tree(l);
-            if (t < 0) break;
-            const i64 x0 = (i64)t * nr;
-            add_gradient_terms<T, O>(&sw.at(l, v, 0), &sw.at(l, p, 0), x, x0 + (i64)v * r,
-                                     x0 + (i64)p * r, r, v == root, da, db, dc);
-        }
+        in_batches<batch_of<GradientLoad<V>, 96>>(
+            live * r,
+            [&](int q) {
+                const i64 x0 = (i64)s.tree(q / r) * nr + q % r;
+                return GradientLoad<V>{p, O::load(x, x0 + (i64)v * r),
+                                       O::load(x, x0 + (i64)p * r)};
+            },
+            [&](int q, const GradientLoad<V> &in) {
+                add_gradient_term<O>(sw.at(q / r, v, q % r), sw.at(q / r, p, q % r), in.xv, in.xp,
+                                     v == root, da, db, dc);
+            });
         put(v, da, db, dc);
     }
 }
