@@ -209,7 +209,7 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
             live * r,
             [&](int q) {
                 const i64 x0 = (i64)g.tree(first + q / r) * n * r + q % r;
-                return GradientLoad<V>{p, O::load(x, x0 + v * r), O::load(x, x0 + p * r)};
+                return GradientLoad<V>{O::load(x, x0 + v * r), O::load(x, x0 + p * r)};
             },
             [&](int q, const GradientLoad<V> &in) {
                 const V *lt = lam + (first + q / r) * su + q % r;
@@ -351,7 +351,7 @@ __device__ void tree_lanes_block_bwd(const T *gx, const T *coef, const T *x, T *
             live * r,
             [&](int q) {
                 const i64 x0 = (i64)g.tree(first + q / r) * n * dr + q % r;
-                return GradientLoad<V>{p, O::load(x, x0 + (v * d + j) * r),
+                return GradientLoad<V>{O::load(x, x0 + (v * d + j) * r),
                                        O::load(x, x0 + (p * d + j) * r)};
             },
             [&](int q, const GradientLoad<V> &in) {

@@ -343,13 +343,13 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
         mine * r,
         [&](int q) {
             const int e = entry(q), v = e / dd, j = e % d, k = q % r, p = g.parent[v];
-            return GradientLoad<V>{p, O::load(x, x0 + ((i64)v * d + j) * r + k),
+            return GradientLoad<V>{O::load(x, x0 + ((i64)v * d + j) * r + k),
                                    O::load(x, x0 + ((i64)p * d + j) * r + k)};
         },
         [&](int q, const GradientLoad<V> &in) {
-            const int e = entry(q), v = e / dd, i = e % dd / d, k = q % r;
+            const int e = entry(q), v = e / dd, i = e % dd / d, k = q % r, p = g.parent[v];
             if (k == 0) da = db = dc = O::zero();
-            add_gradient_term<O>(lam[((i64)v * d + i) * r + k], lam[((i64)in.p * d + i) * r + k],
+            add_gradient_term<O>(lam[((i64)v * d + i) * r + k], lam[((i64)p * d + i) * r + k],
                                  in.xv, in.xp, v == root, da, db, dc);
             if (k < r - 1) return;
             O::store(dcoef, d0 + e, O::sub(O::zero(), da));

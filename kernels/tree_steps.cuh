@@ -134,8 +134,8 @@ __device__ __forceinline__ void block_push_down(const typename O::V *bc, const t
 
 // Runs use(i, load(i)) for i = 0, 1, ..., n - 1 in that order, B at a time: a batch's loads
 // all issue before its first use. A loop that loads, uses and stores one value at a time waits
-// a whole memory round trip per value (the compiler may not move a load above a store that may
-// alias it), and the solves' loops over lanes and children were chains of such round trips.
+// a whole memory round trip per value: the compiler may not move a load above a store that may
+// alias it.
 template <int B, typename Load, typename Use>
 __device__ __forceinline__ void in_batches(int n, Load load, Use use) {
     for (int i0 = 0; i0 < n; i0 += B) {
@@ -183,13 +183,12 @@ __device__ __forceinline__ void add_gradient_terms(const typename O::V *lv,
                                                    i64 xp, int r, bool root, typename O::V &da,
                                                    typename O::V &db, typename O::V &dc) {
     for (int j = 0; j < r; ++j)
-        add_gradient_term<O>(lv[j], lp[j], O::load(x, xv + j), root ? O::zero() : O::load(x, xp + j),
-                             root, da, db, dc);
+        add_gradient_term<O>(lv[j], lp[j], O::load(x, xv + j),
+                             root ? O::zero() : O::load(x, xp + j), root, da, db, dc);
 }
 
-// x's values of an entry's column at v and at its parent p, for add_gradient_term, loaded
+// x's values of an entry's column at v and at its parent, for add_gradient_term, loaded
 // together.
 template <typename V> struct GradientLoad {
-    int p;
     V xv, xp;
 };

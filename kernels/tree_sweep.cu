@@ -146,6 +146,7 @@ template <typename T, typename O> struct ScalarSweep {
     SweepTree g;
     SweepLanes s;
     int r, n0, su;
+    int live; // the lanes 0, 1, ... that have a tree
     const T *piv;
     i64 set, o;
     V *ws;
@@ -171,10 +172,11 @@ __device__ __forceinline__ ScalarSweep<T, O> scalar_sweep(const SweepTree &g, co
     const i64 set = (i64)(s.shared ? s.heads : s.batch * s.heads) * n;
     const i64 o = (i64)s.coef_set(s.tree(0)) * n;
     V *ws = sweep_workspace<V>();
-    if (!stage) return ScalarSweep<T, O>{g, s, r, n0, su, src, set, o, ws};
+    const int live = s.live();
+    if (!stage) return ScalarSweep<T, O>{g, s, r, n0, su, live, src, set, o, ws};
     T *piv = reinterpret_cast<T *>(ws + (i64)blockDim.x * su);
     eliminate_pivots<T, O>(src, set, o, piv, n, 0, g, adjoint, status);
-    return ScalarSweep<T, O>{g, s, r, n0, su, piv, n, 0, ws};
+    return ScalarSweep<T, O>{g, s, r, n0, su, live, piv, n, 0, ws};
 }
 
 // The sweep of the block's trees up to the nodes above the leaves: on return sw.ws holds their
@@ -197,12 +199,11 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
     __syncthreads();
     // Level 1 folds in the leaves, read from rhs: per child, every lane's loads issue together.
     if (g.levels > 1) {
-        const int live = sw.s.live();
         for (int p = g.level_start[1] + tid; p < g.level_start[2]; p += threads) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const V inv = sw.inv(c), dn = sw.dn(c);
                 in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
-                    live * r,
+                    sw.live * r,
                     [&](int q) {
                         const i64 t = sw.s.tree(q / r);
                         return O::load(rhs, t * nr + (i64)c * r + q % r);
@@ -273,7 +274,7 @@ __device__ void tree_sweep_fwd(const T *u, const T *src, T *x, const SweepTree &
     typedef typename O::V V;
     const ScalarSweep<T, O> sw = scalar_sweep<T, O>(g, s, r, src, stage, 0, status);
     sweep_inner<T, O>(sw, u);
-    const int nr = g.nodes * r, threads = blockDim.x * blockDim.y, live = s.live();
+    const int nr = g.nodes * r, threads = blockDim.x * blockDim.y;
     // The leaves: x_c = û_c + B̂_c x_p, straight to x; per child, every lane's loads together.
     if (g.levels > 1) {
         for (int p = g.level_start[1] + threadIdx.y * blockDim.x + threadIdx.x;
@@ -282,7 +283,7 @@ __device__ void tree_sweep_fwd(const T *u, const T *src, T *x, const SweepTree &
                 const V inv = sw.inv(c), bh = sw.bh(c);
                 auto at = [&](int q) { return (i64)s.tree(q / r) * nr + (i64)c * r + q % r; };
                 in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
-                    live * r, [&](int q) { return O::load(u, at(q)); },
+                    sw.live * r, [&](int q) { return O::load(u, at(q)); },
                     [&](int q, V uq) {
                         const V uc = O::mul(uq, inv);
                         O::store(x, at(q), O::add(uc, O::mul(bh, sw.at(q / r, p, q % r))));
@@ -317,7 +318,6 @@ __device__ void tree_sweep_bwd(const T *gx, const T *src, const T *x, T *du, T *
     };
     // The leaves: λ_c = û_c + B̂_c λ_p to ∂u, and their gradient terms, over the lanes and
     // right-hand sides in order; per child, every lane's loads issue together.
-    const int live = s.live();
     if (g.levels > 1) {
         for (int p = g.level_start[1] + tid; p < g.level_start[2]; p += threads) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
@@ -327,7 +327,7 @@ __device__ void tree_sweep_bwd(const T *gx, const T *src, const T *x, T *du, T *
                     return (i64)s.tree(q / r) * nr + (i64)v * r + q % r;
                 };
                 in_batches<batch_of<LeafLoad<V>, 96>>(
-                    live * r,
+                    sw.live * r,
                     [&](int q) {
                         return LeafLoad<V>{O::load(gx, at(q, c)), O::load(x, at(q, c)),
                                            O::load(x, at(q, p))};
@@ -347,10 +347,10 @@ __device__ void tree_sweep_bwd(const T *gx, const T *src, const T *x, T *du, T *
         const int p = g.parent[v];
         V da = O::zero(), db = O::zero(), dc = O::zero();
         in_batches<batch_of<GradientLoad<V>, 96>>(
-            live * r,
+            sw.live * r,
             [&](int q) {
                 const i64 x0 = (i64)s.tree(q / r) * nr + q % r;
-                return GradientLoad<V>{p, O::load(x, x0 + (i64)v * r),
+                return GradientLoad<V>{O::load(x, x0 + (i64)v * r),
                                        O::load(x, x0 + (i64)p * r)};
             },
             [&](int q, const GradientLoad<V> &in) {
