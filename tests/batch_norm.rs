@@ -392,6 +392,41 @@ fn batch_norm_running_averages_match_loops_and_candle_ops() {
     }
 }
 
+/// A half-precision BatchNorm keeps its running averages in f32 and so follows an f32 one on
+/// the same rows to the bit, over 300 steps whose batches' statistics drift slowly (stored in
+/// bf16, an update below half a unit in the average's last place would be lost).
+#[test]
+fn batch_norm_running_averages_of_a_half_model_are_kept_in_f32() {
+    use candle_nn::{VarBuilder, VarMap};
+    use myosotis::nn::batch_norm::BatchNorm;
+    let (mut rng, seed) = seeded_rng("batch_norm_half_running", 145);
+    let (h, rows, decay) = (5, 24, 0.95);
+    let dev = Device::Cpu;
+    let norm = |dtype| {
+        let map = VarMap::new();
+        let vb = VarBuilder::from_varmap(&map, dtype, &dev);
+        (BatchNorm::new(h, decay, vb).unwrap(), map)
+    };
+    let running = |map: &VarMap, name: &str| map.data().lock().unwrap()[name].as_tensor().clone();
+    for dtype in [DType::F16, DType::BF16] {
+        let what = format!("{dtype:?} (seed {seed})");
+        let ((half, half_map), (full, full_map)) = (norm(dtype), norm(DType::F32));
+        for step in 0..300 {
+            let centre = 1.0 + step as f64 / 1000.0;
+            let x = uniform(&mut rng, rows * h, centre - 0.5, centre + 0.5);
+            let x = tensor(&x, &[2, rows / 2, h], dtype, &dev);
+            half.forward_train(&x, None).unwrap();
+            full.forward_train(&x.to_dtype(DType::F32).unwrap(), None)
+                .unwrap();
+        }
+        for name in ["running_mean", "running_var"] {
+            let (got, want) = (running(&half_map, name), running(&full_map, name));
+            assert_eq!(to_vec(&got), to_vec(&want), "{what}: the {name}");
+            assert_eq!(got.dtype(), DType::F32, "{what}: the {name}'s dtype");
+        }
+    }
+}
+
 #[test]
 fn batch_norm_ops_name_a_bad_operand() {
     let x = Tensor::zeros((2, 3, 4), DType::F32, &Device::Cpu).unwrap();

@@ -154,6 +154,47 @@ fn grads(opt: &Optimizer, compute: &Var, g: [f32; 3]) -> GradStore {
         .unwrap()
 }
 
+/// A compute copy built in `Optimizer::compute_varmap` shares the variables the optimiser does
+/// not train with the masters: a bf16 copy's BatchNorm updates the masters' f32 running
+/// averages itself. A copy with running averages of its own is refused, naming them.
+#[test]
+fn the_compute_copy_shares_the_running_averages_with_the_masters() {
+    use candle_nn::{VarBuilder, VarMap};
+    use myosotis::nn::batch_norm::BatchNorm;
+    let dev = Device::Cpu;
+    let vars = |m: &VarMap| m.data().lock().unwrap().clone();
+    let norm =
+        |map: &VarMap, dtype| BatchNorm::new(3, 0.5, VarBuilder::from_varmap(map, dtype, &dev));
+    let master = VarMap::new();
+    norm(&master, DType::F32).unwrap();
+    let group = |n: &str| match n.contains("running") {
+        true => ParamGroup::Frozen,
+        false => ParamGroup::Ssm,
+    };
+    let mut opt = Optimizer::new(optim(), &vars(&master), group).unwrap();
+    let compute = opt.compute_varmap(&vars(&master));
+    let copy = norm(&compute, DType::BF16).unwrap();
+    opt.mirror(&vars(&master), &vars(&compute), Precision::Bf16)
+        .unwrap();
+    let x = Tensor::new(&[[1f32, 2.0, 3.0], [3.0, 6.0, 9.0]], &dev).unwrap();
+    copy.forward_train(&x.to_dtype(DType::BF16).unwrap(), None)
+        .unwrap();
+    // running = 0.5 · (0, 1) + 0.5 · (the mean, the unbiased variance) of the two rows.
+    let mean = &vars(&master)["running_mean"];
+    assert_eq!(mean.dtype(), DType::F32);
+    assert_eq!(values(mean), [1.0, 2.0, 3.0]);
+    assert_eq!(values(&vars(&master)["running_var"]), [1.5, 4.5, 9.5]);
+
+    let own = VarMap::new();
+    norm(&own, DType::BF16).unwrap();
+    let mut opt = Optimizer::new(optim(), &vars(&master), group).unwrap();
+    let err = opt
+        .mirror(&vars(&master), &vars(&own), Precision::Bf16)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("'running_"), "{err}");
+}
+
 /// f16's loss scaler: a step whose scaled gradients hold an infinity or a NaN (injected) is
 /// skipped — the master, its copy, the moments and the step count stay — and the scale halves;
 /// the steps around it are taken, unscaled: the same as with an f32 optimiser given the

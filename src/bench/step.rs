@@ -308,19 +308,18 @@ impl StepBench {
     /// The model (its parameters drawn afresh; under mixed precision, its compute copy), its
     /// optimiser and random inputs of the task's shape; the model's f32 variables by name.
     fn setup(&self, device: &Device) -> Result<(Setup, HashMap<String, Var>)> {
-        let made = |dtype: DType| -> Result<_> {
-            let varmap = VarMap::new();
+        let made = |varmap: VarMap, dtype: DType| -> Result<_> {
             let vb = VarBuilder::from_varmap(&varmap, dtype, device);
             let model = SequenceClassifier::new(self.model.clone(), vb)?;
             let vars = varmap.data().lock().expect("varmap").clone();
             Ok((model, vars))
         };
-        let (mut model, vars) = made(DType::F32)?;
+        let (mut model, vars) = made(VarMap::new(), DType::F32)?;
         let mut opt = Optimizer::new(self.optim.clone(), &vars, |n| model.param_group(n))?;
         // On CUDA the step is `myo train`'s captured one, which takes the gradient norm each step.
         opt.log_every(usize::from(device.is_cuda()));
         if self.precision.is_mixed() {
-            let (copy, compute) = made(self.precision.dtype())?;
+            let (copy, compute) = made(opt.compute_varmap(&vars), self.precision.dtype())?;
             opt.mirror(&vars, &compute, self.precision)?;
             model = copy;
         }

@@ -13,10 +13,11 @@ use std::collections::HashMap;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Result, Tensor, Var};
+use candle_nn::VarMap;
 use serde::{Deserialize, Serialize};
 
 use super::dist::World;
-use super::precision::{compute_of, Buffers, LossScaler, Precision};
+use super::precision::{compute_of, LossScaler, Precision};
 use crate::nn::ParamGroup;
 use crate::ops::adamw::StepDtypes;
 use crate::ops::{adamw_step, AdamwHyper, AdamwParam};
@@ -131,8 +132,6 @@ pub struct Optimizer {
     /// The hyper-parameter rows of the step, a (groups, 7) table per parameter dtype, written
     /// in place every step.
     tables: Vec<(DType, Tensor)>,
-    /// Under mixed precision, the compute copies of the variables not trained.
-    buffers: Option<Buffers>,
     /// f16's loss scaling.
     scaler: Option<LossScaler>,
     /// 1 / the loss scale of the step being taken.
@@ -183,18 +182,36 @@ impl Optimizer {
             last_norm: None,
             step_lr: 0.0,
             tables: Vec::new(),
-            buffers: None,
             scaler: None,
             unscale: None,
         })
     }
 
-    /// Trains the model copy `compute` (name → variable, in `precision`'s dtype) through the
-    /// f32 masters this optimiser was made with, `master` holding them and the variables not
-    /// trained: AdamW reads the compute copy's gradients and writes each stepped master,
-    /// rounded, into its compute copy, and the compute copy's untrained variables (BatchNorm's
-    /// running statistics) are cast back into `master`. Under f16 the loss is scaled
-    /// ([`Optimizer::loss_scale`]). Casts the masters into the compute copy now.
+    /// Whether this optimiser trains the variable called `name`.
+    fn trains(&self, name: &str) -> bool {
+        self.slots.iter().any(|s| s.name == name)
+    }
+
+    /// The variable map to build a compute copy of the model in: it holds `master`'s
+    /// variables that this optimiser does not train (BatchNorm's running averages, f32 in a
+    /// half-precision model too), so that the copy updates the masters' own.
+    pub fn compute_varmap(&self, master: &HashMap<String, Var>) -> VarMap {
+        let varmap = VarMap::new();
+        varmap.data().lock().expect("varmap lock").extend(
+            master
+                .iter()
+                .filter(|(n, _)| !self.trains(n))
+                .map(|(n, v)| (n.clone(), v.clone())),
+        );
+        varmap
+    }
+
+    /// Trains the model copy `compute` (name → variable, in `precision`'s dtype, built in
+    /// [`Optimizer::compute_varmap`]) through the f32 masters this optimiser was made with,
+    /// `master` holding them and the variables not trained, which the copy shares: AdamW reads
+    /// the compute copy's gradients and writes each stepped master, rounded, into its compute
+    /// copy. Under f16 the loss is scaled ([`Optimizer::loss_scale`]). Casts the masters into
+    /// the compute copy now.
     pub fn mirror(
         &mut self,
         master: &HashMap<String, Var>,
@@ -207,10 +224,15 @@ impl Optimizer {
         for s in &mut self.slots {
             s.compute = Some(compute_of(compute, &s.name, &s.var)?);
         }
-        let trained: Vec<&str> = self.slots.iter().map(|s| s.name.as_str()).collect();
-        let buffers = Buffers::new(master, compute, |n| trained.contains(&n))?;
-        buffers.to_compute()?;
-        self.buffers = Some(buffers);
+        for (name, var) in master {
+            let shared = compute.get(name).map(|c| c.as_tensor().id());
+            if !self.trains(name) && shared != Some(var.as_tensor().id()) {
+                candle_core::bail!(
+                    "the compute copy's '{name}' is not the master's own variable (a copy \
+                     built in Optimizer::compute_varmap shares what is not trained)"
+                );
+            }
+        }
         if precision == Precision::F16 && self.scaler.is_none() {
             self.scaler = Some(LossScaler::default());
         }
@@ -491,7 +513,7 @@ impl Optimizer {
                 scaler.update(finite);
             }
             if !finite {
-                return self.buffers.as_ref().map_or(Ok(()), |b| b.to_master());
+                return Ok(());
             }
             norm = Some(n);
         }
@@ -627,7 +649,7 @@ impl Optimizer {
             let k = scale.as_ref().map(|k| k.to_dtype(kind.param)).transpose()?;
             adamw_step(&of_kind, table, k.as_ref())?;
         }
-        self.buffers.as_ref().map_or(Ok(()), |b| b.to_master())
+        Ok(())
     }
 
     /// The optimiser state as named tensors (`adam.m.<param>`, `adam.v.<param>`, `adam.step`),

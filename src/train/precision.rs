@@ -140,43 +140,6 @@ impl LossScaler {
     }
 }
 
-/// The compute copy of the variables the optimiser does not train (BatchNorm's running
-/// statistics), each with its master, by name.
-pub(crate) struct Buffers(Vec<(Var, Var)>);
-
-impl Buffers {
-    /// The pairs (master, compute) of `master`'s variables that `trained` does not name.
-    pub fn new(
-        master: &HashMap<String, Var>,
-        compute: &HashMap<String, Var>,
-        trained: impl Fn(&str) -> bool,
-    ) -> Result<Self> {
-        let mut names: Vec<&String> = master.keys().filter(|n| !trained(n)).collect();
-        names.sort();
-        names
-            .into_iter()
-            .map(|n| Ok((master[n].clone(), compute_of(compute, n, &master[n])?)))
-            .collect::<Result<_>>()
-            .map(Buffers)
-    }
-
-    /// Casts the compute copies into their masters.
-    pub fn to_master(&self) -> Result<()> {
-        for (master, compute) in &self.0 {
-            master.set(&compute.as_tensor().to_dtype(master.dtype())?)?;
-        }
-        Ok(())
-    }
-
-    /// Casts the masters into their compute copies.
-    pub fn to_compute(&self) -> Result<()> {
-        for (master, compute) in &self.0 {
-            compute.set(&master.as_tensor().to_dtype(compute.dtype())?)?;
-        }
-        Ok(())
-    }
-}
-
 /// The compute copy of the master variable `name`, which must have its shape.
 pub(crate) fn compute_of(compute: &HashMap<String, Var>, name: &str, master: &Var) -> Result<Var> {
     match compute.get(name) {

@@ -349,7 +349,7 @@ pub fn train(
     let model = match cfg.precision.is_mixed() {
         false => model,
         true => {
-            let compute = VarMap::new();
+            let compute = opt.compute_varmap(&vars(&varmap));
             let vb = VarBuilder::from_varmap(&compute, cfg.precision.dtype(), device);
             let copy = SequenceClassifier::new(cfg.model.clone(), vb)?;
             opt.mirror(&vars(&varmap), &vars(&compute), cfg.precision)?;

@@ -57,24 +57,24 @@ pub fn assert_half_by_hand_follows_f32<L>(
     let (hx, hy, hg) = pass(&half, dtype);
     let (fx, fy, fg) = pass(&full, DType::F32);
     let mut worst = 0f64;
-    let mut check = |part: &str, got: &Tensor, want: &Tensor| {
-        assert_eq!(got.dtype(), dtype, "{part}'s dtype, {what}");
+    let mut check = |part: &str, got: &Tensor, want: &Tensor, kept: DType| {
+        assert_eq!(got.dtype(), kept, "{part}'s dtype, {what}");
         let e = rel_err(&to_vec(got), &to_vec(want));
         assert!(e < tol, "{part}: error {e:e} in {dtype:?}, {what}");
         worst = worst.max(e);
     };
-    check("output", &hy, &fy);
-    check("∂x", hg.get(&hx).unwrap(), fg.get(&fx).unwrap());
+    check("output", &hy, &fy, dtype);
+    check("∂x", hg.get(&hx).unwrap(), fg.get(&fx).unwrap(), dtype);
     for (name, v) in &half_vars {
-        // Buffers (BatchNorm's running averages) have no gradient in either: their values
-        // after the pass are compared.
+        // Buffers (BatchNorm's running averages, kept in f32) have no gradient in either:
+        // their values after the pass are compared.
         let Some(want) = fg.get(&full_vars[name]) else {
             assert!(hg.get(v).is_none(), "∂{name} in {dtype:?} alone, {what}");
-            check(name, v.as_tensor(), full_vars[name].as_tensor());
+            check(name, v.as_tensor(), full_vars[name].as_tensor(), DType::F32);
             continue;
         };
         let got = hg.get(v).unwrap_or_else(|| panic!("no ∂{name}, {what}"));
-        check(&format!("∂{name}"), got, want);
+        check(&format!("∂{name}"), got, want, dtype);
     }
     eprintln!("{what}, {dtype:?}: largest error {worst:.2e}");
 }

@@ -18,11 +18,12 @@
 //! do not apply (rows wider than [`cuda::supports`] takes, other devices) the same formulas
 //! run as candle ops ([`composed`]).
 //!
-//! Rows, γ, β and the running averages are of the input's dtype; the statistics (μ, σ², n,
-//! ∂γ and ∂β of the whole batch) of [`stats_dtype`]: f32 for f16 and bf16 rows, whose sums
-//! over batch × length rows would overflow f16 (and whose n need not be exact in it). Half
-//! rows are read into f32 and what is stored in half rounded, so they give the bits of their
-//! f32 copy normalised and rounded, without the copy.
+//! Rows, γ and β are of the input's dtype; the statistics (μ, σ², n, ∂γ and ∂β of the whole
+//! batch) and the running averages the model keeps of [`stats_dtype`] (the running averages
+//! may be of the rows' dtype too): f32 for f16 and bf16 rows, whose sums over batch × length
+//! rows would overflow f16 (and whose n need not be exact in it). Half rows are read into f32
+//! and what is stored in half rounded, so they give the bits of their f32 copy normalised and
+//! rounded, without the copy.
 
 use candle_core::{bail, DType, Result, Tensor, D};
 
@@ -227,9 +228,9 @@ pub fn batch_norm_backward(
     Ok(Twin::Backward.run(&inputs, eps)?.remove(0))
 }
 
-/// BatchNorm's running averages (of the rows' dtype), updated in place in one launch from
-/// statistics: with m the decay and n the rows of the whole batch (a (1) tensor, which stays
-/// on the device),
+/// BatchNorm's running averages (of the statistics' dtype, or of the rows'), updated in place
+/// in one launch from statistics: with m the decay and n the rows of the whole batch (a (1)
+/// tensor, which stays on the device),
 /// running_mean ← running_mean·m + μ·(1 − m) and
 /// running_var ← running_var·m + (σ²·n/(n − 1))·(1 − m), the unbiased variance that
 /// candle-nn's BatchNorm keeps. The operations are those of the same update in candle ops, in
