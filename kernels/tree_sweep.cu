@@ -23,12 +23,21 @@
 // The scalar backward is compiled for one (at most 128 registers): at 64, its leaves' gradient
 // terms spilled in f64 and complex f64 on sm_70.
 #define SWEEP_BWD_MIN_BLOCKS 1
+// `tree_pivots` runs a block per coefficient set (for coefficients shared by the batch a head's:
+// 64 blocks at Path-X's bench shape, fewer than the SMs), compiled for one resident block: at
+// two (64 registers), loading a child's three values together spilled in complex f64.
+#define SWEEP_PIVOTS_MIN_BLOCKS 1
 
 struct SweepTree {
     const int *level_start; // levels + 1
     const int *child_start; // nodes + 1
     const int *parent;      // nodes (the root is its own parent)
     int levels, nodes;
+};
+
+// What the elimination loads for a child together: Â_c as accumulated, B'_c and C'_c.
+template <typename V> struct PivotLoad {
+    V a, b, c;
 };
 
 // The pivots of T_G or (adjoint) T_G^H for one coefficient set, eliminated by the block's
@@ -56,18 +65,28 @@ __device__ void eliminate_pivots(const T *coef, i64 cset, i64 co, T *piv, i64 ps
             1, n, [&](int, int v) { return read(parts[k], v); },
             [&](int, int v, V x) { O::store(piv, k * pset + po + v, x); });
     __syncthreads();
+    // Per parent, its children's three values load together (up to 48 bytes), and with them
+    // Â_p: in global memory (`tree_pivots`) each load after a store waits a round trip.
     for (int k = 1; k < g.levels; ++k) {
         for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += threads) {
             V ap = O::load(piv, po + p);
-            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V ac = O::load(piv, po + c);
-                if (!pivot_ok(ac)) atomicCAS(status, 0, 1 + c);
-                const V inv = O::inv(ac);
-                const V bh = O::mul(O::sub(O::zero(), O::load(piv, pset + po + c)), inv);
-                O::store(piv, po + c, inv);
-                O::store(piv, pset + po + c, bh);
-                ap = O::add(ap, O::mul(O::load(piv, 2 * pset + po + c), bh));
-            }
+            const int c0 = g.child_start[p];
+            in_batches<batch_of<PivotLoad<V>, 48>>(
+                g.child_start[p + 1] - c0,
+                [&](int i) {
+                    const i64 c = po + c0 + i;
+                    return PivotLoad<V>{O::load(piv, c), O::load(piv, pset + c),
+                                        O::load(piv, 2 * pset + c)};
+                },
+                [&](int i, const PivotLoad<V> &in) {
+                    const int c = c0 + i;
+                    if (!pivot_ok(in.a)) atomicCAS(status, 0, 1 + c);
+                    const V inv = O::inv(in.a);
+                    const V bh = O::mul(O::sub(O::zero(), in.b), inv);
+                    O::store(piv, po + c, inv);
+                    O::store(piv, pset + po + c, bh);
+                    ap = O::add(ap, O::mul(in.c, bh));
+                });
             O::store(piv, po + p, ap);
         }
         __syncthreads();
@@ -294,8 +313,9 @@ __device__ void tree_sweep_fwd(const T *u, const T *src, T *x, const SweepTree &
     sweep_inner_store<T, O>(sw, x);
 }
 
-// Backward, with the adjoint's pivots (src: the coefficients or those pivots): λ = T_G^-H ∂x, ∂u = λ, and the coefficient gradients
-// ∂A_v = -Σ_r λ_v conj(x_v), ∂B_v = -Σ_r λ_v conj(x_parent), ∂C_v = -Σ_r λ_parent conj(x_v)
+// Backward, with the adjoint's pivots (src: the coefficients or those pivots): λ = T_G^-H ∂x,
+// ∂u = λ, and the coefficient gradients ∂A_v = -Σ_r λ_v conj(x_v),
+// ∂B_v = -Σ_r λ_v conj(x_parent), ∂C_v = -Σ_r λ_parent conj(x_v)
 // (zero at the root), a row per block: per tree, (3, trees, nodes) as tree_solve.cu's tree_bwd
 // writes them, or for shared coefficients summed over the block's lanes in order,
 // (3, groups, heads, nodes) with groups = ceil(batch / lanes), as tree_lanes.cu's.
@@ -380,23 +400,29 @@ __device__ void tree_block_pivots(const T *coef, T *piv, const SweepTree &g, int
     const int d = D > 0 ? D : d_run, dd = d * d, n = g.nodes;
     const i64 set = (i64)sets * n * dd, o = (i64)blockIdx.x * n * dd;
     const i64 up = adjoint ? 2 * set : set, down = adjoint ? set : 2 * set;
-    // The adjoint's blocks are the coefficients' conjugate transposes.
-    for (int e = threadIdx.x; e < n * dd; e += blockDim.x) {
-        const int blk = e - e % dd, i = e % dd / d, j = e % d;
-        const i64 src = o + (adjoint ? blk + j * d + i : e);
-        auto read = [&](i64 base) {
-            const V x = O::load(coef, base + src);
+    // The adjoint's blocks are the coefficients' conjugate transposes; the loads of the three
+    // parts, A' then B' then C', issue in batches (batched_copy).
+    const int len = n * dd;
+    batched_copy<V>(
+        3 * len,
+        [&](int i) {
+            const int k = i / len, e = i % len, blk = e - e % dd, r = e % dd / d, c = e % d;
+            const i64 part = k == 0 ? 0 : k == 1 ? up : down;
+            const V x = O::load(coef, part + o + (adjoint ? blk + c * d + r : e));
             return adjoint ? O::conj(x) : x;
-        };
-        O::store(piv, o + e, read(0));
-        O::store(piv, set + o + e, read(up));
-        O::store(piv, 2 * set + o + e, read(down));
-    }
+        },
+        [&](int i, V x) { O::store(piv, i / len * set + o + i % len, x); });
     __syncthreads();
+    // Â_p is summed in registers over the children (the same additions in the same order):
+    // summed in global memory, each (i, q)'s loads of it waited on the stores before them, a
+    // round trip each, d² per child.
     V m[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D], bc[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D];
+    V a[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D];
     for (int k = 1; k < g.levels; ++k) {
         for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
             const i64 ap = o + (i64)p * dd;
+#pragma unroll
+            for (int e = 0; e < dd; ++e) a[e] = O::load(piv, ap + e);
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const i64 ac = o + (i64)c * dd;
 #pragma unroll
@@ -413,13 +439,13 @@ __device__ void tree_block_pivots(const T *coef, T *piv, const SweepTree &g, int
                     for (int q = 0; q < d; ++q) {
                         const V ciq = O::load(piv, 2 * set + ac + i * d + q);
 #pragma unroll
-                        for (int j = 0; j < d; ++j) {
-                            const i64 e = ap + i * d + j;
-                            O::store(piv, e, O::add(O::mul(ciq, bc[q * d + j]), O::load(piv, e)));
-                        }
+                        for (int j = 0; j < d; ++j)
+                            a[i * d + j] = O::add(O::mul(ciq, bc[q * d + j]), a[i * d + j]);
                     }
                 }
             }
+#pragma unroll
+            for (int e = 0; e < dd; ++e) O::store(piv, ap + e, a[e]);
         }
         __syncthreads();
     }
@@ -568,18 +594,23 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
     const i64 rows = s.shared ? (i64)(s.batch + blockDim.x - 1) / blockDim.x * s.heads
                               : (i64)s.batch * s.heads;
     const i64 dset = rows * n * dd;
+    const int live = s.live();
     for (int e = tid; e < n * dd; e += threads) {
         const int v = e / dd, i = e % dd / d, j = e % d, p = g.parent[v];
+        // Over the live lanes and right-hand sides, in that order, their loads in batches.
         V da = O::zero(), db = O::zero(), dc = O::zero();
-        for (int l = 0; l < (int)blockDim.x; ++l) {
-            const int t = s.tree(l);
-            if (t < 0) break;
-            const V *lt = lam + l * su;
-            const i64 x0 = (i64)t * ndr;
-            add_gradient_terms<T, O>(lt + (v * d + i) * r, lt + (p * d + i) * r, x,
-                                     x0 + (v * d + j) * r, x0 + (p * d + j) * r, r, v == root,
-                                     da, db, dc);
-        }
+        in_batches<batch_of<GradientLoad<V>, 64>>(
+            live * r,
+            [&](int q) {
+                const i64 x0 = (i64)s.tree(q / r) * ndr + q % r;
+                return GradientLoad<V>{O::load(x, x0 + (v * d + j) * r),
+                                       O::load(x, x0 + (p * d + j) * r)};
+            },
+            [&](int q, const GradientLoad<V> &in) {
+                const V *lt = lam + q / r * su + q % r;
+                add_gradient_term<O>(lt[(v * d + i) * r], lt[(p * d + i) * r], in.xv, in.xp,
+                                     v == root, da, db, dc);
+            });
         const i64 d0 = (i64)blockIdx.x * n * dd + e;
         O::store(dcoef, d0, O::sub(O::zero(), da));
         O::store(dcoef, dset + d0, O::sub(O::zero(), db));
@@ -588,7 +619,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
 }
 
 #define SWEEP_KERNELS(SUFFIX, T, OPS)                                                           \
-    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                              \
+    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, SWEEP_PIVOTS_MIN_BLOCKS)        \
         tree_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,                     \
                              const int *child_start, const int *parent, int levels, int nodes,  \
                              int sets, int adjoint, int *status) {                              \
