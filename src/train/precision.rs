@@ -2,18 +2,15 @@
 //! copy, which checkpoints hold), and a second copy of the model in f16 or bf16 runs the
 //! forward and backward passes. AdamW's kernel reads the compute copy's gradients in their
 //! dtype (or their f32 sums over a batch's parts) and writes each stepped master parameter,
-//! rounded, into the compute copy; the compute copy's BatchNorm running statistics (which the
-//! forward pass updates) are cast back into the master
-//! ([`super::optim::Optimizer::mirror`]).
+//! rounded, into the compute copy, which shares the BatchNorm running averages (f32, updated by
+//! the forward pass) with the master ([`super::optim::Optimizer::mirror`]).
 //!
 //! f16's range is narrow (largest 65,504, smallest normal 6.1e-5), so its gradients are those
 //! of the loss times a scale ([`LossScaler`], as PyTorch's `GradScaler`): a step whose scaled
 //! gradients are not all finite is skipped and the scale halved; after
 //! [`LossScaler::GROWTH_INTERVAL`] clean steps it doubles. bf16 has f32's range and needs none.
 
-use std::collections::HashMap;
-
-use candle_core::{DType, Device, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// The dtype a training step computes in.
@@ -137,18 +134,5 @@ impl LossScaler {
                 "the loss scaler's state {v:?} is not [scale > 0, clean, skipped]"
             ),
         }
-    }
-}
-
-/// The compute copy of the master variable `name`, which must have its shape.
-pub(crate) fn compute_of(compute: &HashMap<String, Var>, name: &str, master: &Var) -> Result<Var> {
-    match compute.get(name) {
-        Some(c) if c.dims() == master.dims() => Ok(c.clone()),
-        Some(c) => candle_core::bail!(
-            "the compute copy of '{name}' has shape {:?}, the master {:?}",
-            c.dims(),
-            master.dims()
-        ),
-        None => candle_core::bail!("the compute copy of the model has no '{name}'"),
     }
 }
