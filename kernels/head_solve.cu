@@ -75,7 +75,7 @@ __device__ void head_pivots(const T *coef, T *piv, const HeadTree &g, int adjoin
     const int root = g.nodes - 1;
     for (int k = 0; k < g.levels; ++k) {
         if (h < g.heads) {
-            for (int v = g.level_start[k] + threadIdx.y; v < g.level_start[k + 1];
+            for (int v = g.level_start[k] + threadIdx.y, v_end = g.level_start[k + 1]; v < v_end;
                  v += blockDim.y) {
                 V a = O::one();
                 for (int c = g.child_start[v]; c < g.child_start[v + 1]; ++c) {
@@ -137,8 +137,8 @@ __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, cons
     __syncthreads();
     // Upward: the parents of level k fold in their children (û_c = ũ_c / Â_c).
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += blockDim.y) {
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             V acc = O::load(x, x0 + (i64)p * g.heads + h);
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const i64 e = (i64)c * g.heads + h;
@@ -156,8 +156,8 @@ __device__ void head_sweep(const T *rhs, const T *bias, const T *piv, T *x, cons
         O::store(x, x0 + root, O::mul(O::load(x, x0 + root), O::load(piv, root)));
     // Downward: x_c = û_c + B̂_c x_p, the parents of level k pushing to their children.
     for (int k = g.levels - 1; k >= 1; --k) {
-        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += blockDim.y) {
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             const V xp = O::load(x, x0 + (i64)p * g.heads + h);
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const i64 e = (i64)c * g.heads + h;
@@ -208,8 +208,8 @@ __device__ void head_staged(const T *__restrict__ rhs, const T *__restrict__ bia
     // Upward: the parents of level k eliminate their children: Â_p = 1 + Σ C'_c B̂_c and
     // ũ_p = u_p - Σ C'_c û_c, with B̂_c = -B'_c / Â_c and û_c = ũ_c / Â_c.
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += blockDim.y) {
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             V a = O::one(), acc = X(p);
 #pragma unroll 4
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
@@ -238,8 +238,8 @@ __device__ void head_staged(const T *__restrict__ rhs, const T *__restrict__ bia
     }
     // Downward: x_c = û_c + B̂_c x_p, written out as soon as it is known.
     for (int k = g.levels - 1; k >= 1; --k) {
-        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += blockDim.y) {
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             const V xp = X(p);
 #pragma unroll 4
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {

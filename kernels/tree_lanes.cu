@@ -111,8 +111,8 @@ __device__ void lanes_solve(const LaneTrees &g, const T *coef, const T *rhs, typ
     // Upward: the parents of level k fold in their children (levels below are final):
     // B̂_c = (0 - B'_c) Â_c^-1, Â_p += C'_c B̂_c, û_c = ũ_c Â_c^-1, ũ_p -= C'_c û_c.
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += blockDim.y) {
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             V ap = keeps ? a[p] : O::zero();
             for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch) {
                 const V ac = a[ch];
@@ -144,8 +144,8 @@ __device__ void lanes_solve(const LaneTrees &g, const T *coef, const T *rhs, typ
     __syncthreads();
     // Downward: x_c = û_c + B̂_c x_p.
     for (int k = g.levels - 1; k >= 1; --k) {
-        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += blockDim.y) {
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch) {
                 for (int j = 0; j < r; ++j)
                     u[ch * r + j] = O::add(u[ch * r + j], O::mul(b[ch], u[p * r + j]));
@@ -252,8 +252,8 @@ __device__ void lanes_block_solve(const LaneTrees &g, int d_run, const T *coef, 
     V *u = uh + l * su;
     V m[D > 0 ? D * D : LANE_MAX_D * LANE_MAX_D];
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += blockDim.y) {
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             V *ap = a + p * dd, *up = u + p * dr;
             for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch) {
                 V *bc = b + ch * dd, *uc = u + ch * dr;
@@ -286,8 +286,8 @@ __device__ void lanes_block_solve(const LaneTrees &g, int d_run, const T *coef, 
     }
     __syncthreads();
     for (int k = g.levels - 1; k >= 1; --k) {
-        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += blockDim.y) {
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             for (int ch = g.child_start[p]; ch < g.child_start[p + 1]; ++ch)
                 block_push_down<O>(b + ch * dd, u + p * dr, u + ch * dr, d, r);
         }

@@ -96,7 +96,8 @@ __device__ void tree_solve_block(const TreeGeometry &g, const CF &cf, const T *_
     __syncthreads();
     // Upward: the parents of level k fold in their children (levels below are final).
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += blockDim.x) {
+        for (int p = g.level_start[k] + tid, p_end = g.level_start[k + 1]; p < p_end;
+             p += blockDim.x) {
             V ap = ab[p];
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const V ac = ab[c];
@@ -126,7 +127,8 @@ __device__ void tree_solve_block(const TreeGeometry &g, const CF &cf, const T *_
     __syncthreads();
     // Downward: x_c = û_c + B̂_c x_p, the parents of level k pushing to their children.
     for (int k = g.levels - 1; k >= 1; --k) {
-        for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += blockDim.x) {
+        for (int p = g.level_start[k] + tid, p_end = g.level_start[k + 1]; p < p_end;
+             p += blockDim.x) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 for (int j = 0; j < r; ++j)
                     uh[c * r + j] = O::add(uh[c * r + j], O::mul(ab[c], uh[p * r + j]));
@@ -136,10 +138,17 @@ __device__ void tree_solve_block(const TreeGeometry &g, const CF &cf, const T *_
     }
 }
 
-// This block's workspace: dynamic shared memory, or its tree's slice of `global_ws`.
-template <typename V> __device__ __forceinline__ V *tree_workspace(V *global_ws, i64 per_tree) {
+// Runs solve(ws, in_shared) on this block's workspace: its tree's slice of `global_ws`, or
+// dynamic shared memory. Two calls, so that in the second the compiler knows that ws is shared
+// memory: through a pointer that may be either, every access is a generic load or store, slower
+// than a shared one and ordered with the global loads it might alias.
+template <typename V, typename Solve>
+__device__ __forceinline__ void with_workspace(V *global_ws, i64 per_tree, Solve solve) {
     extern __shared__ __align__(16) unsigned char smem[];
-    return global_ws ? global_ws + (i64)blockIdx.x * per_tree : reinterpret_cast<V *>(smem);
+    if (global_ws)
+        solve(global_ws + (i64)blockIdx.x * per_tree, false);
+    else
+        solve(reinterpret_cast<V *>(smem), true);
 }
 
 // Solves one tree with the workspace at ab (nodes values), uh (nodes * r) and, when `staged`
@@ -166,16 +175,17 @@ __device__ __forceinline__ void tree_solve_one(const TreeGeometry &g,
 }
 
 template <typename T, typename O>
-__device__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g, int tree,
-                         int trees, int heads, int shared_coef, int staged,
-                         typename O::V *global_ws, int *status) {
+__device__ __forceinline__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g,
+                                         int tree, int trees, int heads, int shared_coef,
+                                         int staged, typename O::V *global_ws, int *status) {
     typedef typename O::V V;
-    V *ab = tree_workspace<V>(global_ws, g.nodes * (1 + g.r));
-    V *uh = ab + g.nodes;
     const auto cf = tree_coefs<T, O, false>(coef, g.nodes, tree, trees, heads, shared_coef);
     const i64 x0 = (i64)tree * g.nodes * g.r;
-    tree_solve_one<T, O, false>(g, cf, staged, u, x0, ab, status);
-    for (int i = threadIdx.x; i < g.nodes * g.r; i += blockDim.x) O::store(x, x0 + i, uh[i]);
+    with_workspace<V>(global_ws, g.nodes * (1 + g.r), [&](V *ab, bool in_shared) {
+        const V *uh = ab + g.nodes;
+        tree_solve_one<T, O, false>(g, cf, in_shared && staged, u, x0, ab, status);
+        for (int i = threadIdx.x; i < g.nodes * g.r; i += blockDim.x) O::store(x, x0 + i, uh[i]);
+    });
 }
 
 // Backward: λ = T_G^-H ∂x by the adjoint solve, then ∂u = λ and the block gradients
@@ -183,27 +193,29 @@ __device__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g,
 // (zero for the root), per tree: dcoef is (3, trees, nodes); the host sums over the batch for
 // shared coefficients.
 template <typename T, typename O>
-__device__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
-                         const TreeGeometry &g, int tree, int trees, int heads, int shared_coef,
-                         int staged, typename O::V *global_ws, int *status) {
+__device__ __forceinline__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
+                                         const TreeGeometry &g, int tree, int trees, int heads,
+                                         int shared_coef, int staged, typename O::V *global_ws,
+                                         int *status) {
     typedef typename O::V V;
-    V *ab = tree_workspace<V>(global_ws, g.nodes * (1 + g.r));
-    V *lam = ab + g.nodes;
     const auto cf = tree_coefs<T, O, true>(coef, g.nodes, tree, trees, heads, shared_coef);
     const i64 x0 = (i64)tree * g.nodes * g.r;
-    tree_solve_one<T, O, true>(g, cf, staged, gx, x0, ab, status);
     const int r = g.r, root = g.nodes - 1;
     const i64 set = (i64)trees * g.nodes, d0 = (i64)tree * g.nodes;
-    for (int i = threadIdx.x; i < g.nodes * r; i += blockDim.x) O::store(du, x0 + i, lam[i]);
-    for (int v = threadIdx.x; v < g.nodes; v += blockDim.x) {
-        const int p = g.parent[v];
-        V da = O::zero(), db = O::zero(), dc = O::zero();
-        add_gradient_terms<T, O>(lam + v * r, lam + p * r, x, x0 + v * r, x0 + p * r, r,
-                                 v == root, da, db, dc);
-        O::store(dcoef, d0 + v, O::sub(O::zero(), da));
-        O::store(dcoef, set + d0 + v, O::sub(O::zero(), db));
-        O::store(dcoef, 2 * set + d0 + v, O::sub(O::zero(), dc));
-    }
+    with_workspace<V>(global_ws, g.nodes * (1 + g.r), [&](V *ab, bool in_shared) {
+        const V *lam = ab + g.nodes;
+        tree_solve_one<T, O, true>(g, cf, in_shared && staged, gx, x0, ab, status);
+        for (int i = threadIdx.x; i < g.nodes * r; i += blockDim.x) O::store(du, x0 + i, lam[i]);
+        for (int v = threadIdx.x; v < g.nodes; v += blockDim.x) {
+            const int p = g.parent[v];
+            V da = O::zero(), db = O::zero(), dc = O::zero();
+            add_gradient_terms<T, O>(lam + v * r, lam + p * r, x, x0 + v * r, x0 + p * r, r,
+                                     v == root, da, db, dc);
+            O::store(dcoef, d0 + v, O::sub(O::zero(), da));
+            O::store(dcoef, set + d0 + v, O::sub(O::zero(), db));
+            O::store(dcoef, 2 * set + d0 + v, O::sub(O::zero(), dc));
+        }
+    });
 }
 
 // ---- d x d blocks ---------------------------------------------------------------------------
@@ -259,7 +271,8 @@ __device__ void tree_block_solve(const TreeGeometry &g, int d, const BlockCoefs<
     // Upward: each child c of the parents of level k solves Â_c [B̂_c | û_c] = [-B_c | ũ_c],
     // with B̂_c taking Â_c's place once m holds Â_c, then sends Â_p += C_c B̂_c, ũ_p -= C_c û_c.
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += blockDim.x) {
+        for (int p = g.level_start[k] + tid, p_end = g.level_start[k + 1]; p < p_end;
+             p += blockDim.x) {
             V *ap = ab + (i64)p * dd, *up = uh + (i64)p * dr;
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 V *bc = ab + (i64)c * dd, *uc = uh + (i64)c * dr;
@@ -290,7 +303,8 @@ __device__ void tree_block_solve(const TreeGeometry &g, int d, const BlockCoefs<
     __syncthreads();
     // Downward: x_c = û_c + B̂_c x_p.
     for (int k = g.levels - 1; k >= 1; --k) {
-        for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += blockDim.x) {
+        for (int p = g.level_start[k] + tid, p_end = g.level_start[k + 1]; p < p_end;
+             p += blockDim.x) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c)
                 block_push_down<O>(ab + (i64)c * dd, uh + (i64)p * dr, uh + (i64)c * dr, d, r);
         }
@@ -304,63 +318,84 @@ __device__ __forceinline__ i64 block_workspace_len(int nodes, int d, int r, int 
 }
 
 template <typename T, typename O>
-__device__ void tree_block_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g, int d,
-                               int tree, int trees, int heads, int shared_coef, int slots,
-                               typename O::V *global_ws, int *status) {
+__device__ __forceinline__ void tree_block_fwd(const T *u, const T *coef, T *x,
+                                               const TreeGeometry &g, int d, int tree, int trees,
+                                               int heads, int shared_coef, int slots,
+                                               typename O::V *global_ws, int *status) {
     typedef typename O::V V;
-    V *ab = tree_workspace<V>(global_ws, block_workspace_len(g.nodes, d, g.r, slots));
-    V *uh = ab + (i64)g.nodes * d * d, *lu = uh + (i64)g.nodes * d * g.r;
     const auto cf = block_coefs<T, O, false>(coef, g.nodes, d, tree, trees, heads, shared_coef);
     const i64 len = (i64)g.nodes * d * g.r, x0 = (i64)tree * len;
-    tree_block_solve<T, O, false>(g, d, cf, u, x0, ab, uh, lu, status);
-    for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(x, x0 + e, uh[e]);
+    with_workspace<V>(global_ws, block_workspace_len(g.nodes, d, g.r, slots), [&](V *ab, bool) {
+        V *uh = ab + (i64)g.nodes * d * d, *lu = uh + (i64)g.nodes * d * g.r;
+        tree_block_solve<T, O, false>(g, d, cf, u, x0, ab, uh, lu, status);
+        for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(x, x0 + e, uh[e]);
+    });
 }
 
 // Backward: λ = T_G^-H ∂x, ∂u = λ, and per tree the blocks ∂A_v = -Σ_r λ_v x_v^H,
 // ∂B_v = -Σ_r λ_v x_parent^H, ∂C_v = -Σ_r λ_parent x_v^H (zero for the root), written as
 // (3, trees, nodes, d, d).
 template <typename T, typename O>
-__device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
-                               const TreeGeometry &g, int d, int tree, int trees, int heads,
-                               int shared_coef, int slots, typename O::V *global_ws,
-                               int *status) {
+__device__ __forceinline__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du,
+                                               T *dcoef, const TreeGeometry &g, int d, int tree,
+                                               int trees, int heads, int shared_coef, int slots,
+                                               typename O::V *global_ws, int *status) {
     typedef typename O::V V;
-    V *ab = tree_workspace<V>(global_ws, block_workspace_len(g.nodes, d, g.r, slots));
-    V *lam = ab + (i64)g.nodes * d * d, *lu = lam + (i64)g.nodes * d * g.r;
     const auto cf = block_coefs<T, O, true>(coef, g.nodes, d, tree, trees, heads, shared_coef);
     const int r = g.r, dd = d * d, root = g.nodes - 1;
     const i64 len = (i64)g.nodes * d * r, x0 = (i64)tree * len;
-    tree_block_solve<T, O, true>(g, d, cf, gx, x0, ab, lam, lu, status);
-    for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(du, x0 + e, lam[e]);
-    const i64 per_tree = (i64)g.nodes * dd, set = (i64)trees * per_tree;
-    const i64 d0 = (i64)tree * per_tree;
-    // This thread's entries e = tid, tid + blockDim.x, ... (row i, column j of node v's
-    // block), each over its r right-hand sides k.
-    const int tid = threadIdx.x, mine = strided_count((int)per_tree, tid, blockDim.x);
-    auto entry = [&](int q) { return tid + q / r * (int)blockDim.x; };
-    V da, db, dc;
-    in_batches<batch_of<GradientLoad<V>, 24>>(
-        mine * r,
-        [&](int q) {
-            const int e = entry(q), v = e / dd, j = e % d, k = q % r, p = g.parent[v];
-            return GradientLoad<V>{O::load(x, x0 + ((i64)v * d + j) * r + k),
-                                   O::load(x, x0 + ((i64)p * d + j) * r + k)};
-        },
-        [&](int q, const GradientLoad<V> &in) {
-            const int e = entry(q), v = e / dd, i = e % dd / d, k = q % r, p = g.parent[v];
-            if (k == 0) da = db = dc = O::zero();
-            add_gradient_term<O>(lam[((i64)v * d + i) * r + k], lam[((i64)p * d + i) * r + k],
-                                 in.xv, in.xp, v == root, da, db, dc);
-            if (k < r - 1) return;
-            O::store(dcoef, d0 + e, O::sub(O::zero(), da));
-            O::store(dcoef, set + d0 + e, O::sub(O::zero(), db));
-            O::store(dcoef, 2 * set + d0 + e, O::sub(O::zero(), dc));
-        });
+    with_workspace<V>(global_ws, block_workspace_len(g.nodes, d, g.r, slots), [&](V *ab, bool) {
+        V *lam = ab + (i64)g.nodes * d * d, *lu = lam + (i64)g.nodes * d * g.r;
+        tree_block_solve<T, O, true>(g, d, cf, gx, x0, ab, lam, lu, status);
+        for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(du, x0 + e, lam[e]);
+        const i64 per_tree = (i64)g.nodes * dd, set = (i64)trees * per_tree;
+        const i64 d0 = (i64)tree * per_tree;
+        // This thread's entries e = tid, tid + blockDim.x, ... (row i, column j of node v's
+        // block), each over its r right-hand sides k.
+        const int tid = threadIdx.x, mine = strided_count((int)per_tree, tid, blockDim.x);
+        auto entry = [&](int q) { return tid + q / r * (int)blockDim.x; };
+        V da, db, dc;
+        in_batches<batch_of<GradientLoad<V>, 24>>(
+            mine * r,
+            [&](int q) {
+                const int e = entry(q), v = e / dd, j = e % d, k = q % r, p = g.parent[v];
+                return GradientLoad<V>{O::load(x, x0 + ((i64)v * d + j) * r + k),
+                                       O::load(x, x0 + ((i64)p * d + j) * r + k)};
+            },
+            [&](int q, const GradientLoad<V> &in) {
+                const int e = entry(q), v = e / dd, i = e % dd / d, k = q % r, p = g.parent[v];
+                if (k == 0) da = db = dc = O::zero();
+                add_gradient_term<O>(lam[((i64)v * d + i) * r + k],
+                                     lam[((i64)p * d + i) * r + k], in.xv, in.xp, v == root, da,
+                                     db, dc);
+                if (k < r - 1) return;
+                O::store(dcoef, d0 + e, O::sub(O::zero(), da));
+                O::store(dcoef, set + d0 + e, O::sub(O::zero(), db));
+                O::store(dcoef, 2 * set + d0 + e, O::sub(O::zero(), dc));
+            });
+    });
 }
 
 // Each block solves trees blockIdx.x, blockIdx.x + gridDim.x, ... of the `trees` (batch x heads)
 // in turn, reusing its workspace: the host sizes the grid so that the global workspace stays
-// within its budget (Path-X's trees take 0.26-0.52 MB each).
+// within its budget (Path-X's trees take 0.26-0.52 MB each). solve(t, ws) with ws = global_ws,
+// or null for shared memory: the test stands outside the loop, so that each copy of the solve
+// holds only its own workspace's code (one loop with both spilled complex f64 on sm_90).
+template <typename V, typename Solve>
+__device__ __forceinline__ void for_block_trees(int trees, V *global_ws, Solve solve) {
+    if (global_ws) {
+        for (int t = blockIdx.x; t < trees; t += gridDim.x) {
+            solve(t, global_ws);
+            __syncthreads();
+        }
+    } else {
+        for (int t = blockIdx.x; t < trees; t += gridDim.x) {
+            solve(t, static_cast<V *>(nullptr));
+            __syncthreads();
+        }
+    }
+}
+
 #define TREE_KERNELS(SUFFIX, T, OPS)                                                            \
     extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_MIN_BLOCKS)                 \
         tree_fwd_##SUFFIX(const T *u, const T *coef, T *x, const int *level_start,              \
@@ -368,11 +403,9 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
                           int r, int heads, int trees, int shared_coef, int staged,             \
                           OPS::V *global_ws, int *status) {                                     \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
-            tree_fwd<T, OPS>(u, coef, x, g, t, trees, heads, shared_coef, staged, global_ws,    \
-                             status);                                                           \
-            __syncthreads();                                                                    \
-        }                                                                                       \
+        for_block_trees<OPS::V>(trees, global_ws, [&](int t, OPS::V *ws) {                      \
+            tree_fwd<T, OPS>(u, coef, x, g, t, trees, heads, shared_coef, staged, ws, status);  \
+        });                                                                                     \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_MIN_BLOCKS)                 \
         tree_bwd_##SUFFIX(const T *gx, const T *coef, const T *x, T *du, T *dcoef,              \
@@ -380,11 +413,10 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
                           int levels, int nodes, int r, int heads, int trees, int shared_coef,  \
                           int staged, OPS::V *global_ws, int *status) {                         \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
-            tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, t, trees, heads, shared_coef, staged,   \
-                             global_ws, status);                                                \
-            __syncthreads();                                                                    \
-        }                                                                                       \
+        for_block_trees<OPS::V>(trees, global_ws, [&](int t, OPS::V *ws) {                      \
+            tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, t, trees, heads, shared_coef, staged, ws,\
+                             status);                                                           \
+        });                                                                                     \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_BLOCK_MIN_BLOCKS)           \
         tree_block_fwd_##SUFFIX(const T *u, const T *coef, T *x, const int *level_start,        \
@@ -392,11 +424,10 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
                                 int nodes, int d, int r, int heads, int trees, int shared_coef, \
                                 int slots, OPS::V *global_ws, int *status) {                    \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
-            tree_block_fwd<T, OPS>(u, coef, x, g, d, t, trees, heads, shared_coef, slots,       \
-                                   global_ws, status);                                          \
-            __syncthreads();                                                                    \
-        }                                                                                       \
+        for_block_trees<OPS::V>(trees, global_ws, [&](int t, OPS::V *ws) {                      \
+            tree_block_fwd<T, OPS>(u, coef, x, g, d, t, trees, heads, shared_coef, slots, ws,   \
+                                   status);                                                     \
+        });                                                                                     \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_BLOCK_MIN_BLOCKS)           \
         tree_block_bwd_##SUFFIX(const T *gx, const T *coef, const T *x, T *du, T *dcoef,        \
@@ -405,11 +436,10 @@ __device__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du, T 
                                 int heads, int trees, int shared_coef, int slots,               \
                                 OPS::V *global_ws, int *status) {                               \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        for (int t = blockIdx.x; t < trees; t += gridDim.x) {                                   \
+        for_block_trees<OPS::V>(trees, global_ws, [&](int t, OPS::V *ws) {                      \
             tree_block_bwd<T, OPS>(gx, coef, x, du, dcoef, g, d, t, trees, heads, shared_coef,  \
-                                   slots, global_ws, status);                                   \
-            __syncthreads();                                                                    \
-        }                                                                                       \
+                                   slots, ws, status);                                          \
+        });                                                                                     \
     }
 
 // The instantiations: kernel-name suffix, storage type, arithmetic (the host harness in

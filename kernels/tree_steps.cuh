@@ -1,6 +1,11 @@
 // The per-node steps the tree-solve kernels share (tree_solve.cu, tree_lanes.cu,
 // tree_sweep.cu), in the order of operations of the CPU twins (src/ops/tree_solve/levels.rs,
 // blocked.rs).
+//
+// The loops over a level's parents read their bound from the level table once (p_end): a bound
+// in a loop's condition is read again after every store or atomic the compiler cannot prove
+// apart from the table, and each read waits on memory. The loops over a parent's children keep
+// theirs in the condition: the register more spilled complex f64 kernels on sm_70 and sm_90.
 #pragma once
 #include "values.cuh"
 

@@ -68,7 +68,8 @@ __device__ void eliminate_pivots(const T *coef, i64 cset, i64 co, T *piv, i64 ps
     // Per parent, its children's three values load together (up to 48 bytes), and with them
     // Â_p: in global memory (`tree_pivots`) each load after a store waits a round trip.
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + tid; p < g.level_start[k + 1]; p += threads) {
+        for (int p = g.level_start[k] + tid, p_end = g.level_start[k + 1]; p < p_end;
+             p += threads) {
             V ap = O::load(piv, po + p);
             const int c0 = g.child_start[p];
             in_batches<batch_of<PivotLoad<V>, 48>>(
@@ -178,24 +179,29 @@ template <typename T, typename O> struct ScalarSweep {
     __device__ __forceinline__ V dn(int v) const { return O::load(piv, 2 * set + o + v); }
 };
 
-// The block's sweep state. src: with `stage` the coefficients [A; B; C], whose set the block
-// eliminates into its shared memory behind the lanes' workspace (the pivots of T_G, or of T_G^H
-// for the adjoint), saving `tree_pivots`' launch and its round trip through global memory;
-// else the pivots from `tree_pivots` (sets = heads for shared coefficients, else trees).
-template <typename T, typename O>
-__device__ __forceinline__ ScalarSweep<T, O> scalar_sweep(const SweepTree &g, const SweepLanes &s,
-                                                          int r, const T *src, int stage,
-                                                          int adjoint, int *status) {
+// Runs body(sw) on the block's sweep state. src: with `stage` the coefficients [A; B; C], whose
+// set the block eliminates into its shared memory behind the lanes' workspace (the pivots of
+// T_G, or of T_G^H for the adjoint), saving `tree_pivots`' launch and its round trip through
+// global memory; else the pivots from `tree_pivots` (sets = heads for shared coefficients, else
+// trees). Two calls, so that in each the compiler knows where the pivots are: through a
+// pointer that may be either, every load of them is a generic one.
+template <typename T, typename O, typename Body>
+__device__ __forceinline__ void with_scalar_sweep(const SweepTree &g, const SweepLanes &s, int r,
+                                                  const T *src, int stage, int adjoint,
+                                                  int *status, Body body) {
     typedef typename O::V V;
     const int n = g.nodes, n0 = first_inner(g), su = ((n - n0) * r) | 1;
     const i64 set = (i64)(s.shared ? s.heads : s.batch * s.heads) * n;
     const i64 o = (i64)s.coef_set(s.tree(0)) * n;
     V *ws = sweep_workspace<V>();
     const int live = s.live();
-    if (!stage) return ScalarSweep<T, O>{g, s, r, n0, su, live, src, set, o, ws};
+    if (!stage) {
+        body(ScalarSweep<T, O>{g, s, r, n0, su, live, src, set, o, ws});
+        return;
+    }
     T *piv = reinterpret_cast<T *>(ws + (i64)blockDim.x * su);
     eliminate_pivots<T, O>(src, set, o, piv, n, 0, g, adjoint, status);
-    return ScalarSweep<T, O>{g, s, r, n0, su, live, piv, n, 0, ws};
+    body(ScalarSweep<T, O>{g, s, r, n0, su, live, piv, n, 0, ws});
 }
 
 // The sweep of the block's trees up to the nodes above the leaves: on return sw.ws holds their
@@ -218,7 +224,7 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
     __syncthreads();
     // Level 1 folds in the leaves, read from rhs: per child, every lane's loads issue together.
     if (g.levels > 1) {
-        for (int p = g.level_start[1] + tid; p < g.level_start[2]; p += threads) {
+        for (int p = g.level_start[1] + tid, p_end = g.level_start[2]; p < p_end; p += threads) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const V inv = sw.inv(c), dn = sw.dn(c);
                 in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
@@ -286,31 +292,34 @@ __device__ __forceinline__ void sweep_inner_store(const ScalarSweep<T, O> &sw, T
     }
 }
 
-// x = T_G^-1 u for the block's trees; src: the coefficients or the pivots (`scalar_sweep`).
+// x = T_G^-1 u for the block's trees; src: the coefficients or the pivots (`with_scalar_sweep`).
 template <typename T, typename O>
-__device__ void tree_sweep_fwd(const T *u, const T *src, T *x, const SweepTree &g,
-                               const SweepLanes &s, int r, int stage, int *status) {
+__device__ __forceinline__ void tree_sweep_fwd(const T *u, const T *src, T *x, const SweepTree &g,
+                                               const SweepLanes &s, int r, int stage, int *status) {
     typedef typename O::V V;
-    const ScalarSweep<T, O> sw = scalar_sweep<T, O>(g, s, r, src, stage, 0, status);
-    sweep_inner<T, O>(sw, u);
-    const int nr = g.nodes * r, threads = blockDim.x * blockDim.y;
-    // The leaves: x_c = û_c + B̂_c x_p, straight to x; per child, every lane's loads together.
-    if (g.levels > 1) {
-        for (int p = g.level_start[1] + threadIdx.y * blockDim.x + threadIdx.x;
-             p < g.level_start[2]; p += threads) {
-            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V inv = sw.inv(c), bh = sw.bh(c);
-                auto at = [&](int q) { return (i64)s.tree(q / r) * nr + (i64)c * r + q % r; };
-                in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
-                    sw.live * r, [&](int q) { return O::load(u, at(q)); },
-                    [&](int q, V uq) {
-                        const V uc = O::mul(uq, inv);
-                        O::store(x, at(q), O::add(uc, O::mul(bh, sw.at(q / r, p, q % r))));
-                    });
+    with_scalar_sweep<T, O>(g, s, r, src, stage, 0, status, [&](const ScalarSweep<T, O> &sw) {
+        sweep_inner<T, O>(sw, u);
+        const int nr = g.nodes * r, threads = blockDim.x * blockDim.y;
+        // The leaves: x_c = û_c + B̂_c x_p, straight to x; per child, every lane's loads
+        // together.
+        if (g.levels > 1) {
+            for (int p = g.level_start[1] + threadIdx.y * blockDim.x + threadIdx.x,
+                 p_end = g.level_start[2];
+                 p < p_end; p += threads) {
+                for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                    const V inv = sw.inv(c), bh = sw.bh(c);
+                    auto at = [&](int q) { return (i64)s.tree(q / r) * nr + (i64)c * r + q % r; };
+                    in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
+                        sw.live * r, [&](int q) { return O::load(u, at(q)); },
+                        [&](int q, V uq) {
+                            const V uc = O::mul(uq, inv);
+                            O::store(x, at(q), O::add(uc, O::mul(bh, sw.at(q / r, p, q % r))));
+                        });
+                }
             }
         }
-    }
-    sweep_inner_store<T, O>(sw, x);
+        sweep_inner_store<T, O>(sw, x);
+    });
 }
 
 // Backward, with the adjoint's pivots (src: the coefficients or those pivots): λ = T_G^-H ∂x,
@@ -320,65 +329,67 @@ __device__ void tree_sweep_fwd(const T *u, const T *src, T *x, const SweepTree &
 // writes them, or for shared coefficients summed over the block's lanes in order,
 // (3, groups, heads, nodes) with groups = ceil(batch / lanes), as tree_lanes.cu's.
 template <typename T, typename O>
-__device__ void tree_sweep_bwd(const T *gx, const T *src, const T *x, T *du, T *dcoef,
-                               const SweepTree &g, const SweepLanes &s, int r, int stage,
-                               int *status) {
+__device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const T *x, T *du,
+                                               T *dcoef, const SweepTree &g, const SweepLanes &s,
+                                               int r, int stage, int *status) {
     typedef typename O::V V;
-    const ScalarSweep<T, O> sw = scalar_sweep<T, O>(g, s, r, src, stage, 1, status);
-    sweep_inner<T, O>(sw, gx);
-    const int n = g.nodes, nr = n * r, root = n - 1;
-    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
-    const i64 rows = s.shared ? (i64)(s.batch + blockDim.x - 1) / blockDim.x * s.heads
-                              : (i64)s.batch * s.heads;
-    const i64 dset = rows * n, d0 = (i64)blockIdx.x * n;
-    auto put = [&](int v, V da, V db, V dc) {
-        O::store(dcoef, d0 + v, O::sub(O::zero(), da));
-        O::store(dcoef, dset + d0 + v, O::sub(O::zero(), db));
-        O::store(dcoef, 2 * dset + d0 + v, O::sub(O::zero(), dc));
-    };
-    // The leaves: λ_c = û_c + B̂_c λ_p to ∂u, and their gradient terms, over the lanes and
-    // right-hand sides in order; per child, every lane's loads issue together.
-    if (g.levels > 1) {
-        for (int p = g.level_start[1] + tid; p < g.level_start[2]; p += threads) {
-            for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
-                const V inv = sw.inv(c), bh = sw.bh(c);
-                V da = O::zero(), db = O::zero(), dc = O::zero();
-                auto at = [&](int q, int v) {
-                    return (i64)s.tree(q / r) * nr + (i64)v * r + q % r;
-                };
-                in_batches<batch_of<LeafLoad<V>, 96>>(
-                    sw.live * r,
-                    [&](int q) {
-                        return LeafLoad<V>{O::load(gx, at(q, c)), O::load(x, at(q, c)),
-                                           O::load(x, at(q, p))};
-                    },
-                    [&](int q, const LeafLoad<V> &in) {
-                        const V lp = sw.at(q / r, p, q % r);
-                        const V lc = O::add(O::mul(in.g, inv), O::mul(bh, lp));
-                        O::store(du, at(q, c), lc);
-                        add_gradient_term<O>(lc, lp, in.xv, in.xp, false, da, db, dc);
-                    });
-                put(c, da, db, dc);
+    with_scalar_sweep<T, O>(g, s, r, src, stage, 1, status, [&](const ScalarSweep<T, O> &sw) {
+        sweep_inner<T, O>(sw, gx);
+        const int n = g.nodes, nr = n * r, root = n - 1;
+        const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+        const i64 rows = s.shared ? (i64)(s.batch + blockDim.x - 1) / blockDim.x * s.heads
+                                  : (i64)s.batch * s.heads;
+        const i64 dset = rows * n, d0 = (i64)blockIdx.x * n;
+        auto put = [&](int v, V da, V db, V dc) {
+            O::store(dcoef, d0 + v, O::sub(O::zero(), da));
+            O::store(dcoef, dset + d0 + v, O::sub(O::zero(), db));
+            O::store(dcoef, 2 * dset + d0 + v, O::sub(O::zero(), dc));
+        };
+        // The leaves: λ_c = û_c + B̂_c λ_p to ∂u, and their gradient terms, over the lanes and
+        // right-hand sides in order; per child, every lane's loads issue together.
+        if (g.levels > 1) {
+            for (int p = g.level_start[1] + tid, p_end = g.level_start[2]; p < p_end;
+                 p += threads) {
+                for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
+                    const V inv = sw.inv(c), bh = sw.bh(c);
+                    V da = O::zero(), db = O::zero(), dc = O::zero();
+                    auto at = [&](int q, int v) {
+                        return (i64)s.tree(q / r) * nr + (i64)v * r + q % r;
+                    };
+                    in_batches<batch_of<LeafLoad<V>, 96>>(
+                        sw.live * r,
+                        [&](int q) {
+                            return LeafLoad<V>{O::load(gx, at(q, c)), O::load(x, at(q, c)),
+                                               O::load(x, at(q, p))};
+                        },
+                        [&](int q, const LeafLoad<V> &in) {
+                            const V lp = sw.at(q / r, p, q % r);
+                            const V lc = O::add(O::mul(in.g, inv), O::mul(bh, lp));
+                            O::store(du, at(q, c), lc);
+                            add_gradient_term<O>(lc, lp, in.xv, in.xp, false, da, db, dc);
+                        });
+                    put(c, da, db, dc);
+                }
             }
         }
-    }
-    sweep_inner_store<T, O>(sw, du);
-    for (int v = sw.n0 + tid; v < n; v += threads) {
-        const int p = g.parent[v];
-        V da = O::zero(), db = O::zero(), dc = O::zero();
-        in_batches<batch_of<GradientLoad<V>, 96>>(
-            sw.live * r,
-            [&](int q) {
-                const i64 x0 = (i64)s.tree(q / r) * nr + q % r;
-                return GradientLoad<V>{O::load(x, x0 + (i64)v * r),
-                                       O::load(x, x0 + (i64)p * r)};
-            },
-            [&](int q, const GradientLoad<V> &in) {
-                add_gradient_term<O>(sw.at(q / r, v, q % r), sw.at(q / r, p, q % r), in.xv, in.xp,
-                                     v == root, da, db, dc);
-            });
-        put(v, da, db, dc);
-    }
+        sweep_inner_store<T, O>(sw, du);
+        for (int v = sw.n0 + tid; v < n; v += threads) {
+            const int p = g.parent[v];
+            V da = O::zero(), db = O::zero(), dc = O::zero();
+            in_batches<batch_of<GradientLoad<V>, 96>>(
+                sw.live * r,
+                [&](int q) {
+                    const i64 x0 = (i64)s.tree(q / r) * nr + q % r;
+                    return GradientLoad<V>{O::load(x, x0 + (i64)v * r),
+                                           O::load(x, x0 + (i64)p * r)};
+                },
+                [&](int q, const GradientLoad<V> &in) {
+                    add_gradient_term<O>(sw.at(q / r, v, q % r), sw.at(q / r, p, q % r), in.xv,
+                                         in.xp, v == root, da, db, dc);
+                });
+            put(v, da, db, dc);
+        }
+    });
 }
 
 // ---- d x d blocks (d <= SWEEP_MAX_D) ------------------------------------------------------
@@ -419,7 +430,8 @@ __device__ void tree_block_pivots(const T *coef, T *piv, const SweepTree &g, int
     V m[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D], bc[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D];
     V a[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D];
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + threadIdx.x; p < g.level_start[k + 1]; p += blockDim.x) {
+        for (int p = g.level_start[k] + threadIdx.x, p_end = g.level_start[k + 1]; p < p_end;
+             p += blockDim.x) {
             const i64 ap = o + (i64)p * dd;
 #pragma unroll
             for (int e = 0; e < dd; ++e) a[e] = O::load(piv, ap + e);
@@ -482,8 +494,8 @@ __device__ __forceinline__ void block_sweep(const SweepTree &g, int d_run, int r
     const int d = D > 0 ? D : d_run, dd = d * d, dr = d * r;
     V m[D > 0 ? D * D : SWEEP_MAX_D * SWEEP_MAX_D];
     for (int k = 1; k < g.levels; ++k) {
-        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += blockDim.y) {
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             V *up = uh + p * dr;
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const i64 ac = o + (i64)c * dd;
@@ -512,8 +524,8 @@ __device__ __forceinline__ void block_sweep(const SweepTree &g, int d_run, int r
     }
     __syncthreads();
     for (int k = g.levels - 1; k >= 1; --k) {
-        for (int p = g.level_start[k] + threadIdx.y; live && p < g.level_start[k + 1];
-             p += blockDim.y) {
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
 #pragma unroll
                 for (int e = 0; e < dd; ++e) m[e] = O::load(piv, set + o + (i64)c * dd + e);
@@ -618,6 +630,8 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
     }
 }
 
+// The scalar sweeps take `stage` as a constant in each of two calls: with one call for both,
+// the two copies of the sweep (with_scalar_sweep) spilled complex f64 on sm_90.
 #define SWEEP_KERNELS(SUFFIX, T, OPS)                                                           \
     extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, SWEEP_PIVOTS_MIN_BLOCKS)        \
         tree_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,                     \
@@ -633,7 +647,10 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
                                 int stage, int *status) {                                       \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
         const SweepLanes s{batch, heads, shared_coef};                                          \
-        tree_sweep_fwd<T, OPS>(u, src, x, g, s, r, stage, status);                              \
+        if (stage)                                                                              \
+            tree_sweep_fwd<T, OPS>(u, src, x, g, s, r, 1, status);                              \
+        else                                                                                    \
+            tree_sweep_fwd<T, OPS>(u, src, x, g, s, r, 0, status);                              \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, SWEEP_BWD_MIN_BLOCKS)           \
         tree_sweep_bwd_##SUFFIX(const T *gx, const T *src, const T *x, T *du, T *dcoef,         \
@@ -642,7 +659,10 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
                                 int heads, int shared_coef, int stage, int *status) {           \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
         const SweepLanes s{batch, heads, shared_coef};                                          \
-        tree_sweep_bwd<T, OPS>(gx, src, x, du, dcoef, g, s, r, stage, status);                  \
+        if (stage)                                                                              \
+            tree_sweep_bwd<T, OPS>(gx, src, x, du, dcoef, g, s, r, 1, status);                  \
+        else                                                                                    \
+            tree_sweep_bwd<T, OPS>(gx, src, x, du, dcoef, g, s, r, 0, status);                  \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(SWEEP_BLOCK_THREADS, 2)                        \
         tree_block_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,               \

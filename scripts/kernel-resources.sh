@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Compiles kernels/*.cu for the GPUs we target and prints ptxas's resources per kernel
-# (registers, spill stores and loads, stack, static shared memory); fails when a kernel spills.
+# (registers, spill stores and loads, stack, static shared memory) and, from the compute_70 PTX,
+# its generic memory accesses (loads, stores and atomics through a pointer whose space, global
+# or shared, the compiler could not tell: slower than either, and ordered with every access
+# they might alias); fails when a kernel spills or makes a generic access.
 #
 #   scripts/kernel-resources.sh [sm_70] [sm_90]      (default: both)
 #
@@ -19,8 +22,12 @@ flags=(-std=c++17)
 # ptxas -v output on stdin -> a table; exit 1 when a kernel spills.
 report_py=$(cat <<'PY'
 import re, sys
-rows, cur = {}, None
+rows, cur, generic = {}, None, {}
 for line in sys.stdin:
+    m = re.match(r"generic-access (\w+) (\d+)$", line.strip())
+    if m:
+        generic[m.group(1)] = generic.get(m.group(1), 0) + int(m.group(2))
+        continue
     m = re.search(r"Compiling entry function .(\w+). for .(\w+).", line)
     if m:
         cur = m.group(1)
@@ -35,17 +42,42 @@ for line in sys.stdin:
         rows[cur].update(regs=int(m.group(1)), smem=int(s.group(1)) if s else 0)
 if not rows:
     sys.exit("no ptxas report read")
-print(f"{'kernel':18} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'stack':>6} {'smem':>6}")
+print(f"{'kernel':18} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'stack':>6} {'smem':>6} "
+      f"{'generic':>7}")
 for k in sorted(rows):
     r = rows[k]
-    print(f"{k:18} {r['regs']:5} {r['st']:9} {r['ld']:9} {r['stack']:6} {r['smem']:6}")
+    print(f"{k:18} {r['regs']:5} {r['st']:9} {r['ld']:9} {r['stack']:6} {r['smem']:6} "
+          f"{generic.get(k, 0):7}")
 bad = [k for k, r in rows.items() if max(r["st"], r["ld"]) > 0]
 if bad:
     sys.exit("spills: " + ", ".join(sorted(bad)))
-print(f"{len(rows)} kernels, no spills")
+slow = [k for k, n in generic.items() if n > 0]
+if slow:
+    sys.exit("generic memory accesses: " + ", ".join(f"{k} ({generic[k]})" for k in sorted(slow)))
+print(f"{len(rows)} kernels, no spills" + (", no generic memory accesses" if generic else ""))
 PY
 )
 report() { python3 -c "$report_py"; }
+
+# A PTX file -> "generic-access KERNEL N" per function: its ld, st, atom and red instructions
+# that name no state space.
+generic_py=$(cat <<'PY'
+import re, sys
+counts, cur = {}, None
+for line in open(sys.argv[1]):
+    m = re.match(r"\s*(?:\.visible\s+)?\.(?:entry|func)\s+(?:\([^)]*\)\s*)?(\w+)", line)
+    if m:
+        cur = m.group(1)
+        counts.setdefault(cur, 0)
+        continue
+    m = re.match(r"\s*(?:@!?%p\d+\s+)?(?:ld|st|atom|red)\.([\w.]+)", line)
+    if m and cur and not set(m.group(1).split(".")) & {"global", "shared", "local", "param", "const"}:
+        counts[cur] += 1
+for k, n in counts.items():
+    print(f"generic-access {k} {n}")
+PY
+)
+generic_accesses() { python3 -c "$generic_py" "$1"; }
 
 sm_90() {
   if ! command -v nvcc >/dev/null; then
@@ -99,6 +131,7 @@ ptx = ctypes.create_string_buffer(n.value)
 nvrtc.nvrtcGetPTX(prog, ptx)
 open(out, "wb").write(ptx.value)
 PY
+    generic_accesses "$ptx/$(basename "$cu").ptx"
     "$nv"/cuda_nvcc/bin/ptxas -v --gpu-name sm_70 "$ptx/$(basename "$cu").ptx" -o /dev/null 2>&1
   done | report
   rm -rf "$ptx"
