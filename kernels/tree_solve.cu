@@ -138,19 +138,6 @@ __device__ void tree_solve_block(const TreeGeometry &g, const CF &cf, const T *_
     }
 }
 
-// Runs solve(ws, in_shared) on this block's workspace: its tree's slice of `global_ws`, or
-// dynamic shared memory. Two calls, so that in the second the compiler knows that ws is shared
-// memory: through a pointer that may be either, every access is a generic load or store, slower
-// than a shared one and ordered with the global loads it might alias.
-template <typename V, typename Solve>
-__device__ __forceinline__ void with_workspace(V *global_ws, i64 per_tree, Solve solve) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    if (global_ws)
-        solve(global_ws + (i64)blockIdx.x * per_tree, false);
-    else
-        solve(reinterpret_cast<V *>(smem), true);
-}
-
 // Solves one tree with the workspace at ab (nodes values), uh (nodes * r) and, when `staged`
 // (the host found room in shared memory), B' and C' (nodes each) and child_start (nodes + 1)
 // after them; on return uh holds x (or λ).
@@ -177,15 +164,13 @@ __device__ __forceinline__ void tree_solve_one(const TreeGeometry &g,
 template <typename T, typename O>
 __device__ __forceinline__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g,
                                          int tree, int trees, int heads, int shared_coef,
-                                         int staged, typename O::V *global_ws, int *status) {
+                                         int staged, typename O::V *ab, int *status) {
     typedef typename O::V V;
     const auto cf = tree_coefs<T, O, false>(coef, g.nodes, tree, trees, heads, shared_coef);
     const i64 x0 = (i64)tree * g.nodes * g.r;
-    with_workspace<V>(global_ws, g.nodes * (1 + g.r), [&](V *ab, bool in_shared) {
-        const V *uh = ab + g.nodes;
-        tree_solve_one<T, O, false>(g, cf, in_shared && staged, u, x0, ab, status);
-        for (int i = threadIdx.x; i < g.nodes * g.r; i += blockDim.x) O::store(x, x0 + i, uh[i]);
-    });
+    const V *uh = ab + g.nodes;
+    tree_solve_one<T, O, false>(g, cf, staged, u, x0, ab, status);
+    for (int i = threadIdx.x; i < g.nodes * g.r; i += blockDim.x) O::store(x, x0 + i, uh[i]);
 }
 
 // Backward: λ = T_G^-H ∂x by the adjoint solve, then ∂u = λ and the block gradients
@@ -195,27 +180,25 @@ __device__ __forceinline__ void tree_fwd(const T *u, const T *coef, T *x, const 
 template <typename T, typename O>
 __device__ __forceinline__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
                                          const TreeGeometry &g, int tree, int trees, int heads,
-                                         int shared_coef, int staged, typename O::V *global_ws,
+                                         int shared_coef, int staged, typename O::V *ab,
                                          int *status) {
     typedef typename O::V V;
     const auto cf = tree_coefs<T, O, true>(coef, g.nodes, tree, trees, heads, shared_coef);
     const i64 x0 = (i64)tree * g.nodes * g.r;
     const int r = g.r, root = g.nodes - 1;
     const i64 set = (i64)trees * g.nodes, d0 = (i64)tree * g.nodes;
-    with_workspace<V>(global_ws, g.nodes * (1 + g.r), [&](V *ab, bool in_shared) {
-        const V *lam = ab + g.nodes;
-        tree_solve_one<T, O, true>(g, cf, in_shared && staged, gx, x0, ab, status);
-        for (int i = threadIdx.x; i < g.nodes * r; i += blockDim.x) O::store(du, x0 + i, lam[i]);
-        for (int v = threadIdx.x; v < g.nodes; v += blockDim.x) {
-            const int p = g.parent[v];
-            V da = O::zero(), db = O::zero(), dc = O::zero();
-            add_gradient_terms<T, O>(lam + v * r, lam + p * r, x, x0 + v * r, x0 + p * r, r,
-                                     v == root, da, db, dc);
-            O::store(dcoef, d0 + v, O::sub(O::zero(), da));
-            O::store(dcoef, set + d0 + v, O::sub(O::zero(), db));
-            O::store(dcoef, 2 * set + d0 + v, O::sub(O::zero(), dc));
-        }
-    });
+    const V *lam = ab + g.nodes;
+    tree_solve_one<T, O, true>(g, cf, staged, gx, x0, ab, status);
+    for (int i = threadIdx.x; i < g.nodes * r; i += blockDim.x) O::store(du, x0 + i, lam[i]);
+    for (int v = threadIdx.x; v < g.nodes; v += blockDim.x) {
+        const int p = g.parent[v];
+        V da = O::zero(), db = O::zero(), dc = O::zero();
+        add_gradient_terms<T, O>(lam + v * r, lam + p * r, x, x0 + v * r, x0 + p * r, r,
+                                 v == root, da, db, dc);
+        O::store(dcoef, d0 + v, O::sub(O::zero(), da));
+        O::store(dcoef, set + d0 + v, O::sub(O::zero(), db));
+        O::store(dcoef, 2 * set + d0 + v, O::sub(O::zero(), dc));
+    }
 }
 
 // ---- d x d blocks ---------------------------------------------------------------------------
@@ -321,15 +304,13 @@ template <typename T, typename O>
 __device__ __forceinline__ void tree_block_fwd(const T *u, const T *coef, T *x,
                                                const TreeGeometry &g, int d, int tree, int trees,
                                                int heads, int shared_coef, int slots,
-                                               typename O::V *global_ws, int *status) {
+                                               typename O::V *ab, int *status) {
     typedef typename O::V V;
     const auto cf = block_coefs<T, O, false>(coef, g.nodes, d, tree, trees, heads, shared_coef);
     const i64 len = (i64)g.nodes * d * g.r, x0 = (i64)tree * len;
-    with_workspace<V>(global_ws, block_workspace_len(g.nodes, d, g.r, slots), [&](V *ab, bool) {
-        V *uh = ab + (i64)g.nodes * d * d, *lu = uh + (i64)g.nodes * d * g.r;
-        tree_block_solve<T, O, false>(g, d, cf, u, x0, ab, uh, lu, status);
-        for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(x, x0 + e, uh[e]);
-    });
+    V *uh = ab + (i64)g.nodes * d * d, *lu = uh + (i64)g.nodes * d * g.r;
+    tree_block_solve<T, O, false>(g, d, cf, u, x0, ab, uh, lu, status);
+    for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(x, x0 + e, uh[e]);
 }
 
 // Backward: λ = T_G^-H ∂x, ∂u = λ, and per tree the blocks ∂A_v = -Σ_r λ_v x_v^H,
@@ -339,58 +320,62 @@ template <typename T, typename O>
 __device__ __forceinline__ void tree_block_bwd(const T *gx, const T *coef, const T *x, T *du,
                                                T *dcoef, const TreeGeometry &g, int d, int tree,
                                                int trees, int heads, int shared_coef, int slots,
-                                               typename O::V *global_ws, int *status) {
+                                               typename O::V *ab, int *status) {
     typedef typename O::V V;
     const auto cf = block_coefs<T, O, true>(coef, g.nodes, d, tree, trees, heads, shared_coef);
     const int r = g.r, dd = d * d, root = g.nodes - 1;
     const i64 len = (i64)g.nodes * d * r, x0 = (i64)tree * len;
-    with_workspace<V>(global_ws, block_workspace_len(g.nodes, d, g.r, slots), [&](V *ab, bool) {
-        V *lam = ab + (i64)g.nodes * d * d, *lu = lam + (i64)g.nodes * d * g.r;
-        tree_block_solve<T, O, true>(g, d, cf, gx, x0, ab, lam, lu, status);
-        for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(du, x0 + e, lam[e]);
-        const i64 per_tree = (i64)g.nodes * dd, set = (i64)trees * per_tree;
-        const i64 d0 = (i64)tree * per_tree;
-        // This thread's entries e = tid, tid + blockDim.x, ... (row i, column j of node v's
-        // block), each over its r right-hand sides k.
-        const int tid = threadIdx.x, mine = strided_count((int)per_tree, tid, blockDim.x);
-        auto entry = [&](int q) { return tid + q / r * (int)blockDim.x; };
-        V da, db, dc;
-        in_batches<batch_of<GradientLoad<V>, 24>>(
-            mine * r,
-            [&](int q) {
-                const int e = entry(q), v = e / dd, j = e % d, k = q % r, p = g.parent[v];
-                return GradientLoad<V>{O::load(x, x0 + ((i64)v * d + j) * r + k),
-                                       O::load(x, x0 + ((i64)p * d + j) * r + k)};
-            },
-            [&](int q, const GradientLoad<V> &in) {
-                const int e = entry(q), v = e / dd, i = e % dd / d, k = q % r, p = g.parent[v];
-                if (k == 0) da = db = dc = O::zero();
-                add_gradient_term<O>(lam[((i64)v * d + i) * r + k],
-                                     lam[((i64)p * d + i) * r + k], in.xv, in.xp, v == root, da,
-                                     db, dc);
-                if (k < r - 1) return;
-                O::store(dcoef, d0 + e, O::sub(O::zero(), da));
-                O::store(dcoef, set + d0 + e, O::sub(O::zero(), db));
-                O::store(dcoef, 2 * set + d0 + e, O::sub(O::zero(), dc));
-            });
-    });
+    V *lam = ab + (i64)g.nodes * d * d, *lu = lam + (i64)g.nodes * d * g.r;
+    tree_block_solve<T, O, true>(g, d, cf, gx, x0, ab, lam, lu, status);
+    for (i64 e = threadIdx.x; e < len; e += blockDim.x) O::store(du, x0 + e, lam[e]);
+    const i64 per_tree = (i64)g.nodes * dd, set = (i64)trees * per_tree;
+    const i64 d0 = (i64)tree * per_tree;
+    // This thread's entries e = tid, tid + blockDim.x, ... (row i, column j of node v's
+    // block), each over its r right-hand sides k.
+    const int tid = threadIdx.x, mine = strided_count((int)per_tree, tid, blockDim.x);
+    auto entry = [&](int q) { return tid + q / r * (int)blockDim.x; };
+    V da, db, dc;
+    in_batches<batch_of<GradientLoad<V>, 24>>(
+        mine * r,
+        [&](int q) {
+            const int e = entry(q), v = e / dd, j = e % d, k = q % r, p = g.parent[v];
+            return GradientLoad<V>{O::load(x, x0 + ((i64)v * d + j) * r + k),
+                                   O::load(x, x0 + ((i64)p * d + j) * r + k)};
+        },
+        [&](int q, const GradientLoad<V> &in) {
+            const int e = entry(q), v = e / dd, i = e % dd / d, k = q % r, p = g.parent[v];
+            if (k == 0) da = db = dc = O::zero();
+            add_gradient_term<O>(lam[((i64)v * d + i) * r + k],
+                                 lam[((i64)p * d + i) * r + k], in.xv, in.xp, v == root, da,
+                                 db, dc);
+            if (k < r - 1) return;
+            O::store(dcoef, d0 + e, O::sub(O::zero(), da));
+            O::store(dcoef, set + d0 + e, O::sub(O::zero(), db));
+            O::store(dcoef, 2 * set + d0 + e, O::sub(O::zero(), dc));
+        });
 }
 
 // Each block solves trees blockIdx.x, blockIdx.x + gridDim.x, ... of the `trees` (batch x heads)
 // in turn, reusing its workspace: the host sizes the grid so that the global workspace stays
-// within its budget (Path-X's trees take 0.26-0.52 MB each). solve(t, ws) with ws = global_ws,
-// or null for shared memory: the test stands outside the loop, so that each copy of the solve
-// holds only its own workspace's code (one loop with both spilled complex f64 on sm_90).
+// within its budget (Path-X's trees take 0.26-0.52 MB each). solve(t, ws, in_shared) with ws the
+// block's slice of `global_ws`, or with a null `global_ws` dynamic shared memory. Two loops, so
+// that in the second the compiler knows that ws is shared memory: through a pointer that may be
+// either, every access is a generic load or store, slower than a shared one and ordered with
+// the global loads it might alias (and one loop for both spilled complex f64 on sm_90).
 template <typename V, typename Solve>
-__device__ __forceinline__ void for_block_trees(int trees, V *global_ws, Solve solve) {
+__device__ __forceinline__ void for_block_trees(int trees, V *global_ws, i64 per_tree,
+                                                Solve solve) {
+    extern __shared__ __align__(16) unsigned char smem[];
     if (global_ws) {
+        V *ws = global_ws + (i64)blockIdx.x * per_tree;
         for (int t = blockIdx.x; t < trees; t += gridDim.x) {
-            solve(t, global_ws);
+            solve(t, ws, false);
             __syncthreads();
         }
     } else {
+        V *ws = reinterpret_cast<V *>(smem);
         for (int t = blockIdx.x; t < trees; t += gridDim.x) {
-            solve(t, static_cast<V *>(nullptr));
+            solve(t, ws, true);
             __syncthreads();
         }
     }
@@ -403,8 +388,10 @@ __device__ __forceinline__ void for_block_trees(int trees, V *global_ws, Solve s
                           int r, int heads, int trees, int shared_coef, int staged,             \
                           OPS::V *global_ws, int *status) {                                     \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        for_block_trees<OPS::V>(trees, global_ws, [&](int t, OPS::V *ws) {                      \
-            tree_fwd<T, OPS>(u, coef, x, g, t, trees, heads, shared_coef, staged, ws, status);  \
+        const i64 per_tree = (i64)nodes * (1 + r);                                              \
+        for_block_trees<OPS::V>(trees, global_ws, per_tree, [&](int t, OPS::V *ws, bool sh) {   \
+            tree_fwd<T, OPS>(u, coef, x, g, t, trees, heads, shared_coef, sh && staged, ws,     \
+                             status);                                                           \
         });                                                                                     \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_MIN_BLOCKS)                 \
@@ -413,9 +400,10 @@ __device__ __forceinline__ void for_block_trees(int trees, V *global_ws, Solve s
                           int levels, int nodes, int r, int heads, int trees, int shared_coef,  \
                           int staged, OPS::V *global_ws, int *status) {                         \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        for_block_trees<OPS::V>(trees, global_ws, [&](int t, OPS::V *ws) {                      \
-            tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, t, trees, heads, shared_coef, staged, ws,\
-                             status);                                                           \
+        const i64 per_tree = (i64)nodes * (1 + r);                                              \
+        for_block_trees<OPS::V>(trees, global_ws, per_tree, [&](int t, OPS::V *ws, bool sh) {   \
+            tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, t, trees, heads, shared_coef,           \
+                             sh && staged, ws, status);                                         \
         });                                                                                     \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_BLOCK_MIN_BLOCKS)           \
@@ -424,7 +412,8 @@ __device__ __forceinline__ void for_block_trees(int trees, V *global_ws, Solve s
                                 int nodes, int d, int r, int heads, int trees, int shared_coef, \
                                 int slots, OPS::V *global_ws, int *status) {                    \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        for_block_trees<OPS::V>(trees, global_ws, [&](int t, OPS::V *ws) {                      \
+        const i64 per_tree = block_workspace_len(nodes, d, r, slots);                           \
+        for_block_trees<OPS::V>(trees, global_ws, per_tree, [&](int t, OPS::V *ws, bool) {      \
             tree_block_fwd<T, OPS>(u, coef, x, g, d, t, trees, heads, shared_coef, slots, ws,   \
                                    status);                                                     \
         });                                                                                     \
@@ -436,7 +425,8 @@ __device__ __forceinline__ void for_block_trees(int trees, V *global_ws, Solve s
                                 int heads, int trees, int shared_coef, int slots,               \
                                 OPS::V *global_ws, int *status) {                               \
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
-        for_block_trees<OPS::V>(trees, global_ws, [&](int t, OPS::V *ws) {                      \
+        const i64 per_tree = block_workspace_len(nodes, d, r, slots);                           \
+        for_block_trees<OPS::V>(trees, global_ws, per_tree, [&](int t, OPS::V *ws, bool) {      \
             tree_block_bwd<T, OPS>(gx, coef, x, du, dcoef, g, d, t, trees, heads, shared_coef,  \
                                    slots, ws, status);                                          \
         });                                                                                     \

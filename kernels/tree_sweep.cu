@@ -300,12 +300,12 @@ __device__ __forceinline__ void tree_sweep_fwd(const T *u, const T *src, T *x, c
     with_scalar_sweep<T, O>(g, s, r, src, stage, 0, status, [&](const ScalarSweep<T, O> &sw) {
         sweep_inner<T, O>(sw, u);
         const int nr = g.nodes * r, threads = blockDim.x * blockDim.y;
+        const int tid = threadIdx.y * blockDim.x + threadIdx.x;
         // The leaves: x_c = û_c + B̂_c x_p, straight to x; per child, every lane's loads
         // together.
         if (g.levels > 1) {
-            for (int p = g.level_start[1] + threadIdx.y * blockDim.x + threadIdx.x,
-                 p_end = g.level_start[2];
-                 p < p_end; p += threads) {
+            for (int p = g.level_start[1] + tid, p_end = g.level_start[2]; p < p_end;
+                 p += threads) {
                 for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                     const V inv = sw.inv(c), bh = sw.bh(c);
                     auto at = [&](int q) { return (i64)s.tree(q / r) * nr + (i64)c * r + q % r; };
