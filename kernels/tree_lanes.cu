@@ -68,26 +68,55 @@ __device__ __forceinline__ void lanes_load(const LaneTrees &g, int d, const T *c
     const int n = g.nodes, dd = d * d, dr = d * g.r, pl = g.pivot_lanes();
     const int nd = n * dd, sn = lane_stride(nd), su = lane_stride(n * dr);
     const i64 set = (i64)(g.shared ? g.heads : g.batch * g.heads) * nd;
-    lanes_copy<V>(
-        pl, 3 * nd,
-        [&](int p, int e) {
-            // Pivot lane p's coefficient set: that of its tree (lane 0's when shared).
-            const int t = g.tree(p);
-            if (t < 0) return O::one();
-            const int which = e / nd, v = e % nd / dd, i = e % dd / d, j = e % d;
-            const int src = which == 0 ? 0 : which == 1 ? (ADJ ? 2 : 1) : (ADJ ? 1 : 2);
-            const i64 blk = src * set + ((i64)g.coef_set(t) * n + v) * dd;
-            return ADJ ? O::conj(O::load(coef, blk + j * d + i)) : O::load(coef, blk + i * d + j);
-        },
-        [&](int p, int e, V x) { ws[(i64)(e / nd) * pl * sn + p * sn + e % nd] = x; });
+    // Part `which` of A', B', C' is the stored A, B or C (the adjoint swaps B and C).
+    auto part = [](int which) {
+        return which == 0 ? 0 : which == 1 ? (ADJ ? 2 : 1) : (ADJ ? 1 : 2);
+    };
+    // The values as stored, where neither a conversion, a conjugate nor (d > 1) the adjoint's
+    // transpose comes between, are copied without waiting (stage_lanes).
+    constexpr bool rhs_stored = AsStored<T, O>::value;
+    constexpr bool coef_stored = rhs_stored && !(ADJ && O::complex);
     V *uh = ws + 3 * pl * sn;
-    lanes_copy<V>(
-        blockDim.x, n * dr,
-        [&](int l, int e) {
-            const int t = g.tree(l);
-            return t < 0 ? O::zero() : O::load(rhs, (i64)t * n * dr + e);
-        },
-        [&](int l, int e, V x) { uh[l * su + e] = x; });
+    if (coef_stored && async_copies<V> && (!ADJ || d == 1))
+        for (int which = 0; which < 3; ++which)
+            stage_lanes<V>(
+                pl, nd,
+                [&](int p) -> const V * {
+                    const int t = g.tree(p);
+                    if (t < 0) return nullptr;
+                    return as_values<O>(coef, part(which) * set + (i64)g.coef_set(t) * nd);
+                },
+                [&](int p) { return ws + (i64)which * pl * sn + p * sn; }, O::one());
+    else
+        lanes_copy<V>(
+            pl, 3 * nd,
+            [&](int p, int e) {
+                // Pivot lane p's coefficient set: that of its tree (lane 0's when shared).
+                const int t = g.tree(p);
+                if (t < 0) return O::one();
+                const int which = e / nd, v = e % nd / dd, i = e % dd / d, j = e % d;
+                const i64 blk = part(which) * set + ((i64)g.coef_set(t) * n + v) * dd;
+                return ADJ ? O::conj(O::load(coef, blk + j * d + i))
+                           : O::load(coef, blk + i * d + j);
+            },
+            [&](int p, int e, V x) { ws[(i64)(e / nd) * pl * sn + p * sn + e % nd] = x; });
+    if (rhs_stored && async_copies<V>)
+        stage_lanes<V>(
+            blockDim.x, n * dr,
+            [&](int l) -> const V * {
+                const int t = g.tree(l);
+                return t < 0 ? nullptr : as_values<O>(rhs, (i64)t * n * dr);
+            },
+            [&](int l) { return uh + l * su; }, O::zero());
+    else
+        lanes_copy<V>(
+            blockDim.x, n * dr,
+            [&](int l, int e) {
+                const int t = g.tree(l);
+                return t < 0 ? O::zero() : O::load(rhs, (i64)t * n * dr + e);
+            },
+            [&](int l, int e, V x) { uh[l * su + e] = x; });
+    async_wait();
     __syncthreads();
 }
 
@@ -164,13 +193,8 @@ template <typename V> __device__ __forceinline__ V *lanes_workspace() {
 // Writes every live lane's n * r solution values, from the workspace, to out.
 template <typename T, typename O>
 __device__ __forceinline__ void lanes_store(const LaneTrees &g, const typename O::V *uh, T *out) {
-    const int nr = g.nodes * g.r, su = lane_stride(nr);
-    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
-    for (int l = 0; l < (int)blockDim.x; ++l) {
-        const int t = g.tree(l);
-        if (t < 0) break;
-        for (int i = tid; i < nr; i += threads) O::store(out, (i64)t * nr + i, uh[l * su + i]);
-    }
+    const int nr = g.nodes * g.r;
+    lanes_write<T, O>(nr, uh, lane_stride(nr), [&](int l) { return (i64)g.tree(l) * nr; }, out);
 }
 
 template <typename T, typename O>
@@ -217,9 +241,7 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
             });
         // The block's row: its tree, or (group, head) = blockIdx.x for shared coefficients.
         const i64 d0 = (i64)(g.shared ? (int)blockIdx.x : t) * n + v;
-        O::store(dcoef, d0, O::sub(O::zero(), da));
-        O::store(dcoef, set + d0, O::sub(O::zero(), db));
-        O::store(dcoef, 2 * set + d0, O::sub(O::zero(), dc));
+        store_gradients<T, O>(dcoef, set, d0, da, db, dc);
     }
 }
 
@@ -360,9 +382,7 @@ __device__ void tree_lanes_block_bwd(const T *gx, const T *coef, const T *x, T *
                                      v == root, da, db, dc);
             });
         const i64 d0 = (i64)(g.shared ? (int)blockIdx.x : t) * n * dd + k;
-        O::store(dcoef, d0, O::sub(O::zero(), da));
-        O::store(dcoef, set + d0, O::sub(O::zero(), db));
-        O::store(dcoef, 2 * set + d0, O::sub(O::zero(), dc));
+        store_gradients<T, O>(dcoef, set, d0, da, db, dc);
     }
 }
 

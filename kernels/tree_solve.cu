@@ -54,7 +54,28 @@ template <typename T, typename O, bool ADJ> struct TreeCoefs {
         return ADJ ? O::conj(O::load(coef, b + v)) : O::load(coef, c + v);
     }
     __device__ __forceinline__ void stage(int) const {}
+    // A', B' and C' as stored from node 0 on, for copies, where they are the values themselves
+    // (f32 or f64 storage; an adjoint conjugates complex ones), else null.
+    static constexpr bool as_stored = AsStored<T, O>::value && !(ADJ && O::complex);
+    __device__ __forceinline__ const typename O::V *at(i64 e) const {
+        return as_stored ? as_values<O>(coef, e) : nullptr;
+    }
+    __device__ __forceinline__ const typename O::V *diag_at() const { return at(a); }
+    __device__ __forceinline__ const typename O::V *up_at() const { return at(ADJ ? c : b); }
+    __device__ __forceinline__ const typename O::V *down_at() const { return at(ADJ ? b : c); }
 };
+
+// dst[i] = load(i) for i < n into a tree's workspace: from `stored` (the values as stored, or
+// null) without waiting (stage_copy) where dst is shared memory and the compile copies V
+// asynchronously, else as a batched copy.
+template <typename V, typename Load>
+__device__ __forceinline__ void copy_in(int n, V *dst, bool in_shared, const V *stored,
+                                        Load load) {
+    if (async_copies<V> && in_shared && stored)
+        stage_copy(n, dst, stored);
+    else
+        batched_copy<V>(n, load, [&](int i, V x) { dst[i] = x; });
+}
 
 // The same coefficients with B' and C' staged in shared memory by `stage` (called before the
 // first barrier), so that the levels' loops read no global memory: each
@@ -63,11 +84,10 @@ template <typename T, typename O, bool ADJ> struct StagedCoefs {
     TreeCoefs<T, O, ADJ> src;
     typename O::V *up_s, *down_s; // nodes each
     __device__ __forceinline__ typename O::V diag(int v) const { return src.diag(v); }
+    __device__ __forceinline__ const typename O::V *diag_at() const { return src.diag_at(); }
     __device__ __forceinline__ void stage(int nodes) const {
-        typedef typename O::V V;
-        batched_copy<V>(nodes, [&](int v) { return src.up(v); }, [&](int v, V x) { up_s[v] = x; });
-        batched_copy<V>(nodes, [&](int v) { return src.down(v); },
-                        [&](int v, V x) { down_s[v] = x; });
+        copy_in(nodes, up_s, true, src.up_at(), [&](int v) { return src.up(v); });
+        copy_in(nodes, down_s, true, src.down_at(), [&](int v) { return src.down(v); });
     }
     __device__ __forceinline__ typename O::V up(int v) const { return up_s[v]; }
     __device__ __forceinline__ typename O::V down(int v) const { return down_s[v]; }
@@ -82,17 +102,19 @@ __device__ __forceinline__ TreeCoefs<T, O, ADJ> tree_coefs(const T *coef, int no
     return TreeCoefs<T, O, ADJ>{coef, off, set + off, 2 * set + off};
 }
 
-// The solve of one tree into the workspace (ab, uh); on return uh holds x (or λ). `rhs0` is
-// the element offset of this tree's right-hand sides.
+// The solve of one tree into the workspace (ab, uh; in shared memory when `in_shared`); on
+// return uh holds x (or λ). `rhs0` is the element offset of this tree's right-hand sides.
 template <typename T, typename O, typename CF>
 __device__ void tree_solve_block(const TreeGeometry &g, const CF &cf, const T *__restrict__ rhs,
-                                 i64 rhs0, typename O::V *ab, typename O::V *uh, int *status) {
+                                 i64 rhs0, typename O::V *ab, typename O::V *uh, bool in_shared,
+                                 int *status) {
     typedef typename O::V V;
     const int tid = threadIdx.x, r = g.r;
-    batched_copy<V>(g.nodes, [&](int i) { return cf.diag(i); }, [&](int i, V x) { ab[i] = x; });
+    copy_in(g.nodes, ab, in_shared, cf.diag_at(), [&](int i) { return cf.diag(i); });
+    copy_in(g.nodes * r, uh, in_shared, as_values<O>(rhs, rhs0),
+            [&](int i) { return O::load(rhs, rhs0 + i); });
     cf.stage(g.nodes);
-    batched_copy<V>(g.nodes * r, [&](int i) { return O::load(rhs, rhs0 + i); },
-                    [&](int i, V x) { uh[i] = x; });
+    async_wait();
     __syncthreads();
     // Upward: the parents of level k fold in their children (levels below are final).
     for (int k = 1; k < g.levels; ++k) {
@@ -139,37 +161,38 @@ __device__ void tree_solve_block(const TreeGeometry &g, const CF &cf, const T *_
 }
 
 // Solves one tree with the workspace at ab (nodes values), uh (nodes * r) and, when `staged`
-// (the host found room in shared memory), B' and C' (nodes each) and child_start (nodes + 1)
-// after them; on return uh holds x (or λ).
+// (the host found room in shared memory: in_shared too), B' and C' (nodes each) and
+// child_start (nodes + 1) after them; on return uh holds x (or λ).
 template <typename T, typename O, bool ADJ>
 __device__ __forceinline__ void tree_solve_one(const TreeGeometry &g,
                                                const TreeCoefs<T, O, ADJ> &cf, int staged,
-                                               const T *rhs, i64 rhs0, typename O::V *ab,
-                                               int *status) {
+                                               bool in_shared, const T *rhs, i64 rhs0,
+                                               typename O::V *ab, int *status) {
     typedef typename O::V V;
     V *uh = ab + g.nodes;
     if (!staged) {
-        tree_solve_block<T, O>(g, cf, rhs, rhs0, ab, uh, status);
+        tree_solve_block<T, O>(g, cf, rhs, rhs0, ab, uh, in_shared, status);
         return;
     }
     V *up = uh + g.nodes * g.r, *down = up + g.nodes;
     int *child_start = reinterpret_cast<int *>(down + g.nodes);
-    batched_copy<int>(g.nodes + 1, [&](int i) { return g.child_start[i]; },
-                      [&](int i, int x) { child_start[i] = x; });
+    copy_in(g.nodes + 1, child_start, true, g.child_start,
+            [&](int i) { return g.child_start[i]; });
     const TreeGeometry gs{g.level_start, child_start, g.parent, g.levels, g.nodes, g.r};
     const StagedCoefs<T, O, ADJ> sc{cf, up, down};
-    tree_solve_block<T, O>(gs, sc, rhs, rhs0, ab, uh, status);
+    tree_solve_block<T, O>(gs, sc, rhs, rhs0, ab, uh, true, status);
 }
 
 template <typename T, typename O>
 __device__ __forceinline__ void tree_fwd(const T *u, const T *coef, T *x, const TreeGeometry &g,
                                          int tree, int trees, int heads, int shared_coef,
-                                         int staged, typename O::V *ab, int *status) {
+                                         int staged, bool in_shared, typename O::V *ab,
+                                         int *status) {
     typedef typename O::V V;
     const auto cf = tree_coefs<T, O, false>(coef, g.nodes, tree, trees, heads, shared_coef);
     const i64 x0 = (i64)tree * g.nodes * g.r;
     const V *uh = ab + g.nodes;
-    tree_solve_one<T, O, false>(g, cf, staged, u, x0, ab, status);
+    tree_solve_one<T, O, false>(g, cf, staged, in_shared, u, x0, ab, status);
     for (int i = threadIdx.x; i < g.nodes * g.r; i += blockDim.x) O::store(x, x0 + i, uh[i]);
 }
 
@@ -180,24 +203,22 @@ __device__ __forceinline__ void tree_fwd(const T *u, const T *coef, T *x, const 
 template <typename T, typename O>
 __device__ __forceinline__ void tree_bwd(const T *gx, const T *coef, const T *x, T *du, T *dcoef,
                                          const TreeGeometry &g, int tree, int trees, int heads,
-                                         int shared_coef, int staged, typename O::V *ab,
-                                         int *status) {
+                                         int shared_coef, int staged, bool in_shared,
+                                         typename O::V *ab, int *status) {
     typedef typename O::V V;
     const auto cf = tree_coefs<T, O, true>(coef, g.nodes, tree, trees, heads, shared_coef);
     const i64 x0 = (i64)tree * g.nodes * g.r;
     const int r = g.r, root = g.nodes - 1;
     const i64 set = (i64)trees * g.nodes, d0 = (i64)tree * g.nodes;
     const V *lam = ab + g.nodes;
-    tree_solve_one<T, O, true>(g, cf, staged, gx, x0, ab, status);
+    tree_solve_one<T, O, true>(g, cf, staged, in_shared, gx, x0, ab, status);
     for (int i = threadIdx.x; i < g.nodes * r; i += blockDim.x) O::store(du, x0 + i, lam[i]);
     for (int v = threadIdx.x; v < g.nodes; v += blockDim.x) {
         const int p = g.parent[v];
         V da = O::zero(), db = O::zero(), dc = O::zero();
         add_gradient_terms<T, O>(lam + v * r, lam + p * r, x, x0 + v * r, x0 + p * r, r,
                                  v == root, da, db, dc);
-        O::store(dcoef, d0 + v, O::sub(O::zero(), da));
-        O::store(dcoef, set + d0 + v, O::sub(O::zero(), db));
-        O::store(dcoef, 2 * set + d0 + v, O::sub(O::zero(), dc));
+        store_gradients<T, O>(dcoef, set, d0 + v, da, db, dc);
     }
 }
 
@@ -349,9 +370,7 @@ __device__ __forceinline__ void tree_block_bwd(const T *gx, const T *coef, const
                                  lam[((i64)p * d + i) * r + k], in.xv, in.xp, v == root, da,
                                  db, dc);
             if (k < r - 1) return;
-            O::store(dcoef, d0 + e, O::sub(O::zero(), da));
-            O::store(dcoef, set + d0 + e, O::sub(O::zero(), db));
-            O::store(dcoef, 2 * set + d0 + e, O::sub(O::zero(), dc));
+            store_gradients<T, O>(dcoef, set, d0 + e, da, db, dc);
         });
 }
 
@@ -390,7 +409,7 @@ __device__ __forceinline__ void for_block_trees(int trees, V *global_ws, i64 per
         const TreeGeometry g{level_start, child_start, parent, levels, nodes, r};               \
         const i64 per_tree = (i64)nodes * (1 + r);                                              \
         for_block_trees<OPS::V>(trees, global_ws, per_tree, [&](int t, OPS::V *ws, bool sh) {   \
-            tree_fwd<T, OPS>(u, coef, x, g, t, trees, heads, shared_coef, sh && staged, ws,     \
+            tree_fwd<T, OPS>(u, coef, x, g, t, trees, heads, shared_coef, sh && staged, sh, ws, \
                              status);                                                           \
         });                                                                                     \
     }                                                                                           \
@@ -403,7 +422,7 @@ __device__ __forceinline__ void for_block_trees(int trees, V *global_ws, i64 per
         const i64 per_tree = (i64)nodes * (1 + r);                                              \
         for_block_trees<OPS::V>(trees, global_ws, per_tree, [&](int t, OPS::V *ws, bool sh) {   \
             tree_bwd<T, OPS>(gx, coef, x, du, dcoef, g, t, trees, heads, shared_coef,           \
-                             sh && staged, ws, status);                                         \
+                             sh && staged, sh, ws, status);                                     \
         });                                                                                     \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(TREE_THREADS, TREE_BLOCK_MIN_BLOCKS)           \

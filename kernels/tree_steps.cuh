@@ -32,6 +32,41 @@ __device__ __forceinline__ void batched_copy(int n, Load load, Store store) {
     }
 }
 
+// Global -> shared copies that do not wait. On sm_80 and later a thread's copies (cp.async) all
+// issue at once, without registers, and land by its async_wait(), which it calls before the
+// barrier after which any thread reads them; a batched copy waits a memory round trip per 32
+// bytes a thread copies (a 1,365-node tree's five arrays with 64 threads: fifteen). The host
+// harness issues them the same way and lands them only at the wait, their destinations
+// poisoned until then. On sm_70 they are batched copies.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define ASYNC_COPIES 1
+#else
+#define ASYNC_COPIES 0
+#endif
+// Values copied asynchronously: up to 8 bytes (complex f64 kernels spilled with the extra code).
+template <typename V> constexpr bool async_copies = ASYNC_COPIES && sizeof(V) <= 8;
+
+// dst (shared memory) = src (global memory), sizeof(V) of 4, 8 or 16 bytes, src aligned to it.
+template <typename V> __device__ __forceinline__ void copy_async(V *dst, const V *src) {
+#if !defined(__CUDA_ARCH__)
+    cuda_host_copy_async(dst, src, sizeof(V));
+#elif __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(
+                     (unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "n"(sizeof(V))
+                 : "memory");
+#endif
+}
+
+// Waits for this thread's copy_async copies.
+__device__ __forceinline__ void async_wait() {
+#if !defined(__CUDA_ARCH__)
+    cuda_host_wait_async();
+#elif __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // Copies, for every lane l < lanes and i < len, load(l, i) to store(l, i, value) with the whole
 // block of blockDim.x lanes x blockDim.y rows, each thread issuing up to 32 bytes of loads before
 // its first store (as batched_copy): consecutive threads take consecutive i of one lane, so the
@@ -53,6 +88,54 @@ __device__ __forceinline__ void lanes_copy(int lanes, int len, Load load, Store 
             const int e = base + q * threads;
             if (e < n) store(e / len, e % len, x[q]);
         }
+    }
+}
+
+// For every lane l < lanes and i < len, dst(l)[i] = src(l)[i] (shared <- global), or `fill`
+// where src(l) is null (a lane without a tree), with the whole block as lanes_copy: consecutive
+// threads on consecutive i of one lane. Asynchronously (landing by async_wait) where the compile
+// has cp.async and every source is aligned to V's size (not every complex f64 view is), else as
+// lanes_copy.
+template <typename V, typename Src, typename Dst>
+__device__ __forceinline__ void stage_lanes(int lanes, int len, Src src, Dst dst, V fill) {
+    bool aligned = ASYNC_COPIES;
+    for (int l = 0; l < lanes; ++l) aligned = aligned && (u64)src(l) % sizeof(V) == 0;
+    if (aligned) {
+        const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+        for (int e = tid; e < lanes * len; e += threads) {
+            const int l = e / len, i = e % len;
+            const V *s = src(l);
+            if (s)
+                copy_async(dst(l) + i, s + i);
+            else
+                dst(l)[i] = fill;
+        }
+        return;
+    }
+    lanes_copy<V>(
+        lanes, len,
+        [&](int l, int i) {
+            const V *s = src(l);
+            return s ? s[i] : fill;
+        },
+        [&](int l, int i, V x) { dst(l)[i] = x; });
+}
+
+// dst[i] = src[i] for i < n (shared <- global) with the whole block, as stage_lanes.
+template <typename V> __device__ __forceinline__ void stage_copy(int n, V *dst, const V *src) {
+    stage_lanes<V>(1, n, [&](int) { return src; }, [&](int) { return dst; }, V());
+}
+
+// out[base(l) + i] = ws[l * stride + i] for i < len and each lane l < blockDim.x with a tree
+// (base(l) >= 0; those lanes come first), with the whole block.
+template <typename T, typename O, typename Base>
+__device__ __forceinline__ void lanes_write(int len, const typename O::V *ws, int stride,
+                                            Base base, T *out) {
+    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    for (int l = 0; l < (int)blockDim.x; ++l) {
+        const i64 b = base(l);
+        if (b < 0) break;
+        for (int i = tid; i < len; i += threads) O::store(out, b + i, ws[l * stride + i]);
     }
 }
 
@@ -190,6 +273,16 @@ __device__ __forceinline__ void add_gradient_terms(const typename O::V *lv,
     for (int j = 0; j < r; ++j)
         add_gradient_term<O>(lv[j], lp[j], O::load(x, xv + j),
                              root ? O::zero() : O::load(x, xp + j), root, da, db, dc);
+}
+
+// An entry's coefficient gradients from its sums of terms: ∂A = -da, ∂B = -db, ∂C = -dc at
+// element e of each part, the parts `set` elements apart.
+template <typename T, typename O>
+__device__ __forceinline__ void store_gradients(T *dcoef, i64 set, i64 e, typename O::V da,
+                                                typename O::V db, typename O::V dc) {
+    O::store(dcoef, e, O::sub(O::zero(), da));
+    O::store(dcoef, set + e, O::sub(O::zero(), db));
+    O::store(dcoef, 2 * set + e, O::sub(O::zero(), dc));
 }
 
 // x's values of an entry's column at v and at its parent, for add_gradient_term, loaded

@@ -36,6 +36,7 @@ __device__ __forceinline__ void store_s(__nv_bfloat16 *p, float v) { *p = __floa
 
 template <typename F> struct RealOps {
     typedef F V;
+    static constexpr bool complex = false;
     static __device__ __forceinline__ V zero() { return F(0); }
     static __device__ __forceinline__ V one() { return F(1); }
     static __device__ __forceinline__ V add(V a, V b) { return a + b; }
@@ -59,6 +60,7 @@ template <typename F> struct Cx {
 
 template <typename F> struct ComplexOps {
     typedef Cx<F> V;
+    static constexpr bool complex = true;
     static __device__ __forceinline__ V zero() { return {F(0), F(0)}; }
     static __device__ __forceinline__ V one() { return {F(1), F(0)}; }
     static __device__ __forceinline__ V add(V a, V b) { return {a.re + b.re, a.im + b.im}; }
@@ -80,6 +82,28 @@ template <typename F> struct ComplexOps {
         store_s(p + 2 * e + 1, v.im);
     }
 };
+
+// Whether O computes in storage type T itself (f32 or f64 storage, real or complex: a complex
+// value is T's re, im pair), so that values are copied as they are stored.
+template <typename T, typename O> struct AsStored {
+    static constexpr bool value = false;
+};
+template <typename F> struct AsStored<F, RealOps<F>> {
+    static constexpr bool value = true;
+};
+template <typename F> struct AsStored<F, ComplexOps<F>> {
+    static constexpr bool value = true;
+};
+
+// T's storage from element e on, read as O's values where they are the same (AsStored: a complex
+// value is the (re, im) pair of T's), else null.
+template <typename O, typename T>
+__device__ __forceinline__ const typename O::V *as_values(const T *p, i64 e) {
+    if constexpr (AsStored<T, O>::value)
+        return reinterpret_cast<const typename O::V *>(p) + e;
+    else
+        return nullptr;
+}
 
 // Usable as a pivot: non-zero and finite.
 template <typename F> __device__ __forceinline__ bool pivot_ok(F v) { return v != F(0) && isfinite(v); }

@@ -11,6 +11,10 @@
 //   before it switches to a fiber.
 // - __syncthreads() hands control back to the launcher: it is a real barrier, and it records the
 //   caller's line so that threads waiting at different barriers are reported.
+// - Asynchronous global -> shared copies (cp.async, in kernels/tree_steps.cuh) land when their
+//   thread waits for them, the latest a GPU may land them, and poison their destination until
+//   then; the destination must be dynamic shared memory, and a thread must not return with
+//   copies it has not waited for.
 // - Atomics are plain read-modify-writes: only one fiber runs at a time.
 // - __half and __nv_bfloat16 are 16-bit storage types with round-to-nearest-even conversions,
 //   as on the GPU.
@@ -49,6 +53,10 @@ void cuda_host_syncthreads(int line, const char *file);
 inline void __syncthreads(int line = __builtin_LINE(), const char *file = __builtin_FILE()) {
     cuda_host_syncthreads(line, file);
 }
+
+// cp.async and cp.async.wait_all of the running thread. Defined in launcher.cpp.
+void cuda_host_copy_async(void *dst, const void *src, size_t bytes);
+void cuda_host_wait_async();
 
 // ---- atomics (one fiber runs at a time, so plain operations are atomic)
 inline int atomicCAS(int *p, int compare, int val) {

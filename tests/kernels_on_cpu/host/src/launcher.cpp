@@ -81,11 +81,20 @@ namespace {
 
 enum State { RUNNABLE, AT_BARRIER, DONE };
 
+// A copy a thread issued with cp.async (its source read then), landing at its wait.
+struct AsyncCopy {
+    void *dst;
+    unsigned char bytes[16];
+    size_t size;
+};
+
 struct Fiber {
     ucontext_t ctx;
     State state;
     int line;
     const char *file;
+    std::vector<AsyncCopy> copies;
+    std::string error; // a misuse of cp.async, reported by the scheduler
 };
 
 struct Block {
@@ -94,6 +103,7 @@ struct Block {
     std::vector<Fiber> fibers;
     ucontext_t scheduler;
     size_t current;
+    size_t shared_bytes;
 };
 
 thread_local Block *running = nullptr;
@@ -150,8 +160,11 @@ uint3 unflatten(size_t i, uint3 dims) {
 // Starts the block `blockIdx` on this OS thread: poisoned shared memory, fresh fibers.
 void begin_block(Block &b, const Stacks &stacks, size_t shared_bytes) {
     memset(smem, POISON, std::min(shared_bytes + CANARY, SMEM_CAPACITY));
+    b.shared_bytes = shared_bytes;
     for (size_t t = 0; t < b.fibers.size(); ++t) {
         Fiber &f = b.fibers[t];
+        f.copies.clear();
+        f.error.clear();
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = stacks.stack(t);
         f.ctx.uc_stack.ss_size = Stacks::SIZE;
@@ -171,6 +184,14 @@ bool block_round(Block &b, const std::vector<size_t> &order, size_t shared_bytes
         threadIdx = unflatten(t, blockDim);
         b.current = t;
         swapcontext(&b.scheduler, &b.fibers[t].ctx);
+        const Fiber &f = b.fibers[t];
+        if (f.error.empty() && f.state == DONE && !f.copies.empty())
+            fail("block (%u, %u, %u): thread %zu returned with %zu cp.async copies it did not "
+                 "wait for",
+                 blockIdx.x, blockIdx.y, blockIdx.z, t, f.copies.size());
+        if (!f.error.empty())
+            fail("block (%u, %u, %u): thread %zu: %s", blockIdx.x, blockIdx.y, blockIdx.z, t,
+                 f.error.c_str());
     }
     size_t done = 0;
     const Fiber *waiting = nullptr;
@@ -253,7 +274,7 @@ struct Pool {
 
 // The OS thread of resident slot `me`: runs rounds of its blocks when given the turn.
 void resident(Pool *pool, size_t me) {
-    Block b{nullptr, nullptr, {}, {}, 0};
+    Block b{nullptr, nullptr, {}, {}, 0, 0};
     running = &b;
     std::unique_ptr<Stacks> stacks;
     std::unique_lock<std::mutex> lock(pool->m);
@@ -341,6 +362,40 @@ void cuda_host_syncthreads(int line, const char *file) {
     f.line = line;
     f.file = file;
     swapcontext(&f.ctx, &b->scheduler);
+}
+
+void cuda_host_copy_async(void *dst, const void *src, size_t bytes) {
+    Block *b = running;
+    if (!b) {
+        fprintf(stderr, "cp.async outside a kernel launch\n");
+        abort();
+    }
+    Fiber &f = b->fibers[b->current];
+    unsigned char *d = static_cast<unsigned char *>(dst);
+    if (!f.error.empty()) return;
+    if (bytes != 4 && bytes != 8 && bytes != 16) {
+        f.error = "a cp.async of " + std::to_string(bytes) + " bytes (4, 8 or 16)";
+    } else if (d < smem || d + bytes > smem + b->shared_bytes) {
+        f.error = "a cp.async to memory that is not the launch's dynamic shared memory";
+    } else if ((uintptr_t)src % bytes != 0 || (uintptr_t)dst % bytes != 0) {
+        f.error = "a cp.async of " + std::to_string(bytes) + " bytes not aligned to its size";
+    }
+    if (!f.error.empty()) return;
+    AsyncCopy c{dst, {}, bytes};
+    memcpy(c.bytes, src, bytes);
+    memset(dst, POISON, bytes);
+    f.copies.push_back(c);
+}
+
+void cuda_host_wait_async() {
+    Block *b = running;
+    if (!b) {
+        fprintf(stderr, "cp.async.wait_all outside a kernel launch\n");
+        abort();
+    }
+    Fiber &f = b->fibers[b->current];
+    for (const AsyncCopy &c : f.copies) memcpy(c.dst, c.bytes, c.size);
+    f.copies.clear();
 }
 
 extern "C" {
