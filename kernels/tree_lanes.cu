@@ -73,49 +73,38 @@ __device__ __forceinline__ void lanes_load(const LaneTrees &g, int d, const T *c
         return which == 0 ? 0 : which == 1 ? (ADJ ? 2 : 1) : (ADJ ? 1 : 2);
     };
     // The values as stored, where neither a conversion, a conjugate nor (d > 1) the adjoint's
-    // transpose comes between, are copied without waiting (stage_lanes).
+    // transpose comes between, are copied without waiting (stage_lanes). The three parts of
+    // the pivot lanes are 3 pl copies, part `which` of pivot lane p the (which pl + p)-th.
     constexpr bool rhs_stored = AsStored<T, O>::value;
     constexpr bool coef_stored = rhs_stored && !(ADJ && O::complex);
     V *uh = ws + 3 * pl * sn;
-    if (coef_stored && async_copies<V> && (!ADJ || d == 1))
-        for (int which = 0; which < 3; ++which)
-            stage_lanes<V>(
-                pl, nd,
-                [&](int p) -> const V * {
-                    const int t = g.tree(p);
-                    if (t < 0) return nullptr;
-                    return as_values<O>(coef, part(which) * set + (i64)g.coef_set(t) * nd);
-                },
-                [&](int p) { return ws + (i64)which * pl * sn + p * sn; }, O::one());
-    else
-        lanes_copy<V>(
-            pl, 3 * nd,
-            [&](int p, int e) {
-                // Pivot lane p's coefficient set: that of its tree (lane 0's when shared).
-                const int t = g.tree(p);
-                if (t < 0) return O::one();
-                const int which = e / nd, v = e % nd / dd, i = e % dd / d, j = e % d;
-                const i64 blk = part(which) * set + ((i64)g.coef_set(t) * n + v) * dd;
-                return ADJ ? O::conj(O::load(coef, blk + j * d + i))
-                           : O::load(coef, blk + i * d + j);
-            },
-            [&](int p, int e, V x) { ws[(i64)(e / nd) * pl * sn + p * sn + e % nd] = x; });
-    if (rhs_stored && async_copies<V>)
-        stage_lanes<V>(
-            blockDim.x, n * dr,
-            [&](int l) -> const V * {
-                const int t = g.tree(l);
-                return t < 0 ? nullptr : as_values<O>(rhs, (i64)t * n * dr);
-            },
-            [&](int l) { return uh + l * su; }, O::zero());
-    else
-        lanes_copy<V>(
-            blockDim.x, n * dr,
-            [&](int l, int e) {
-                const int t = g.tree(l);
-                return t < 0 ? O::zero() : O::load(rhs, (i64)t * n * dr + e);
-            },
-            [&](int l, int e, V x) { uh[l * su + e] = x; });
+    stage_lanes<V>(
+        coef_stored && (!ADJ || d == 1), 3 * pl, nd,
+        [&](int q) -> const V * {
+            const int t = g.tree(q % pl);
+            if (t < 0) return nullptr;
+            return as_values<O>(coef, part(q / pl) * set + (i64)g.coef_set(t) * nd);
+        },
+        [&](int q) { return ws + q * sn; },
+        [&](int q, int e) {
+            // Pivot lane p's coefficient set: that of its tree (lane 0's when shared).
+            const int t = g.tree(q % pl);
+            if (t < 0) return O::one();
+            const int v = e / dd, i = e % dd / d, j = e % d;
+            const i64 blk = part(q / pl) * set + ((i64)g.coef_set(t) * n + v) * dd;
+            return ADJ ? O::conj(O::load(coef, blk + j * d + i)) : O::load(coef, blk + i * d + j);
+        });
+    stage_lanes<V>(
+        rhs_stored, blockDim.x, n * dr,
+        [&](int l) -> const V * {
+            const int t = g.tree(l);
+            return t < 0 ? nullptr : as_values<O>(rhs, (i64)t * n * dr);
+        },
+        [&](int l) { return uh + l * su; },
+        [&](int l, int e) {
+            const int t = g.tree(l);
+            return t < 0 ? O::zero() : O::load(rhs, (i64)t * n * dr + e);
+        });
     async_wait();
     __syncthreads();
 }
@@ -194,7 +183,7 @@ template <typename V> __device__ __forceinline__ V *lanes_workspace() {
 template <typename T, typename O>
 __device__ __forceinline__ void lanes_store(const LaneTrees &g, const typename O::V *uh, T *out) {
     const int nr = g.nodes * g.r;
-    lanes_write<T, O>(nr, uh, lane_stride(nr), [&](int l) { return (i64)g.tree(l) * nr; }, out);
+    lanes_write<T, O>(nr, uh, lane_stride(nr), [&](int l) { return g.tree(l); }, nr, 0, out);
 }
 
 template <typename T, typename O>

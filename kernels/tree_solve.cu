@@ -65,18 +65,6 @@ template <typename T, typename O, bool ADJ> struct TreeCoefs {
     __device__ __forceinline__ const typename O::V *down_at() const { return at(ADJ ? b : c); }
 };
 
-// dst[i] = load(i) for i < n into a tree's workspace: from `stored` (the values as stored, or
-// null) without waiting (stage_copy) where dst is shared memory and the compile copies V
-// asynchronously, else as a batched copy.
-template <typename V, typename Load>
-__device__ __forceinline__ void copy_in(int n, V *dst, bool in_shared, const V *stored,
-                                        Load load) {
-    if (async_copies<V> && in_shared && stored)
-        stage_copy(n, dst, stored);
-    else
-        batched_copy<V>(n, load, [&](int i, V x) { dst[i] = x; });
-}
-
 // The same coefficients with B' and C' staged in shared memory by `stage` (called before the
 // first barrier), so that the levels' loops read no global memory: each
 // level's loads would otherwise wait on global latency, one level after another.
@@ -86,8 +74,8 @@ template <typename T, typename O, bool ADJ> struct StagedCoefs {
     __device__ __forceinline__ typename O::V diag(int v) const { return src.diag(v); }
     __device__ __forceinline__ const typename O::V *diag_at() const { return src.diag_at(); }
     __device__ __forceinline__ void stage(int nodes) const {
-        copy_in(nodes, up_s, true, src.up_at(), [&](int v) { return src.up(v); });
-        copy_in(nodes, down_s, true, src.down_at(), [&](int v) { return src.down(v); });
+        stage_copy(true, nodes, up_s, src.up_at(), [&](int v) { return src.up(v); });
+        stage_copy(true, nodes, down_s, src.down_at(), [&](int v) { return src.down(v); });
     }
     __device__ __forceinline__ typename O::V up(int v) const { return up_s[v]; }
     __device__ __forceinline__ typename O::V down(int v) const { return down_s[v]; }
@@ -110,8 +98,8 @@ __device__ void tree_solve_block(const TreeGeometry &g, const CF &cf, const T *_
                                  int *status) {
     typedef typename O::V V;
     const int tid = threadIdx.x, r = g.r;
-    copy_in(g.nodes, ab, in_shared, cf.diag_at(), [&](int i) { return cf.diag(i); });
-    copy_in(g.nodes * r, uh, in_shared, as_values<O>(rhs, rhs0),
+    stage_copy(in_shared, g.nodes, ab, cf.diag_at(), [&](int i) { return cf.diag(i); });
+    stage_copy(in_shared, g.nodes * r, uh, as_values<O>(rhs, rhs0),
             [&](int i) { return O::load(rhs, rhs0 + i); });
     cf.stage(g.nodes);
     async_wait();
@@ -176,7 +164,7 @@ __device__ __forceinline__ void tree_solve_one(const TreeGeometry &g,
     }
     V *up = uh + g.nodes * g.r, *down = up + g.nodes;
     int *child_start = reinterpret_cast<int *>(down + g.nodes);
-    copy_in(g.nodes + 1, child_start, true, g.child_start,
+    stage_copy(true, g.nodes + 1, child_start, g.child_start,
             [&](int i) { return g.child_start[i]; });
     const TreeGeometry gs{g.level_start, child_start, g.parent, g.levels, g.nodes, g.r};
     const StagedCoefs<T, O, ADJ> sc{cf, up, down};

@@ -91,51 +91,58 @@ __device__ __forceinline__ void lanes_copy(int lanes, int len, Load load, Store 
     }
 }
 
-// For every lane l < lanes and i < len, dst(l)[i] = src(l)[i] (shared <- global), or `fill`
-// where src(l) is null (a lane without a tree), with the whole block as lanes_copy: consecutive
-// threads on consecutive i of one lane. Asynchronously (landing by async_wait) where the compile
-// has cp.async and every source is aligned to V's size (not every complex f64 view is), else as
-// lanes_copy.
-template <typename V, typename Src, typename Dst>
-__device__ __forceinline__ void stage_lanes(int lanes, int len, Src src, Dst dst, V fill) {
-    bool aligned = ASYNC_COPIES;
-    for (int l = 0; l < lanes; ++l) aligned = aligned && (u64)src(l) % sizeof(V) == 0;
-    if (aligned) {
-        const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
-        for (int e = tid; e < lanes * len; e += threads) {
-            const int l = e / len, i = e % len;
-            const V *s = src(l);
-            if (s)
-                copy_async(dst(l) + i, s + i);
-            else
-                dst(l)[i] = fill;
+// For every lane l < lanes and i < len, dst(l)[i] (shared memory) = load(l, i), with the whole
+// block as lanes_copy. Without waiting (landing by async_wait) where the compile copies V
+// asynchronously, `stored` says that src(l), where not null, holds lane l's values as stored
+// (else load fills the lane), and every source is aligned to V's size (not every complex view
+// is); else lanes_copy itself.
+template <typename V, typename Src, typename Dst, typename Load>
+__device__ __forceinline__ void stage_lanes(bool stored, int lanes, int len, Src src, Dst dst,
+                                            Load load) {
+    if constexpr (async_copies<V>) {
+        for (int l = 0; stored && l < lanes; ++l) stored = (u64)src(l) % sizeof(V) == 0;
+        if (stored) {
+            const int threads = blockDim.x * blockDim.y;
+            for (int e = threadIdx.y * blockDim.x + threadIdx.x; e < lanes * len; e += threads) {
+                const int l = e / len, i = e % len;
+                const V *s = src(l);
+                if (s)
+                    copy_async(dst(l) + i, s + i);
+                else
+                    dst(l)[i] = load(l, i);
+            }
+            return;
         }
-        return;
     }
-    lanes_copy<V>(
-        lanes, len,
-        [&](int l, int i) {
-            const V *s = src(l);
-            return s ? s[i] : fill;
-        },
-        [&](int l, int i, V x) { dst(l)[i] = x; });
+    lanes_copy<V>(lanes, len, load, [&](int l, int i, V x) { dst(l)[i] = x; });
 }
 
-// dst[i] = src[i] for i < n (shared <- global) with the whole block, as stage_lanes.
-template <typename V> __device__ __forceinline__ void stage_copy(int n, V *dst, const V *src) {
-    stage_lanes<V>(1, n, [&](int) { return src; }, [&](int) { return dst; }, V());
+// dst[i] = load(i) for i < n with the blockDim.x threads, as stage_lanes: without waiting where
+// the compile copies V asynchronously, dst is shared memory (`to_shared`) and src holds the
+// values as stored (null where they are not) at V's alignment; else batched_copy.
+template <typename V, typename Load>
+__device__ __forceinline__ void stage_copy(bool to_shared, int n, V *dst, const V *src,
+                                           Load load) {
+    if constexpr (async_copies<V>) {
+        if (to_shared && src && (u64)src % sizeof(V) == 0) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) copy_async(dst + i, src + i);
+            return;
+        }
+    }
+    batched_copy<V>(n, load, [&](int i, V x) { dst[i] = x; });
 }
 
-// out[base(l) + i] = ws[l * stride + i] for i < len and each lane l < blockDim.x with a tree
-// (base(l) >= 0; those lanes come first), with the whole block.
-template <typename T, typename O, typename Base>
+// out[tree(l) per + off + i] = ws[l * stride + i] for i < len and each lane l < blockDim.x with
+// a tree (tree(l) >= 0; those lanes come first), with the whole block.
+template <typename T, typename O, typename Tree>
 __device__ __forceinline__ void lanes_write(int len, const typename O::V *ws, int stride,
-                                            Base base, T *out) {
+                                            Tree tree, i64 per, i64 off, T *out) {
     const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
     for (int l = 0; l < (int)blockDim.x; ++l) {
-        const i64 b = base(l);
-        if (b < 0) break;
-        for (int i = tid; i < len; i += threads) O::store(out, b + i, ws[l * stride + i]);
+        const int t = tree(l);
+        if (t < 0) break;
+        const i64 base = t * per + off;
+        for (int i = tid; i < len; i += threads) O::store(out, base + i, ws[l * stride + i]);
     }
 }
 

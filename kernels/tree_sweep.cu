@@ -46,11 +46,13 @@ template <typename V> struct PivotLoad {
 // with cset values per part, the set's at co; piv likewise with pset and po (global memory for
 // `tree_pivots`, a block's shared memory for a sweep that stages them). The adjoint reads
 // A' = conj(A), B' = conj(C), C' = conj(B). Thread 0 inverts the root after the last barrier:
-// the caller reads the pivots after a barrier of its own.
-template <typename T, typename O>
+// the caller reads the pivots after a barrier of its own. SHARED: piv is shared memory, which
+// the coefficients as stored fill without waiting (stage_lanes).
+template <typename T, typename O, bool SHARED>
 __device__ void eliminate_pivots(const T *coef, i64 cset, i64 co, T *piv, i64 pset, i64 po,
                                  const SweepTree &g, int adjoint, int *status) {
     typedef typename O::V V;
+    static_assert(AsStored<T, O>::value, "the pivots are kept in the storage type");
     const int n = g.nodes;
     const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
     const i64 up = adjoint ? 2 * cset : cset, down = adjoint ? cset : 2 * cset;
@@ -61,9 +63,12 @@ __device__ void eliminate_pivots(const T *coef, i64 cset, i64 co, T *piv, i64 ps
     // inv holds Â until a node is eliminated, bh holds B' until then.
     const i64 parts[3] = {0, up, down};
     for (int k = 0; k < 3; ++k)
-        lanes_copy<V>(
-            1, n, [&](int, int v) { return read(parts[k], v); },
-            [&](int, int v, V x) { O::store(piv, k * pset + po + v, x); });
+        stage_lanes<V>(
+            SHARED && !(adjoint && O::complex), 1, n,
+            [&](int) { return as_values<O>(coef, parts[k] + co); },
+            [&](int) { return reinterpret_cast<V *>(piv) + k * pset + po; },
+            [&](int, int v) { return read(parts[k], v); });
+    async_wait();
     __syncthreads();
     // Per parent, its children's three values load together (up to 48 bytes), and with them
     // Â_p: in global memory (`tree_pivots`) each load after a store waits a round trip.
@@ -104,7 +109,7 @@ template <typename T, typename O>
 __device__ void tree_pivots(const T *coef, T *piv, const SweepTree &g, int sets, int adjoint,
                             int *status) {
     const i64 set = (i64)sets * g.nodes, o = (i64)blockIdx.x * g.nodes;
-    eliminate_pivots<T, O>(coef, set, o, piv, set, o, g, adjoint, status);
+    eliminate_pivots<T, O, false>(coef, set, o, piv, set, o, g, adjoint, status);
 }
 
 // The trees of a block of the sweep, blockDim.x lanes x blockDim.y rows: with coefficients shared
@@ -200,7 +205,7 @@ __device__ __forceinline__ void with_scalar_sweep(const SweepTree &g, const Swee
         return;
     }
     T *piv = reinterpret_cast<T *>(ws + (i64)blockDim.x * su);
-    eliminate_pivots<T, O>(src, set, o, piv, n, 0, g, adjoint, status);
+    eliminate_pivots<T, O, true>(src, set, o, piv, n, 0, g, adjoint, status);
     body(ScalarSweep<T, O>{g, s, r, n0, su, live, piv, n, 0, ws});
 }
 
@@ -213,13 +218,18 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
     const SweepTree &g = sw.g;
     const int n = g.nodes, r = sw.r, n0 = sw.n0, nr = n * r, lanes = blockDim.x;
     const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
-    lanes_copy<V>(
-        lanes, (n - n0) * r,
+    stage_lanes<V>(
+        AsStored<T, O>::value, lanes, (n - n0) * r,
+        [&](int l) {
+            const int t = sw.s.tree(l);
+            return t < 0 ? nullptr : as_values<O>(rhs, (i64)t * nr + (i64)n0 * r);
+        },
+        [&](int l) { return sw.ws + l * sw.su; },
         [&](int l, int e) {
             const int t = sw.s.tree(l);
             return t < 0 ? O::zero() : O::load(rhs, (i64)t * nr + (i64)n0 * r + e);
-        },
-        [&](int l, int e, V x) { sw.ws[l * sw.su + e] = x; });
+        });
+    async_wait();
     // Also orders staged pivots (the root's) before their reads.
     __syncthreads();
     // Level 1 folds in the leaves, read from rhs: per child, every lane's loads issue together.
@@ -279,19 +289,6 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
     }
 }
 
-// Writes every live lane's values of the nodes above the leaves, from the workspace, to out.
-template <typename T, typename O>
-__device__ __forceinline__ void sweep_inner_store(const ScalarSweep<T, O> &sw, T *out) {
-    const int n = sw.g.nodes, r = sw.r, len = (n - sw.n0) * r;
-    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
-    for (int l = 0; l < (int)blockDim.x; ++l) {
-        const int t = sw.s.tree(l);
-        if (t < 0) break;
-        const i64 base = (i64)t * n * r + (i64)sw.n0 * r;
-        for (int i = tid; i < len; i += threads) O::store(out, base + i, sw.ws[l * sw.su + i]);
-    }
-}
-
 // x = T_G^-1 u for the block's trees; src: the coefficients or the pivots (`with_scalar_sweep`).
 template <typename T, typename O>
 __device__ __forceinline__ void tree_sweep_fwd(const T *u, const T *src, T *x, const SweepTree &g,
@@ -318,7 +315,8 @@ __device__ __forceinline__ void tree_sweep_fwd(const T *u, const T *src, T *x, c
                 }
             }
         }
-        sweep_inner_store<T, O>(sw, x);
+        lanes_write<T, O>((g.nodes - sw.n0) * r, sw.ws, sw.su,
+                          [&](int l) { return s.tree(l); }, nr, (i64)sw.n0 * r, x);
     });
 }
 
@@ -340,11 +338,6 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
         const i64 rows = s.shared ? (i64)(s.batch + blockDim.x - 1) / blockDim.x * s.heads
                                   : (i64)s.batch * s.heads;
         const i64 dset = rows * n, d0 = (i64)blockIdx.x * n;
-        auto put = [&](int v, V da, V db, V dc) {
-            O::store(dcoef, d0 + v, O::sub(O::zero(), da));
-            O::store(dcoef, dset + d0 + v, O::sub(O::zero(), db));
-            O::store(dcoef, 2 * dset + d0 + v, O::sub(O::zero(), dc));
-        };
         // The leaves: λ_c = û_c + B̂_c λ_p to ∂u, and their gradient terms, over the lanes and
         // right-hand sides in order; per child, every lane's loads issue together.
         if (g.levels > 1) {
@@ -368,11 +361,12 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
                             O::store(du, at(q, c), lc);
                             add_gradient_term<O>(lc, lp, in.xv, in.xp, false, da, db, dc);
                         });
-                    put(c, da, db, dc);
+                    store_gradients<T, O>(dcoef, dset, d0 + c, da, db, dc);
                 }
             }
         }
-        sweep_inner_store<T, O>(sw, du);
+        lanes_write<T, O>((n - sw.n0) * r, sw.ws, sw.su,
+                          [&](int l) { return s.tree(l); }, nr, (i64)sw.n0 * r, du);
         for (int v = sw.n0 + tid; v < n; v += threads) {
             const int p = g.parent[v];
             V da = O::zero(), db = O::zero(), dc = O::zero();
@@ -387,7 +381,7 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
                     add_gradient_term<O>(sw.at(q / r, v, q % r), sw.at(q / r, p, q % r), in.xv,
                                          in.xp, v == root, da, db, dc);
                 });
-            put(v, da, db, dc);
+            store_gradients<T, O>(dcoef, dset, d0 + v, da, db, dc);
         }
     });
 }
@@ -546,13 +540,18 @@ __device__ typename O::V *lanes_sweep(const SweepTree &g, const SweepLanes &s, i
     typedef typename O::V V;
     V *ws = sweep_workspace<V>();
     const int n = g.nodes, dd = d * d, ndr = n * d * r, su = ndr | 1;
-    lanes_copy<V>(
-        blockDim.x, ndr,
+    stage_lanes<V>(
+        AsStored<T, O>::value, blockDim.x, ndr,
+        [&](int l) {
+            const int t = s.tree(l);
+            return t < 0 ? nullptr : as_values<O>(rhs, (i64)t * ndr);
+        },
+        [&](int l) { return ws + l * su; },
         [&](int l, int e) {
             const int t = s.tree(l);
             return t < 0 ? O::zero() : O::load(rhs, (i64)t * ndr + e);
-        },
-        [&](int l, int e, V x) { ws[l * su + e] = x; });
+        });
+    async_wait();
     __syncthreads();
     const int t = s.tree(threadIdx.x);
     const i64 set = (i64)(s.shared ? s.heads : s.batch * s.heads) * n * dd;
@@ -570,24 +569,12 @@ __device__ typename O::V *lanes_sweep(const SweepTree &g, const SweepLanes &s, i
     return ws;
 }
 
-// Writes every live lane's len values from the workspace ws (odd strides) to out.
-template <typename T, typename O>
-__device__ __forceinline__ void lanes_sweep_store(const SweepLanes &s, const typename O::V *ws,
-                                                  int len, T *out) {
-    const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
-    for (int l = 0; l < (int)blockDim.x; ++l) {
-        const int t = s.tree(l);
-        if (t < 0) break;
-        for (int i = tid; i < len; i += threads)
-            O::store(out, (i64)t * len + i, ws[l * (len | 1) + i]);
-    }
-}
-
 template <typename T, typename O>
 __device__ void tree_sweep_block_fwd(const T *u, const T *piv, T *x, const SweepTree &g,
                                      const SweepLanes &s, int d, int r) {
     const typename O::V *ws = lanes_sweep<T, O>(g, s, d, r, u, piv);
-    lanes_sweep_store<T, O>(s, ws, g.nodes * d * r, x);
+    const int ndr = g.nodes * d * r;
+    lanes_write<T, O>(ndr, ws, ndr | 1, [&](int l) { return s.tree(l); }, ndr, 0, x);
 }
 
 // Backward with the adjoint's pivots: λ = T_G^-H ∂x, ∂u = λ, and the blocks
@@ -601,7 +588,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
     typedef typename O::V V;
     const V *lam = lanes_sweep<T, O>(g, s, d, r, gx, piv);
     const int n = g.nodes, dd = d * d, ndr = n * d * r, su = ndr | 1, root = n - 1;
-    lanes_sweep_store<T, O>(s, lam, ndr, du);
+    lanes_write<T, O>(ndr, lam, su, [&](int l) { return s.tree(l); }, ndr, 0, du);
     const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
     const i64 rows = s.shared ? (i64)(s.batch + blockDim.x - 1) / blockDim.x * s.heads
                               : (i64)s.batch * s.heads;
@@ -624,9 +611,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
                                      v == root, da, db, dc);
             });
         const i64 d0 = (i64)blockIdx.x * n * dd + e;
-        O::store(dcoef, d0, O::sub(O::zero(), da));
-        O::store(dcoef, dset + d0, O::sub(O::zero(), db));
-        O::store(dcoef, 2 * dset + d0, O::sub(O::zero(), dc));
+        store_gradients<T, O>(dcoef, dset, d0, da, db, dc);
     }
 }
 

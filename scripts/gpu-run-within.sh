@@ -3,7 +3,8 @@
 #   bash gpu-bundle/run-within.sh SECONDS REPORT_DIR
 # First the checks of correctness side by side (their timings are not reported): the CUDA tests
 # of the sm_90 build in three groups, the V100 build's section, and compute-sanitizer over the
-# head solve and the tree solve's large trees; then, one at a time on an otherwise idle GPU, the
+# head solve and the tree solve's large trees, and (diagnostic, beside them) Nsight Compute on
+# the tree kernels' first launches at their target shapes; then, one at a time on an otherwise idle GPU, the
 # timed sections: the kernel benchmarks (copy, the tree solve's layouts side by side, the
 # layer's head solve; each once, without its plain-candle reference), the training-step profile
 # (default size and the sMNIST, ListOps, sCIFAR and Path-X presets, then S5 at the pendulum's
@@ -57,6 +58,7 @@ MYO_GPU_TESTS='cuda_tree*' part "$end" tests-tree tests &
 MYO_GPU_TESTS='cuda_parity*' part "$end" tests-parity tests &
 MYO_GPU_TESTS='cuda_[fghs]*' part "$end" tests-rest tests &
 part "$end" v100 v100 &
+part "$end" stalls stalls &
 sanitize "$end" &
 wait
 timed=$(date +%s)
@@ -65,7 +67,7 @@ MYO_GPU_QUICK=1 MYO_GPU_BENCH='copy|tree|heads' part "$(at "$timed" 45)" bench b
 MYO_GPU_CPU='default' MYO_GPU_PROFILES='default|smnist|scifar|pathx|listops|s5.pendulum|s5.retrieval' part "$(at "$timed" 85)" profile profile
 MYO_GPU_QUICK=1 MYO_GPU_BENCH='step' part "$(at "$timed" 100)" step bench
 
-for r in tests-tree tests-parity tests-rest sanitizer v100 bench profile step; do
+for r in tests-tree tests-parity tests-rest sanitizer v100 stalls bench profile step; do
   echo
   echo "# $r"
   # The header of each part (commit, device) once, at the top.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runner packed into gpu-bundle/ by scripts/gpu-bundle.sh; runs on the GPU machine:
 #   bash gpu-bundle/run.sh [REPORT_DIR [SECTIONS]]
-# SECTIONS: a comma-separated subset of tests,sanitizer,train,bench,profile,precision,v100 (default: all of
+# SECTIONS: a comma-separated subset of tests,sanitizer,train,bench,stalls,profile,precision,v100 (default: all of
 # them; a run that cannot fit them all in its time splits them over two runs with two report
 # directories).
 # Unpacks the binaries, finds the CUDA 13 libraries, and checks and records in one call: the
@@ -22,7 +22,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 report=$(mkdir -p "${1:-gpu-report}" && cd "${1:-gpu-report}" && pwd)
-sections=${2:-tests,sanitizer,train,bench,profile,precision,v100}
+sections=${2:-tests,sanitizer,train,bench,stalls,profile,precision,v100}
 want() { [[ ",$sections," == *",$1,"* ]]; }
 work=${MYO_GPU_WORK:-$(mktemp -d)}
 mkdir -p "$work"
@@ -296,6 +296,39 @@ for s in "" "--backward" "--batch 64 --heads 256" "--batch 64 --heads 256 --back
 for s in "--model s5" "--model myo" "--model s5 --batch-size 256" "--model myo --batch-size 256"; do bench step $s; done
 echo '```' >>"$report/report.md"
 fi
+# Where the tree kernels' time goes: Nsight Compute, where the machine has it and it reads the
+# counters, on the first launches of the tree solve's kernels at its target shapes (the layout
+# Auto takes): duration, occupancy, cycles per issued instruction and ncu's notes on the warp
+# stall reasons, the whole output in stalls-*.txt. Diagnostic only: it may run beside other
+# checks (time-sliced with their kernels, whose durations it then does not report alone).
+if want stalls; then
+  printf '\n## Tree kernels under Nsight Compute (first launches; clocks not locked)\n\n' >>"$report/report.md"
+  ncu=$(command -v ncu || find /usr/local /opt -name ncu -type f -print -quit 2>/dev/null)
+  [ -n "$ncu" ] || echo "- ncu: not found on this machine" >>"$report/report.md"
+  stall_shapes=(
+    "fwd|^tree_|tree|--batch 16 --heads 256 --leaves 1024 --arity 4"
+    "bwd|bwd|tree|--batch 16 --heads 256 --leaves 1024 --arity 4 --backward"
+    "pathx-fwd|^tree_|tree|--batch 16 --heads 64 --leaves 16384 --arity 2"
+    "complex-fwd|^tree_|tree|--batch 16 --heads 256 --leaves 1024 --arity 4 --complex"
+    "d2-fwd|^tree_|tree|--batch 16 --heads 64 --leaves 1024 --arity 4 --block 2"
+    "heads-fwd|^head_|heads|--batch 64 --heads 256"
+  )
+  for r in "${stall_shapes[@]}"; do
+    [ -n "$ncu" ] || break
+    IFS='|' read -r tag kernels op flags <<<"$r"
+    in_time "stalls $tag" || continue
+    out=$report/stalls-$tag.txt
+    # shellcheck disable=SC2086
+    timeout 150 "$ncu" --clock-control none --kernel-name "regex:$kernels" --launch-count 2 \
+      --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section SpeedOfLight --section SourceCounters "$myo" bench $op $flags --device cuda --warmup 1 --repeats 2 \
+      --no-reference >"$out" 2>&1
+    echo "- $tag ($op $flags): exit $?" >>"$report/report.md"
+    grep -E '^  [a-z_0-9]+_(f32|f64)|Duration  |Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Block Limit|Memory Throughput|stalled|Registers Per' "$out" |
+      sed 's/^ */  - /' | cut -c1-400 >>"$report/report.md"
+  done
+fi
+
 # The training step at the default size and at the presets: time (myo bench step), tensor ops
 # and our launches per step (the bench's own count), and from a CUPTI trace of 10 more steps
 # (scripts/cupti-trace.c) the kernels per step and the GPU-busy fraction: the kernels' GPU
