@@ -1,11 +1,16 @@
 //! Criterion benchmark of the CPU tree solve (forward, and forward + backward) at the shape of
 //! the acceptance check: (batch 16, heads 64, 1024 leaves, 4-ary, d = 1, r = 1), shared
-//! coefficients. `myo bench tree` covers CUDA and the Listing-1 reference.
+//! coefficients. `myo bench tree` covers CUDA and the Listing-1 reference. Also the host side of
+//! a CUDA tree-solve launch: its plans and the lookups of its tables in an upload cache like the
+//! CUDA runtime's (`src/cuda.rs`), which an eager training step waits for.
 
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use myosotis::ops::plan::{DeviceLimits, Table};
+use myosotis::ops::tree_solve::cuda::forward_plans;
 use myosotis::ops::{tree_solve, tree_solve_backward, TreeSolveOptions};
 use myosotis::tree::Tree;
+use std::collections::HashMap;
 
 fn tree(c: &mut Criterion) {
     let dev = Device::Cpu;
@@ -36,5 +41,29 @@ fn tree(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, tree);
+fn launch_plan(c: &mut Criterion) {
+    let mut group = c.benchmark_group("tree_solve_plan");
+    for (leaves, arity) in [(1024, 4), (2048, 2), (16384, 2)] {
+        let tree = Tree::perfect(leaves, arity).unwrap();
+        let n = tree.len();
+        // Plans read the tensors' shapes and dtype only.
+        let coef = Tensor::zeros((64, n, 1, 1), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let u = Tensor::zeros((16, 64, n, 1, 1), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let opts = TreeSolveOptions::default();
+        let mut uploaded: HashMap<Table, usize> = HashMap::new();
+        group.bench_function(format!("forward/{leaves}-{arity}ary"), |bench| {
+            bench.iter(|| {
+                let plans = forward_plans(&tree, &coef, &coef, &coef, &u, opts, DeviceLimits::H100);
+                let mut found = 0;
+                for t in plans.unwrap().iter().flat_map(|p| &p.tables) {
+                    found += *uploaded.entry(t.clone()).or_insert(t.len());
+                }
+                found
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, tree, launch_plan);
 criterion_main!(benches);

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
-use crate::ops::plan::{pack_struct, DeviceLimits, KernelArg, LaunchPlan};
+use crate::ops::plan::{pack_struct, DeviceLimits, KernelArg, LaunchPlan, Table};
 
 mod address;
 pub mod graph;
@@ -170,7 +170,7 @@ struct DeviceState {
     device: Weak<candle_core::cuda_backend::cudarc::cublas::CudaBlas>,
     limits: DeviceLimits,
     /// Tables uploaded so far (a few per tree shape: training uses one or two trees).
-    tables: HashMap<Vec<u32>, CudaSlice<u32>>,
+    tables: HashMap<Table, CudaSlice<u32>>,
     /// One workspace, grown to the largest launch so far; launches on candle's one stream run
     /// in order, so they can share it.
     workspace: Option<CudaSlice<u8>>,
@@ -459,7 +459,7 @@ fn run<T: CudaElem>(
         }
         for t in &plan.tables {
             if !state.tables.contains_key(t) {
-                state.tables.insert(t.clone(), dev.clone_htod(t)?);
+                state.tables.insert(t.clone(), dev.clone_htod(&t[..])?);
             }
         }
         let have = state.workspace.as_ref().map_or(0, |w| w.len());

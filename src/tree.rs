@@ -7,6 +7,9 @@
 //! are exactly the nodes 0..n-1 except the root: the child ranges form one compressed list.
 
 use std::ops::Range;
+use std::sync::Arc;
+
+use crate::ops::plan::Table;
 
 /// An error in a tree or ordering description.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,15 +27,18 @@ macro_rules! tree_bail {
     ($($arg:tt)*) => { return Err(TreeError(format!($($arg)*))) };
 }
 
-/// A rooted tree in reversed BFS numbering (see the module docs).
+/// A rooted tree in reversed BFS numbering (see the module docs). Cloning one shares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tree {
     /// parent[v] for every node; the root (last node) is its own parent.
-    parent: Vec<usize>,
+    parent: Arc<[usize]>,
     /// Level k is the nodes `level_start[k]..level_start[k + 1]`; level 0 holds the leaves.
-    level_start: Vec<usize>,
+    level_start: Arc<[usize]>,
     /// The children of node p are the nodes `child_start[p]..child_start[p + 1]`.
-    child_start: Vec<usize>,
+    child_start: Arc<[usize]>,
+    /// The three above as the CUDA kernels' tables, made once per tree: a launch then neither
+    /// converts nor hashes them.
+    tables: [Table; 3],
 }
 
 impl Tree {
@@ -107,9 +113,10 @@ impl Tree {
             child_start[p + 1] += child_start[p];
         }
         Ok(Tree {
-            parent,
-            level_start,
-            child_start,
+            tables: [&level_start, &child_start, &parent].map(|v| Table::of(v)),
+            parent: parent.into(),
+            level_start: level_start.into(),
+            child_start: child_start.into(),
         })
     }
 
@@ -258,6 +265,21 @@ impl Tree {
     /// The child boundaries: node p's children are `child_starts()[p]..child_starts()[p + 1]`.
     pub fn child_starts(&self) -> &[usize] {
         &self.child_start
+    }
+
+    /// [`Tree::level_starts`] as a kernel table.
+    pub fn level_table(&self) -> &Table {
+        &self.tables[0]
+    }
+
+    /// [`Tree::child_starts`] as a kernel table.
+    pub fn child_table(&self) -> &Table {
+        &self.tables[1]
+    }
+
+    /// [`Tree::parents`] as a kernel table.
+    pub fn parent_table(&self) -> &Table {
+        &self.tables[2]
     }
 }
 

@@ -4,9 +4,11 @@
 
 mod common;
 
+use myosotis::ops::plan::Table;
 use myosotis::tree::{morton_code, Ordering, Tree};
 use rand::rngs::StdRng;
 use rand::Rng;
+use std::collections::HashMap;
 
 /// Every rule of the reversed BFS numbering, checked from the accessors alone.
 fn check_structure(t: &Tree) {
@@ -47,6 +49,15 @@ fn check_structure(t: &Tree) {
     for v in 0..n - 1 {
         let p = t.parent(v).unwrap();
         assert!(p > v && t.children(p).contains(&v));
+    }
+    // The kernels' tables hold the same numbers.
+    for (table, values) in [
+        (t.level_table(), t.level_starts()),
+        (t.child_table(), t.child_starts()),
+        (t.parent_table(), t.parents()),
+    ] {
+        let wide: Vec<usize> = table.iter().map(|&x| x as usize).collect();
+        assert_eq!(wide, values);
     }
 }
 
@@ -259,4 +270,21 @@ fn quad_tree_follows_the_image_blocks() {
         check_structure(&t);
         assert_eq!(t.leaves(), h * w);
     }
+}
+
+/// The CUDA launch keeps uploaded tables by their values: a table made apart with the same
+/// values finds the upload, one with other values does not, and a tree's clone shares its tables.
+#[test]
+fn kernel_tables_are_found_by_their_values() {
+    let tree = Tree::perfect(64, 4).unwrap();
+    let mut uploaded = HashMap::new();
+    uploaded.insert(tree.child_table().clone(), "children");
+    let same = Table::of(tree.child_starts());
+    assert_eq!(uploaded.get(&same), Some(&"children"));
+    assert_eq!(uploaded.get(tree.clone().child_table()), Some(&"children"));
+    let mut other = tree.child_starts().to_vec();
+    other[3] += 1;
+    assert_eq!(uploaded.get(&Table::of(&other)), None);
+    assert_eq!(uploaded.get(tree.level_table()), None);
+    assert_ne!(Table::of(&[1, 2]), Table::of(&[1, 2, 0]));
 }

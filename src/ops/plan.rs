@@ -5,6 +5,10 @@
 //! on candle's device; the host harness in `tests/kernels_on_cpu` executes the same plan with
 //! the kernels compiled as C++ on the CPU, so the tests exercise our launch arithmetic too.
 
+use std::hash::{Hash, Hasher};
+use std::ops::Deref;
+use std::sync::Arc;
+
 use candle_core::{bail, DType, Result};
 
 /// One kernel argument, in the kernel's parameter order.
@@ -84,8 +88,67 @@ pub struct LaunchPlan {
     pub args: Vec<KernelArg>,
     /// Elements of each output.
     pub outputs: Vec<usize>,
-    pub tables: Vec<Vec<u32>>,
+    pub tables: Vec<Table>,
     pub workspace_bytes: usize,
+}
+
+/// A table of 32-bit integers a launch copies to the device, shared and hashed once: the CUDA
+/// launch keeps each table it uploaded by its contents, and a tree's tables, made with the tree
+/// ([`crate::tree::Tree::level_table`]), are found again by pointer, without reading them.
+#[derive(Clone)]
+pub struct Table {
+    hash: u64,
+    values: Arc<[u32]>,
+}
+
+impl Table {
+    pub fn new(values: impl Into<Arc<[u32]>>) -> Table {
+        let values = values.into();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        values.hash(&mut h);
+        Table {
+            hash: h.finish(),
+            values,
+        }
+    }
+
+    /// The table of `values`, each of which must fit in 32 bits (node numbers, offsets).
+    pub fn of(values: &[usize]) -> Table {
+        Table::new(values.iter().map(|&v| v as u32).collect::<Vec<u32>>())
+    }
+}
+
+impl Deref for Table {
+    type Target = [u32];
+    fn deref(&self) -> &[u32] {
+        &self.values
+    }
+}
+
+impl PartialEq for Table {
+    fn eq(&self, other: &Table) -> bool {
+        Arc::ptr_eq(&self.values, &other.values)
+            || (self.hash == other.hash && self.values == other.values)
+    }
+}
+
+impl Eq for Table {}
+
+impl Hash for Table {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Table({} values, hash {:016x})",
+            self.values.len(),
+            self.hash
+        )
+    }
 }
 
 impl LaunchPlan {

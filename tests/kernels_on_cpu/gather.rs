@@ -4,6 +4,7 @@
 
 use candle_core::{DType, Device, Var};
 use myosotis::ops::gather::cuda::{backward_plan, forward_plan};
+use myosotis::ops::plan::Table;
 use myosotis::ops::RowGather;
 use rand::Rng;
 
@@ -44,7 +45,11 @@ fn gather_kernels_match_the_loop_and_the_cpu_twin() {
                     .outputs
                     .remove(0)
             };
-            let y = run(forward_plan(&index, n, dtype).unwrap(), &x);
+            let y = run(
+                forward_plan(&Table::new(index.clone()), n, dtype).unwrap(),
+                &x,
+            );
+            let (starts, positions) = (Table::new(starts), Table::new(positions));
             let dx = run(backward_plan(&starts, &positions, n, dtype).unwrap(), &g);
             let (mut y_ref, mut dx_ref) = (vec![0.0; len * n], vec![0.0; rows * n]);
             for (i, &v) in index.iter().enumerate() {

@@ -3,14 +3,14 @@
 
 use candle_core::{DType, Result};
 
-use crate::ops::plan::{int_arg, kernel_name, KernelArg, LaunchPlan};
+use crate::ops::plan::{int_arg, kernel_name, KernelArg, LaunchPlan, Table};
 use crate::ops::rows::{element_blocks, ELEMENT_THREADS};
 
 fn plan(
     stem: &str,
     out_rows: usize,
     n: usize,
-    tables: Vec<Vec<u32>>,
+    tables: Vec<Table>,
     dtype: DType,
 ) -> Result<LaunchPlan> {
     int_arg("gather", "size", out_rows * n)?;
@@ -34,15 +34,15 @@ fn plan(
 }
 
 /// `gather_fwd`: input x (rows, n), table the index; output (index.len(), n).
-pub fn forward_plan(index: &[u32], n: usize, dtype: DType) -> Result<LaunchPlan> {
-    plan("gather_fwd", index.len(), n, vec![index.to_vec()], dtype)
+pub fn forward_plan(index: &Table, n: usize, dtype: DType) -> Result<LaunchPlan> {
+    plan("gather_fwd", index.len(), n, vec![index.clone()], dtype)
 }
 
 /// `gather_bwd`: input ∂y (len, n), tables the inverted index (`starts`, rows + 1 values, and
 /// `positions`); output ∂x (rows, n).
 pub fn backward_plan(
-    starts: &[u32],
-    positions: &[u32],
+    starts: &Table,
+    positions: &Table,
     n: usize,
     dtype: DType,
 ) -> Result<LaunchPlan> {
@@ -51,7 +51,7 @@ pub fn backward_plan(
         "gather_bwd",
         rows,
         n,
-        vec![starts.to_vec(), positions.to_vec()],
+        vec![starts.clone(), positions.clone()],
         dtype,
     )
 }

@@ -21,6 +21,7 @@ use candle_core::{
 use num_traits::Float;
 use rayon::prelude::*;
 
+use super::plan::Table;
 use super::value::contiguous;
 
 pub mod cuda;
@@ -29,10 +30,10 @@ pub mod cuda;
 #[derive(Debug)]
 struct Index {
     rows: usize,
-    index: Vec<u32>,
+    index: Table,
     /// Row v's positions are `positions[starts[v]..starts[v + 1]]`, ascending.
-    starts: Vec<u32>,
-    positions: Vec<u32>,
+    starts: Table,
+    positions: Table,
 }
 
 /// A gather of rows by an index fixed at construction. Cheap to clone.
@@ -73,9 +74,9 @@ impl RowGather {
         Ok(RowGather {
             index: Arc::new(Index {
                 rows,
-                index,
-                starts,
-                positions,
+                index: Table::new(index),
+                starts: Table::new(starts),
+                positions: Table::new(positions),
             }),
             on_device,
         })

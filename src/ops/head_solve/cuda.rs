@@ -67,10 +67,6 @@ pub enum Solve {
     },
 }
 
-fn table(v: &[usize]) -> Vec<u32> {
-    v.iter().map(|&x| x as u32).collect()
-}
-
 fn lane_blocks(heads: usize, lanes: u32) -> Result<u32> {
     Ok(int_arg("head_solve", "heads", heads)? as u32).map(|h| h.div_ceil(lanes))
 }
@@ -97,7 +93,7 @@ fn pivots_plan(tree: &Tree, d: &Dims, dtype: DType, adjoint: bool) -> Result<Lau
             KernelArg::Status,
         ],
         outputs: vec![3 * d.nodes * d.heads * 2],
-        tables: vec![table(tree.level_starts()), table(tree.child_starts())],
+        tables: vec![tree.level_table().clone(), tree.child_table().clone()],
         workspace_bytes: 0,
     })
 }
@@ -182,7 +178,7 @@ fn sample_plan(
         shared_bytes,
         args,
         outputs: vec![d.batch * d.nodes * d.heads * 2],
-        tables: vec![table(tree.level_starts()), table(tree.child_starts())],
+        tables: vec![tree.level_table().clone(), tree.child_table().clone()],
         workspace_bytes: 0,
     })
 }
@@ -244,7 +240,7 @@ fn reduce_plan(tree: &Tree, d: &Dims, dtype: DType) -> Result<LaunchPlan> {
             KernelArg::I32(d.skew as i32),
         ],
         outputs,
-        tables: vec![table(tree.parents())],
+        tables: vec![tree.parent_table().clone()],
         workspace_bytes: 0,
     })
 }

@@ -40,7 +40,7 @@
 use candle_core::{bail, DType, Result, Tensor};
 
 use super::{check_args, Dims, TreeSolveOp, TreeSolveOptions};
-use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan};
+use crate::ops::plan::{int_arg, kernel_name, DeviceLimits, KernelArg, LaunchPlan, Table};
 use crate::tree::Tree;
 
 mod layout;
@@ -102,14 +102,11 @@ pub fn lu_slots(tree: &Tree) -> usize {
 }
 
 impl TreeSolveOp {
-    fn tables(&self) -> Vec<Vec<u32>> {
-        let table = |v: &[usize]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
+    fn tables(&self) -> Vec<Table> {
         let tree = &self.tree;
-        vec![
-            table(tree.level_starts()),
-            table(tree.child_starts()),
-            table(tree.parents()),
-        ]
+        [tree.level_table(), tree.child_table(), tree.parent_table()]
+            .map(Table::clone)
+            .to_vec()
     }
 
     /// `tree_pivots` (`tree_block_pivots` for d > 1): input coef, output the pivots
@@ -327,7 +324,6 @@ impl TreeSolveOp {
             false => THREADS,
         };
         let tree = &self.tree;
-        let table = |v: &[usize]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
         let mut args: Vec<KernelArg> = (0..inputs)
             .map(KernelArg::Input)
             .chain((0..outputs.len()).map(KernelArg::Output))
@@ -364,11 +360,7 @@ impl TreeSolveOp {
             shared_bytes: if in_shared { bytes } else { 0 },
             args,
             outputs,
-            tables: vec![
-                table(tree.level_starts()),
-                table(tree.child_starts()),
-                table(tree.parents()),
-            ],
+            tables: self.tables(),
             workspace_bytes: if in_shared { 0 } else { blocks * bytes },
         })
     }
