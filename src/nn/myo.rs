@@ -32,8 +32,6 @@
 
 mod backward;
 
-use std::sync::Arc;
-
 use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 use rand::Rng;
@@ -201,7 +199,7 @@ fn dt_max() -> f64 {
 pub struct Myo {
     cfg: MyoConfig,
     /// Shared with the backward by hand of each forward pass.
-    tree: Arc<Tree>,
+    tree: Tree,
     beta: f64,
     /// Level of each node, for per-level couplings.
     node_level: Tensor,
@@ -311,7 +309,7 @@ impl Myo {
             c_out,
             d,
             beta,
-            tree: Arc::new(tree),
+            tree,
             cfg,
         })
     }

@@ -7,8 +7,6 @@
 //!   (∂u, ∂bias, ∂s = conj(∂C) − ∂B) = the skew solve's backward (∂s summed per level),
 //!   ∂B_in = Xᵀ ∂U,  ∂X = ∂U B_inᵀ + D ⊙ ∂y,  ∂D = Σ_rows X ⊙ ∂y.
 
-use std::sync::Arc;
-
 use candle_core::{DType, Result, Tensor};
 
 use super::{Coupling, Myo};
@@ -40,7 +38,7 @@ pub(super) struct MyoBackward {
     xs_out: Tensor,
     /// Per-level couplings: each node's level, and the levels.
     levels: Option<(Tensor, usize)>,
-    tree: Arc<Tree>,
+    tree: Tree,
 }
 
 impl Myo {

@@ -36,8 +36,6 @@
 //! an error naming the node and head (on CUDA recorded on the device and reported by
 //! [`check_pivots`](crate::ops::check_pivots), as for the general tree solve).
 
-use std::sync::Arc;
-
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 
@@ -221,14 +219,14 @@ pub(crate) fn pivot_error(node: usize, head: usize, at: &str) -> candle_core::Er
 }
 
 struct HeadSolveOp {
-    tree: Arc<Tree>,
+    tree: Tree,
     dims: Dims,
 }
 
 impl HeadSolveOp {
     fn new(tree: &Tree, dims: Dims) -> Self {
         HeadSolveOp {
-            tree: Arc::new(tree.clone()),
+            tree: tree.clone(),
             dims,
         }
     }

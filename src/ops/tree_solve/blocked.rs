@@ -422,7 +422,7 @@ impl TreeSolveOp {
         };
         let chunks = dims.batch.div_ceil(chunk);
         let avx2 = has_avx2();
-        let tree = &*self.tree;
+        let tree = &self.tree;
         (0..dims.heads * chunks).into_par_iter().try_for_each_init(
             || {
                 (

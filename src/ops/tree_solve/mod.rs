@@ -29,8 +29,6 @@
 //! the first bad node on the device and [`check_pivots`] returns it, so that no solve waits for
 //! the GPU.
 
-use std::sync::Arc;
-
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 
@@ -251,7 +249,7 @@ pub fn check_pivots(device: &Device) -> Result<()> {
 }
 
 struct TreeSolveOp {
-    tree: Arc<Tree>,
+    tree: Tree,
     dims: Dims,
     opts: TreeSolveOptions,
 }
@@ -266,7 +264,7 @@ enum Side {
 impl TreeSolveOp {
     fn new(tree: &Tree, dims: Dims, opts: TreeSolveOptions) -> Self {
         TreeSolveOp {
-            tree: Arc::new(tree.clone()),
+            tree: tree.clone(),
             dims,
             opts,
         }
