@@ -35,23 +35,39 @@ struct LaneTrees {
     const int *child_start; // nodes + 1
     const int *parent;      // nodes (the root is its own parent)
     int levels, nodes, r, batch, heads, shared;
+    // Lane l's tree is first + l * step for l < lanes (those that have one come first): with
+    // shared coefficients (group, head) = (blockIdx.x / heads, blockIdx.x % heads) and
+    // first = (group * blockDim.x) * heads + head, else first = blockIdx.x * blockDim.x.
+    int first, step, lanes;
+    int head; // with shared coefficients: the block's head
+
+    __device__ LaneTrees(const int *level_start, const int *child_start, const int *parent,
+                         int levels, int nodes, int r, int batch, int heads, int shared)
+        : level_start(level_start), child_start(child_start), parent(parent), levels(levels),
+          nodes(nodes), r(r), batch(batch), heads(heads), shared(shared) {
+        const int b0 = shared ? (int)(blockIdx.x / heads) * (int)blockDim.x
+                              : (int)(blockIdx.x * blockDim.x);
+        const int trees = shared ? batch : batch * heads;
+        first = shared ? b0 * heads + (int)(blockIdx.x % heads) : b0;
+        step = shared ? heads : 1;
+        head = shared ? (int)(blockIdx.x % heads) : 0;
+        lanes = trees - b0 < (int)blockDim.x ? trees - b0 : (int)blockDim.x;
+    }
+    // The same trees, each of n nodes (d x d blocks as rows of scalars).
+    __device__ __forceinline__ LaneTrees with_nodes(int n) const {
+        LaneTrees g = *this;
+        g.nodes = n;
+        return g;
+    }
 
     // The tree of lane l in this block (b * heads + h), or -1 past the last one.
-    __device__ __forceinline__ int tree(int l) const {
-        if (shared) {
-            const int b = (blockIdx.x / heads) * blockDim.x + l;
-            return b < batch ? b * heads + (int)blockIdx.x % heads : -1;
-        }
-        const int t = blockIdx.x * blockDim.x + l;
-        return t < batch * heads ? t : -1;
-    }
+    __device__ __forceinline__ int tree(int l) const { return l < lanes ? first + l * step : -1; }
     // The coefficient set of lane l's tree (its head, or the tree itself).
-    __device__ __forceinline__ int coef_set(int t) const { return shared ? t % heads : t; }
-    // How many of the `per` lanes from `first` have a tree (they come first).
-    __device__ __forceinline__ int live(int first, int per) const {
-        int l = 0;
-        while (l < per && tree(first + l) >= 0) ++l;
-        return l;
+    __device__ __forceinline__ int coef_set(int t) const { return shared ? head : t; }
+    // How many of the `per` lanes from `l0` have a tree (they come first).
+    __device__ __forceinline__ int live(int l0, int per) const {
+        const int left = lanes - l0;
+        return left < 0 ? 0 : left < per ? left : per;
     }
     // Pivot lanes: one when the lanes share coefficients.
     __device__ __forceinline__ int pivot_lanes() const { return shared ? 1 : blockDim.x; }
@@ -73,27 +89,32 @@ __device__ __forceinline__ void lanes_load(const LaneTrees &g, int d, const T *c
         return which == 0 ? 0 : which == 1 ? (ADJ ? 2 : 1) : (ADJ ? 1 : 2);
     };
     // The values as stored, where neither a conversion, a conjugate nor (d > 1) the adjoint's
-    // transpose comes between, are copied without waiting (stage_lanes). The three parts of
-    // the pivot lanes are 3 pl copies, part `which` of pivot lane p the (which pl + p)-th.
+    // transpose comes between, are copied without waiting (stage_lanes); a part at a time,
+    // one copy per pivot lane.
     constexpr bool rhs_stored = AsStored<T, O>::value;
     constexpr bool coef_stored = rhs_stored && !(ADJ && O::complex);
     V *uh = ws + 3 * pl * sn;
-    stage_lanes<V>(
-        coef_stored && (!ADJ || d == 1), 3 * pl, nd,
-        [&](int q) -> const V * {
-            const int t = g.tree(q % pl);
-            if (t < 0) return nullptr;
-            return as_values<O>(coef, part(q / pl) * set + (i64)g.coef_set(t) * nd);
-        },
-        [&](int q) { return ws + q * sn; },
-        [&](int q, int e) {
-            // Pivot lane p's coefficient set: that of its tree (lane 0's when shared).
-            const int t = g.tree(q % pl);
-            if (t < 0) return O::one();
-            const int v = e / dd, i = e % dd / d, j = e % d;
-            const i64 blk = part(q / pl) * set + ((i64)g.coef_set(t) * n + v) * dd;
-            return ADJ ? O::conj(O::load(coef, blk + j * d + i)) : O::load(coef, blk + i * d + j);
-        });
+    for (int which = 0; which < 3; ++which) {
+        const i64 part_at = part(which) * set;
+        stage_lanes<V>(
+            coef_stored && (!ADJ || d == 1), pl, nd,
+            [&](int p) -> const V * {
+                const int t = g.tree(p);
+                if (t < 0) return nullptr;
+                return as_values<O>(coef, part_at + (i64)g.coef_set(t) * nd);
+            },
+            [&](int p) { return ws + (which * pl + p) * sn; },
+            [&](int p, int e) {
+                // Pivot lane p's coefficient set: that of its tree (lane 0's when shared).
+                const int t = g.tree(p);
+                if (t < 0) return O::one();
+                const int v = d == 1 ? e : e / dd, i = d == 1 ? 0 : e % dd / d;
+                const int j = d == 1 ? 0 : e % d;
+                const i64 blk = part_at + ((i64)g.coef_set(t) * n + v) * dd;
+                return ADJ ? O::conj(O::load(coef, blk + j * d + i))
+                           : O::load(coef, blk + i * d + j);
+            });
+    }
     stage_lanes<V>(
         rhs_stored, blockDim.x, n * dr,
         [&](int l) -> const V * {
@@ -212,8 +233,9 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
     const int per = g.shared ? blockDim.x : 1, rows = g.shared ? 1 : blockDim.x;
     const int groups = (g.batch + blockDim.x - 1) / blockDim.x;
     const i64 set = (i64)(g.shared ? groups * g.heads : g.batch * g.heads) * n;
+    const Divisor by_node(n), by_rhs(r);
     for (int e = tid; e < rows * n; e += threads) {
-        const int first = e / n, v = e % n, p = g.parent[v];
+        const int first = by_node.div(e), v = e - first * n, p = g.parent[v];
         const int t = g.tree(first), live = g.live(first, per);
         if (live == 0) continue;
         // Over the live lanes l and right-hand sides j, in that order.
@@ -221,11 +243,13 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
         in_batches<batch_of<GradientLoad<V>, 64>>(
             live * r,
             [&](int q) {
-                const i64 x0 = (i64)g.tree(first + q / r) * n * r + q % r;
+                const int l = by_rhs.div(q);
+                const i64 x0 = (i64)g.tree(first + l) * n * r + (q - l * r);
                 return GradientLoad<V>{O::load(x, x0 + v * r), O::load(x, x0 + p * r)};
             },
             [&](int q, const GradientLoad<V> &in) {
-                const V *lt = lam + (first + q / r) * su + q % r;
+                const int l = by_rhs.div(q);
+                const V *lt = lam + (first + l) * su + (q - l * r);
                 add_gradient_term<O>(lt[v * r], lt[p * r], in.xv, in.xp, v == root, da, db, dc);
             });
         // The block's row: its tree, or (group, head) = blockIdx.x for shared coefficients.
@@ -327,9 +351,8 @@ __device__ void tree_lanes_block_fwd(const T *u, const T *coef, T *x, const Lane
     typedef typename O::V V;
     V *ws = lanes_workspace<V>();
     lanes_block_solve_d<T, O, false>(g, d, coef, u, ws, status);
-    const LaneTrees rows{g.level_start, g.child_start, g.parent, g.levels,
-                         g.nodes * d,   g.r,           g.batch,  g.heads, g.shared};
-    lanes_store<T, O>(rows, ws + 3 * g.pivot_lanes() * lane_stride(g.nodes * d * d), x);
+    const V *xh = ws + 3 * g.pivot_lanes() * lane_stride(g.nodes * d * d);
+    lanes_store<T, O>(g.with_nodes(g.nodes * d), xh, x);
 }
 
 // Backward: λ = T_G^-H ∂x, ∂u = λ, and the blocks ∂A_v = -Σ_r λ_v x_v^H,
@@ -344,29 +367,30 @@ __device__ void tree_lanes_block_bwd(const T *gx, const T *coef, const T *x, T *
     const int n = g.nodes, r = g.r, dd = d * d, dr = d * r, root = n - 1;
     const V *lam = ws + 3 * g.pivot_lanes() * lane_stride(n * dd);
     const int su = lane_stride(n * dr);
-    const LaneTrees rows{g.level_start, g.child_start, g.parent, g.levels,
-                         n * d,         r,             g.batch,  g.heads, g.shared};
-    lanes_store<T, O>(rows, lam, du);
+    lanes_store<T, O>(g.with_nodes(n * d), lam, du);
     const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
     const int per = g.shared ? blockDim.x : 1, lines = g.shared ? 1 : blockDim.x;
     const int groups = (g.batch + blockDim.x - 1) / blockDim.x;
     const i64 set = (i64)(g.shared ? groups * g.heads : g.batch * g.heads) * n * dd;
+    const Divisor by_tree(n * dd), by_block(dd), by_row(d), by_rhs(r);
     for (int e = tid; e < lines * n * dd; e += threads) {
-        const int first = e / (n * dd), k = e % (n * dd);
-        const int v = k / dd, i = k % dd / d, j = k % d, p = g.parent[v];
-        const int t = g.tree(first), live = g.live(first, per);
+        const int first = by_tree.div(e), k = e - first * n * dd;
+        const int v = by_block.div(k), ij = k - v * dd, i = by_row.div(ij), j = ij - i * d;
+        const int p = g.parent[v], t = g.tree(first), live = g.live(first, per);
         if (live == 0) continue;
         // Over the live lanes and right-hand sides, in that order (tree_lanes_bwd).
         V da = O::zero(), db = O::zero(), dc = O::zero();
         in_batches<batch_of<GradientLoad<V>, 64>>(
             live * r,
             [&](int q) {
-                const i64 x0 = (i64)g.tree(first + q / r) * n * dr + q % r;
+                const int l = by_rhs.div(q);
+                const i64 x0 = (i64)g.tree(first + l) * n * dr + (q - l * r);
                 return GradientLoad<V>{O::load(x, x0 + (v * d + j) * r),
                                        O::load(x, x0 + (p * d + j) * r)};
             },
             [&](int q, const GradientLoad<V> &in) {
-                const V *lt = lam + (first + q / r) * su + q % r;
+                const int l = by_rhs.div(q);
+                const V *lt = lam + (first + l) * su + (q - l * r);
                 add_gradient_term<O>(lt[(v * d + i) * r], lt[(p * d + i) * r], in.xv, in.xp,
                                      v == root, da, db, dc);
             });

@@ -9,11 +9,32 @@
 #pragma once
 #include "values.cuh"
 
+// Division of indices 0 <= n < 2^31 by a divisor 1 <= d < 2^31 fixed for a loop, by a multiply
+// and a shift (Granlund & Montgomery, 1994): n / d = n m >> (31 + s) with s = ceil(log2 d) and
+// m = ceil(2^(31+s) / d) < 2^32. The product's excess over n / d, n (m - 2^(31+s) / d) / 2^(31+s),
+// is below n / 2^(31+s) < 2^-s <= 1 / d, too little to reach the next integer. A division by
+// a value known only when run is a sequence of ~20 instructions on the GPU; the kernels' loops
+// over lanes and right-hand sides divide their flattened index at every element.
+struct Divisor {
+    unsigned m;
+    int shift; // 31 + s
+
+    __device__ explicit Divisor(int d) {
+        int s = 0;
+        while ((1ll << s) < d) ++s;
+        m = (unsigned)(((1ull << (31 + s)) + (u64)d - 1) / (u64)d);
+        shift = 31 + s;
+    }
+    __device__ __forceinline__ int div(int n) const {
+        return (int)(((u64)(unsigned)n * m) >> shift);
+    }
+};
+
 // Copies n values load(i) -> store(i, value) with the block's threads, each issuing up to 32
 // bytes of loads (8 f32 values; complex f64 one at a time) before its first store: a strided
-// loop that stores each value before loading the next waits one memory round trip per iteration (the compiler cannot
-// move a load above a store it may alias), which made a 1,365-node tree's loads cost more than
-// its solve. More bytes in flight spilled registers in the f64 and complex kernels.
+// loop that stores each value before loading the next waits one memory round trip per
+// iteration (the compiler cannot move a load above a store it may alias), which made a
+// 1,365-node tree's loads cost more than its solve. More bytes in flight spilled registers in the f64 and complex kernels.
 template <typename V, typename Load, typename Store>
 __device__ __forceinline__ void batched_copy(int n, Load load, Store store) {
     constexpr int loads = sizeof(V) >= 16 ? 1 : 32 / sizeof(V);
@@ -76,17 +97,18 @@ __device__ __forceinline__ void lanes_copy(int lanes, int len, Load load, Store 
     constexpr int loads = sizeof(V) >= 16 ? 1 : 32 / sizeof(V);
     const int threads = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
     const int n = lanes * len;
+    const Divisor per_lane(len);
     for (int base = tid; base < n; base += loads * threads) {
         V x[loads];
 #pragma unroll
         for (int q = 0; q < loads; ++q) {
-            const int e = base + q * threads;
-            if (e < n) x[q] = load(e / len, e % len);
+            const int e = base + q * threads, l = per_lane.div(e);
+            if (e < n) x[q] = load(l, e - l * len);
         }
 #pragma unroll
         for (int q = 0; q < loads; ++q) {
-            const int e = base + q * threads;
-            if (e < n) store(e / len, e % len, x[q]);
+            const int e = base + q * threads, l = per_lane.div(e);
+            if (e < n) store(l, e - l * len, x[q]);
         }
     }
 }
@@ -102,14 +124,18 @@ __device__ __forceinline__ void stage_lanes(bool stored, int lanes, int len, Src
     if constexpr (async_copies<V>) {
         for (int l = 0; stored && l < lanes; ++l) stored = (u64)src(l) % sizeof(V) == 0;
         if (stored) {
+            // Lane by lane: each lane's source and destination found once.
             const int threads = blockDim.x * blockDim.y;
-            for (int e = threadIdx.y * blockDim.x + threadIdx.x; e < lanes * len; e += threads) {
-                const int l = e / len, i = e % len;
+            const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+            for (int l = 0; l < lanes; ++l) {
                 const V *s = src(l);
-                if (s)
-                    copy_async(dst(l) + i, s + i);
-                else
-                    dst(l)[i] = load(l, i);
+                V *d = dst(l);
+                for (int i = tid; i < len; i += threads) {
+                    if (s)
+                        copy_async(d + i, s + i);
+                    else
+                        d[i] = load(l, i);
+                }
             }
             return;
         }

@@ -20,6 +20,8 @@
 // registers): with no minimum, ptxas kept the sweeps to 32 registers and spilled on sm_70 and
 // sm_90.
 #define SWEEP_THREADS 512
+// The scalar forward in complex f64 is compiled for one: at two, it spilled on sm_70 and sm_90.
+template <typename O> constexpr int sweep_fwd_blocks = sizeof(typename O::V) > 8 ? 1 : 2;
 // The scalar backward is compiled for one (at most 128 registers): at 64, its leaves' gradient
 // terms spilled in f64 and complex f64 on sm_70.
 #define SWEEP_BWD_MIN_BLOCKS 1
@@ -118,21 +120,24 @@ __device__ void tree_pivots(const T *coef, T *piv, const SweepTree &g, int sets,
 // for all); with per-sample coefficients a block holds one tree.
 struct SweepLanes {
     int batch, heads, shared;
+    // Lane l's tree is first + l * heads for l < lanes (lane 0 always has one): with shared
+    // coefficients (group, head) = (blockIdx.x / heads, blockIdx.x % heads) and
+    // first = (group * blockDim.x) * heads + head; else the block's one tree, blockIdx.x.
+    int first, lanes;
 
-    // The tree of lane l in this block, or -1 past the last sample (lane 0 always has one).
-    __device__ __forceinline__ int tree(int l) const {
-        if (!shared) return (int)blockIdx.x;
-        const int b = (int)(blockIdx.x / heads) * (int)blockDim.x + l;
-        return b < batch ? b * heads + (int)blockIdx.x % heads : -1;
+    __device__ SweepLanes(int batch, int heads, int shared)
+        : batch(batch), heads(heads), shared(shared) {
+        const int b0 = (int)(blockIdx.x / heads) * (int)blockDim.x;
+        first = shared ? b0 * heads + (int)(blockIdx.x % heads) : (int)blockIdx.x;
+        lanes = !shared ? 1 : batch - b0 < (int)blockDim.x ? batch - b0 : (int)blockDim.x;
     }
+
+    // The tree of lane l in this block, or -1 past the last sample.
+    __device__ __forceinline__ int tree(int l) const { return l < lanes ? first + l * heads : -1; }
     // The coefficient set of tree t (its head, or the tree itself).
     __device__ __forceinline__ int coef_set(int t) const { return shared ? t % heads : t; }
     // The lanes 0, 1, ... that have a tree.
-    __device__ __forceinline__ int live() const {
-        int l = 1;
-        while (l < (int)blockDim.x && tree(l) >= 0) ++l;
-        return l;
-    }
+    __device__ __forceinline__ int live() const { return lanes; }
 };
 
 template <typename V> __device__ __forceinline__ V *sweep_workspace() {
@@ -172,12 +177,25 @@ template <typename T, typename O> struct ScalarSweep {
     SweepLanes s;
     int r, n0, su;
     int live; // the lanes 0, 1, ... that have a tree
+    Divisor rhs; // by r, for q = l r + j over the lanes l and right-hand sides j
     const T *piv;
     i64 set, o;
     V *ws;
 
     __device__ __forceinline__ V &at(int l, int v, int j) const {
         return ws[l * su + (v - n0) * r + j];
+    }
+    // The lane of q = l r + j, the index over the lanes and right-hand sides.
+    __device__ __forceinline__ int lane(int q) const { return rhs.div(q); }
+    // at(l, v, j) for q = l r + j.
+    __device__ __forceinline__ V &at(int q, int v) const {
+        const int l = lane(q);
+        return at(l, v, q - l * r);
+    }
+    // Where q's value at node v is in a (trees, n, r) array.
+    __device__ __forceinline__ i64 offset(int q, int v) const {
+        const int l = lane(q);
+        return ((i64)s.tree(l) * g.nodes + v) * r + (q - l * r);
     }
     __device__ __forceinline__ V inv(int v) const { return O::load(piv, o + v); }
     __device__ __forceinline__ V bh(int v) const { return O::load(piv, set + o + v); }
@@ -201,12 +219,12 @@ __device__ __forceinline__ void with_scalar_sweep(const SweepTree &g, const Swee
     V *ws = sweep_workspace<V>();
     const int live = s.live();
     if (!stage) {
-        body(ScalarSweep<T, O>{g, s, r, n0, su, live, src, set, o, ws});
+        body(ScalarSweep<T, O>{g, s, r, n0, su, live, Divisor(r), src, set, o, ws});
         return;
     }
     T *piv = reinterpret_cast<T *>(ws + (i64)blockDim.x * su);
     eliminate_pivots<T, O, true>(src, set, o, piv, n, 0, g, adjoint, status);
-    body(ScalarSweep<T, O>{g, s, r, n0, su, live, piv, n, 0, ws});
+    body(ScalarSweep<T, O>{g, s, r, n0, su, live, Divisor(r), piv, n, 0, ws});
 }
 
 // The sweep of the block's trees up to the nodes above the leaves: on return sw.ws holds their
@@ -239,12 +257,9 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
                 const V inv = sw.inv(c), dn = sw.dn(c);
                 in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
                     sw.live * r,
-                    [&](int q) {
-                        const i64 t = sw.s.tree(q / r);
-                        return O::load(rhs, t * nr + (i64)c * r + q % r);
-                    },
+                    [&](int q) { return O::load(rhs, sw.offset(q, c)); },
                     [&](int q, V u) {
-                        V &acc = sw.at(q / r, p, q % r);
+                        V &acc = sw.at(q, p);
                         acc = O::sub(acc, O::mul(dn, O::mul(u, inv)));
                     });
             }
@@ -305,12 +320,11 @@ __device__ __forceinline__ void tree_sweep_fwd(const T *u, const T *src, T *x, c
                  p += threads) {
                 for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                     const V inv = sw.inv(c), bh = sw.bh(c);
-                    auto at = [&](int q) { return (i64)s.tree(q / r) * nr + (i64)c * r + q % r; };
                     in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
-                        sw.live * r, [&](int q) { return O::load(u, at(q)); },
+                        sw.live * r, [&](int q) { return O::load(u, sw.offset(q, c)); },
                         [&](int q, V uq) {
                             const V uc = O::mul(uq, inv);
-                            O::store(x, at(q), O::add(uc, O::mul(bh, sw.at(q / r, p, q % r))));
+                            O::store(x, sw.offset(q, c), O::add(uc, O::mul(bh, sw.at(q, p))));
                         });
                 }
             }
@@ -346,19 +360,17 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
                 for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                     const V inv = sw.inv(c), bh = sw.bh(c);
                     V da = O::zero(), db = O::zero(), dc = O::zero();
-                    auto at = [&](int q, int v) {
-                        return (i64)s.tree(q / r) * nr + (i64)v * r + q % r;
-                    };
                     in_batches<batch_of<LeafLoad<V>, 96>>(
                         sw.live * r,
                         [&](int q) {
-                            return LeafLoad<V>{O::load(gx, at(q, c)), O::load(x, at(q, c)),
-                                               O::load(x, at(q, p))};
+                            return LeafLoad<V>{O::load(gx, sw.offset(q, c)),
+                                               O::load(x, sw.offset(q, c)),
+                                               O::load(x, sw.offset(q, p))};
                         },
                         [&](int q, const LeafLoad<V> &in) {
-                            const V lp = sw.at(q / r, p, q % r);
+                            const V lp = sw.at(q, p);
                             const V lc = O::add(O::mul(in.g, inv), O::mul(bh, lp));
-                            O::store(du, at(q, c), lc);
+                            O::store(du, sw.offset(q, c), lc);
                             add_gradient_term<O>(lc, lp, in.xv, in.xp, false, da, db, dc);
                         });
                     store_gradients<T, O>(dcoef, dset, d0 + c, da, db, dc);
@@ -373,13 +385,12 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
             in_batches<batch_of<GradientLoad<V>, 96>>(
                 sw.live * r,
                 [&](int q) {
-                    const i64 x0 = (i64)s.tree(q / r) * nr + q % r;
-                    return GradientLoad<V>{O::load(x, x0 + (i64)v * r),
-                                           O::load(x, x0 + (i64)p * r)};
+                    return GradientLoad<V>{O::load(x, sw.offset(q, v)),
+                                           O::load(x, sw.offset(q, p))};
                 },
                 [&](int q, const GradientLoad<V> &in) {
-                    add_gradient_term<O>(sw.at(q / r, v, q % r), sw.at(q / r, p, q % r), in.xv,
-                                         in.xp, v == root, da, db, dc);
+                    add_gradient_term<O>(sw.at(q, v), sw.at(q, p), in.xv, in.xp, v == root, da,
+                                         db, dc);
                 });
             store_gradients<T, O>(dcoef, dset, d0 + v, da, db, dc);
         }
@@ -594,6 +605,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
                               : (i64)s.batch * s.heads;
     const i64 dset = rows * n * dd;
     const int live = s.live();
+    const Divisor rhs(r);
     for (int e = tid; e < n * dd; e += threads) {
         const int v = e / dd, i = e % dd / d, j = e % d, p = g.parent[v];
         // Over the live lanes and right-hand sides, in that order, their loads in batches.
@@ -601,12 +613,14 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
         in_batches<batch_of<GradientLoad<V>, 64>>(
             live * r,
             [&](int q) {
-                const i64 x0 = (i64)s.tree(q / r) * ndr + q % r;
+                const int l = rhs.div(q);
+                const i64 x0 = (i64)s.tree(l) * ndr + (q - l * r);
                 return GradientLoad<V>{O::load(x, x0 + (v * d + j) * r),
                                        O::load(x, x0 + (p * d + j) * r)};
             },
             [&](int q, const GradientLoad<V> &in) {
-                const V *lt = lam + q / r * su + q % r;
+                const int l = rhs.div(q);
+                const V *lt = lam + l * su + (q - l * r);
                 add_gradient_term<O>(lt[(v * d + i) * r], lt[(p * d + i) * r], in.xv, in.xp,
                                      v == root, da, db, dc);
             });
@@ -625,7 +639,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
         tree_pivots<T, OPS>(coef, piv, g, sets, adjoint, status);                               \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, 2)                              \
+    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, sweep_fwd_blocks<OPS>)          \
         tree_sweep_fwd_##SUFFIX(const T *u, const T *src, T *x, const int *level_start,         \
                                 const int *child_start, const int *parent, int levels,          \
                                 int nodes, int r, int batch, int heads, int shared_coef,        \

@@ -9,6 +9,13 @@ at pauses longer than --gap-ms and reads the last four windows, or five with --r
 
     cupti-summary.py TRACE --steps K [--step-ms T] [--replays [--replay-ms T]] [--top N]
 
+With --by-kernel instead (any program's trace, e.g. a kernel benchmark's), the last window
+alone: per kernel name its launches, median and shortest GPU time, and share of the kernel
+time, and busy = kernel time over the window's span (below 100%: the GPU waited on the host
+between kernels):
+
+    cupti-summary.py TRACE --by-kernel [--top N]
+
 Per window: kernels (and memcpy/memset) per step, the sum of their GPU times per step, and
 busy = that sum over the window's span (first start to last end). With --step-ms (the bench's
 median step time without the tracer; --replay-ms for the captured step) busy is also given
@@ -44,10 +51,34 @@ def windows(events, gap_ns):
     return out
 
 
+def by_kernel(trace, ws, top):
+    kernels = [e for e in ws[-1] if e[2] == "K"] if ws else []
+    if not kernels:
+        sys.exit(f"cupti-summary: {trace} has no kernels")
+    times = collections.defaultdict(list)
+    for e in kernels:
+        times[e[3]].append(e[1] - e[0])
+    busy_ns = sum(sum(t) for t in times.values())
+    span_ns = max(e[1] for e in ws[-1]) - ws[-1][0][0]
+    print(
+        f"{len(kernels)} kernels in {span_ns / 1e6:.3f} ms, kernel time "
+        f"{busy_ns / 1e6:.3f} ms, busy {100 * busy_ns / max(span_ns, 1):5.1f}%"
+    )
+    print("  median µs   min µs  launches  share  kernel")
+    ranked = sorted(times.items(), key=lambda kv: -sum(kv[1]))
+    for name, t in ranked[: top or len(ranked)]:
+        t = sorted(t)
+        print(
+            f"  {t[len(t) // 2] / 1e3:9.2f} {t[0] / 1e3:8.2f}  {len(t):8d} "
+            f"{100 * sum(t) / busy_ns:5.1f}%  {name[:100]}"
+        )
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("trace")
-    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--by-kernel", action="store_true")
     p.add_argument("--step-ms", type=float)
     p.add_argument("--replays", action="store_true")
     p.add_argument("--replay-ms", type=float)
@@ -56,6 +87,10 @@ def main():
     a = p.parse_args()
     events = read(a.trace)
     ws = windows(events, a.gap_ms * 1e6)
+    if a.by_kernel:
+        return by_kernel(a.trace, ws, a.top)
+    if a.steps is None:
+        p.error("--steps is required without --by-kernel")
     labels = ["steps", "forward", "backward", "optimiser"]
     steps = [a.steps, 1, 1, 1]
     timed = {"steps": a.step_ms}

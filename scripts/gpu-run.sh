@@ -285,6 +285,24 @@ for s in "${lane_shapes[@]}"; do
 done
 # shellcheck disable=SC2086
 for s in "${shapes[@]}"; do bench scan $s; done
+# Where a call's time goes, kernel by kernel, first: the same benchmark under the CUPTI tracer
+# at the tree and head solves' target shapes (the layout Auto takes), each kernel's median time and
+# launches beside the call's, and how busy the GPU was between them.
+breakdown() {
+  local op=$1 flags=$2 trace=$work/trace-bench.csv
+  [[ "$op" =~ ^(${MYO_GPU_BENCH:-.*})$ ]] && [ -e "$work/lib/libcupti-trace.so" ] || return 0
+  in_time "kernel breakdown $op $flags" || return 0
+  echo "kernels of: myo bench $op $flags"
+  # shellcheck disable=SC2086
+  CUDA_INJECTION64_PATH=$work/lib/libcupti-trace.so MYO_CUPTI_TRACE=$trace LD_LIBRARY_PATH=$work/lib:$LD_LIBRARY_PATH \
+    timeout 120 "$myo" bench $op $flags --device cuda --warmup 1 --repeats 1 --no-reference 2>&1 | grep median || status=1
+  python3 "$bin/cupti-summary.py" "$trace" --by-kernel --top 6 2>&1
+  rm -f "$trace"
+}
+{
+  for s in "${lane_shapes[@]:0:3}" "${lane_shapes[10]}" "${lane_shapes[4]}"; do breakdown tree "$s"; done
+  for s in "--batch 64 --heads 256" "--batch 64 --heads 256 --backward"; do breakdown heads "$s"; done
+} >>"$report/report.md"
 # shellcheck disable=SC2086
 for s in "${tree_shapes[@]}"; do bench tree $s; done
 # The Myo layer's own solve at zMNIST's shape, and at a larger batch and head count.

@@ -596,3 +596,38 @@ fn tree_and_block_kernels_take_trees_in_turn_within_a_workspace_budget() {
         assert_same(&run.outputs[1], &twin_dcoef, &format!("∂coef, {what}"));
     }
 }
+
+/// The index division the tree kernels use in their loops over lanes and right-hand sides
+/// (`Divisor`, kernels/tree_steps.cuh) equals integer division: every divisor up to 4,096 and
+/// around every power of two, random ones, each with the indices around its multiples, the
+/// largest index and random ones.
+#[test]
+fn index_division_is_exact() {
+    let (mut rng, seed) = seeded_rng("index_division_is_exact", 5);
+    let mut divisors: Vec<i32> = (1..=4096).collect();
+    for s in 12..31 {
+        let p = 1i64 << s;
+        divisors.extend([p - 1, p, p + 1].map(|d| d.min(i32::MAX as i64) as i32));
+    }
+    divisors.extend((0..2000).map(|_| rng.random_range(1..=i32::MAX)));
+    for d in divisors {
+        let mut indices = vec![0, 1, i32::MAX, i32::MAX - 1];
+        for k in [1i64, 2, 3, 7, (i32::MAX / d) as i64] {
+            let m = k * d as i64;
+            indices.extend(
+                [m - 1, m, m + 1]
+                    .iter()
+                    .filter(|&&i| (0..=i32::MAX as i64).contains(&i))
+                    .map(|&i| i as i32),
+            );
+        }
+        indices.extend((0..16).map(|_| rng.random_range(0..=i32::MAX)));
+        for n in indices {
+            assert_eq!(
+                kernels_on_cpu::divide(n, d),
+                n / d,
+                "{n} / {d} (seed {seed})"
+            );
+        }
+    }
+}

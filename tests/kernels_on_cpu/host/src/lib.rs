@@ -48,6 +48,7 @@ struct HostArg {
 }
 
 extern "C" {
+    fn kernels_on_cpu_divide(n: c_int, d: c_int) -> c_int;
     fn kernels_on_cpu_count() -> usize;
     fn kernels_on_cpu_name(i: usize) -> *const c_char;
     #[allow(clippy::too_many_arguments)]
@@ -63,6 +64,17 @@ extern "C" {
         err: *mut c_char,
         err_len: usize,
     ) -> c_int;
+}
+
+/// n / d by the tree kernels' index division (`Divisor` in `kernels/tree_steps.cuh`), which
+/// takes 0 <= n and 1 <= d.
+pub fn divide(n: i32, d: i32) -> i32 {
+    assert!(
+        n >= 0 && d >= 1,
+        "divide({n}, {d}): the division takes n >= 0 and d >= 1"
+    );
+    // SAFETY: arithmetic on its arguments only.
+    unsafe { kernels_on_cpu_divide(n, d) }
 }
 
 /// The names of every kernel entry point the harness has compiled.

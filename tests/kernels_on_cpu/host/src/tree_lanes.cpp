@@ -11,3 +11,6 @@ const KernelEntry *tree_lanes_kernels(size_t *n) {
     *n = sizeof(entries) / sizeof(entries[0]);
     return entries;
 }
+
+// The index division of kernels/tree_steps.cuh (Divisor) outside a kernel, for its test.
+extern "C" int kernels_on_cpu_divide(int n, int d) { return Divisor(d).div(n); }
