@@ -234,10 +234,11 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
     const int groups = (g.batch + blockDim.x - 1) / blockDim.x;
     const i64 set = (i64)(g.shared ? groups * g.heads : g.batch * g.heads) * n;
     const Divisor by_node(n), by_rhs(r);
-    for (int e = tid; e < rows * n; e += threads) {
-        const int first = by_node.div(e), v = e - first * n, p = g.parent[v];
+    auto node = [&](int e) { return e - by_node.div(e) * n; };
+    with_parents(g.parent, tid, rows * n, threads, node, [&](int e, int p) {
+        const int first = by_node.div(e), v = e - first * n;
         const int t = g.tree(first), live = g.live(first, per);
-        if (live == 0) continue;
+        if (live == 0) return;
         // Over the live lanes l and right-hand sides j, in that order.
         V da = O::zero(), db = O::zero(), dc = O::zero();
         in_batches<batch_of<GradientLoad<V>, 64>>(
@@ -255,7 +256,7 @@ __device__ void tree_lanes_bwd(const T *gx, const T *coef, const T *x, T *du, T 
         // The block's row: its tree, or (group, head) = blockIdx.x for shared coefficients.
         const i64 d0 = (i64)(g.shared ? (int)blockIdx.x : t) * n + v;
         store_gradients<T, O>(dcoef, set, d0, da, db, dc);
-    }
+    });
 }
 
 // ---- d x d blocks (d <= LANE_MAX_D) -------------------------------------------------------
@@ -373,11 +374,12 @@ __device__ void tree_lanes_block_bwd(const T *gx, const T *coef, const T *x, T *
     const int groups = (g.batch + blockDim.x - 1) / blockDim.x;
     const i64 set = (i64)(g.shared ? groups * g.heads : g.batch * g.heads) * n * dd;
     const Divisor by_tree(n * dd), by_block(dd), by_row(d), by_rhs(r);
-    for (int e = tid; e < lines * n * dd; e += threads) {
+    auto node = [&](int e) { return by_block.div(e - by_tree.div(e) * n * dd); };
+    with_parents(g.parent, tid, lines * n * dd, threads, node, [&](int e, int p) {
         const int first = by_tree.div(e), k = e - first * n * dd;
         const int v = by_block.div(k), ij = k - v * dd, i = by_row.div(ij), j = ij - i * d;
-        const int p = g.parent[v], t = g.tree(first), live = g.live(first, per);
-        if (live == 0) continue;
+        const int t = g.tree(first), live = g.live(first, per);
+        if (live == 0) return;
         // Over the live lanes and right-hand sides, in that order (tree_lanes_bwd).
         V da = O::zero(), db = O::zero(), dc = O::zero();
         in_batches<batch_of<GradientLoad<V>, 64>>(
@@ -396,7 +398,7 @@ __device__ void tree_lanes_block_bwd(const T *gx, const T *coef, const T *x, T *
             });
         const i64 d0 = (i64)(g.shared ? (int)blockIdx.x : t) * n * dd + k;
         store_gradients<T, O>(dcoef, set, d0, da, db, dc);
-    }
+    });
 }
 
 #define LANE_KERNELS(SUFFIX, T, OPS)                                                            \

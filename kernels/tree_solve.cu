@@ -201,13 +201,14 @@ __device__ __forceinline__ void tree_bwd(const T *gx, const T *coef, const T *x,
     const V *lam = ab + g.nodes;
     tree_solve_one<T, O, true>(g, cf, staged, in_shared, gx, x0, ab, status);
     for (int i = threadIdx.x; i < g.nodes * r; i += blockDim.x) O::store(du, x0 + i, lam[i]);
-    for (int v = threadIdx.x; v < g.nodes; v += blockDim.x) {
-        const int p = g.parent[v];
-        V da = O::zero(), db = O::zero(), dc = O::zero();
-        add_gradient_terms<T, O>(lam + v * r, lam + p * r, x, x0 + v * r, x0 + p * r, r,
-                                 v == root, da, db, dc);
-        store_gradients<T, O>(dcoef, set, d0 + v, da, db, dc);
-    }
+    with_parents(
+        g.parent, threadIdx.x, g.nodes, blockDim.x, [](int v) { return v; },
+        [&](int v, int p) {
+            V da = O::zero(), db = O::zero(), dc = O::zero();
+            add_gradient_terms<T, O>(lam + v * r, lam + p * r, x, x0 + v * r, x0 + p * r, r,
+                                     v == root, da, db, dc);
+            store_gradients<T, O>(dcoef, set, d0 + v, da, db, dc);
+        });
 }
 
 // ---- d x d blocks ---------------------------------------------------------------------------

@@ -34,7 +34,8 @@ struct Divisor {
 // bytes of loads (8 f32 values; complex f64 one at a time) before its first store: a strided
 // loop that stores each value before loading the next waits one memory round trip per
 // iteration (the compiler cannot move a load above a store it may alias), which made a
-// 1,365-node tree's loads cost more than its solve. More bytes in flight spilled registers in the f64 and complex kernels.
+// 1,365-node tree's loads cost more than its solve. More bytes in flight spilled registers in
+// the f64 and complex kernels.
 template <typename V, typename Load, typename Store>
 __device__ __forceinline__ void batched_copy(int n, Load load, Store store) {
     constexpr int loads = sizeof(V) >= 16 ? 1 : 32 / sizeof(V);
@@ -267,6 +268,20 @@ __device__ __forceinline__ void in_batches(int n, Load load, Use use) {
 #pragma unroll
         for (int q = 0; q < B; ++q)
             if (i0 + q < n) use(i0 + q, v[q]);
+    }
+}
+
+// Runs body(e, parent[node(e)]) for e = begin, begin + stride, ... below end, each entry's
+// parent loaded before the previous entry's body: the load then overlaps that body's loads of x
+// instead of preceding this entry's, which depend on it (one round trip per entry, not two).
+template <typename Node, typename Body>
+__device__ __forceinline__ void with_parents(const int *parent, int begin, int end, int stride,
+                                             Node node, Body body) {
+    int p = begin < end ? parent[node(begin)] : 0;
+    for (int e = begin; e < end; e += stride) {
+        const int next = e + stride, p_next = next < end ? parent[node(next)] : 0;
+        body(e, p);
+        p = p_next;
     }
 }
 

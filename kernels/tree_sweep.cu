@@ -379,8 +379,7 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
         }
         lanes_write<T, O>((n - sw.n0) * r, sw.ws, sw.su,
                           [&](int l) { return s.tree(l); }, nr, (i64)sw.n0 * r, du);
-        for (int v = sw.n0 + tid; v < n; v += threads) {
-            const int p = g.parent[v];
+        with_parents(g.parent, sw.n0 + tid, n, threads, [](int v) { return v; }, [&](int v, int p) {
             V da = O::zero(), db = O::zero(), dc = O::zero();
             in_batches<batch_of<GradientLoad<V>, 96>>(
                 sw.live * r,
@@ -393,7 +392,7 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
                                          db, dc);
                 });
             store_gradients<T, O>(dcoef, dset, d0 + v, da, db, dc);
-        }
+        });
     });
 }
 
@@ -605,9 +604,10 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
                               : (i64)s.batch * s.heads;
     const i64 dset = rows * n * dd;
     const int live = s.live();
-    const Divisor rhs(r);
-    for (int e = tid; e < n * dd; e += threads) {
-        const int v = e / dd, i = e % dd / d, j = e % d, p = g.parent[v];
+    const Divisor rhs(r), by_block(dd), by_row(d);
+    auto node = [&](int e) { return by_block.div(e); };
+    with_parents(g.parent, tid, n * dd, threads, node, [&](int e, int p) {
+        const int v = node(e), ij = e - v * dd, i = by_row.div(ij), j = ij - i * d;
         // Over the live lanes and right-hand sides, in that order, their loads in batches.
         V da = O::zero(), db = O::zero(), dc = O::zero();
         in_batches<batch_of<GradientLoad<V>, 64>>(
@@ -626,7 +626,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
             });
         const i64 d0 = (i64)blockIdx.x * n * dd + e;
         store_gradients<T, O>(dcoef, dset, d0, da, db, dc);
-    }
+    });
 }
 
 // The scalar sweeps take `stage` as a constant in each of two calls: with one call for both,
