@@ -176,7 +176,6 @@ template <typename T, typename O> struct ScalarSweep {
     SweepTree g;
     SweepLanes s;
     int r, n0, su;
-    int live; // the lanes 0, 1, ... that have a tree
     Divisor rhs; // by r, for q = l r + j over the lanes l and right-hand sides j
     const T *piv;
     i64 set, o;
@@ -217,14 +216,13 @@ __device__ __forceinline__ void with_scalar_sweep(const SweepTree &g, const Swee
     const i64 set = (i64)(s.shared ? s.heads : s.batch * s.heads) * n;
     const i64 o = (i64)s.coef_set(s.tree(0)) * n;
     V *ws = sweep_workspace<V>();
-    const int live = s.live();
     if (!stage) {
-        body(ScalarSweep<T, O>{g, s, r, n0, su, live, Divisor(r), src, set, o, ws});
+        body(ScalarSweep<T, O>{g, s, r, n0, su, Divisor(r), src, set, o, ws});
         return;
     }
     T *piv = reinterpret_cast<T *>(ws + (i64)blockDim.x * su);
     eliminate_pivots<T, O, true>(src, set, o, piv, n, 0, g, adjoint, status);
-    body(ScalarSweep<T, O>{g, s, r, n0, su, live, Divisor(r), piv, n, 0, ws});
+    body(ScalarSweep<T, O>{g, s, r, n0, su, Divisor(r), piv, n, 0, ws});
 }
 
 // The sweep of the block's trees up to the nodes above the leaves: on return sw.ws holds their
@@ -256,7 +254,7 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const V inv = sw.inv(c), dn = sw.dn(c);
                 in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
-                    sw.live * r,
+                    sw.s.live() * r,
                     [&](int q) { return O::load(rhs, sw.offset(q, c)); },
                     [&](int q, V u) {
                         V &acc = sw.at(q, p);
@@ -321,7 +319,7 @@ __device__ __forceinline__ void tree_sweep_fwd(const T *u, const T *src, T *x, c
                 for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                     const V inv = sw.inv(c), bh = sw.bh(c);
                     in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
-                        sw.live * r, [&](int q) { return O::load(u, sw.offset(q, c)); },
+                        sw.s.live() * r, [&](int q) { return O::load(u, sw.offset(q, c)); },
                         [&](int q, V uq) {
                             const V uc = O::mul(uq, inv);
                             O::store(x, sw.offset(q, c), O::add(uc, O::mul(bh, sw.at(q, p))));
@@ -361,7 +359,7 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
                     const V inv = sw.inv(c), bh = sw.bh(c);
                     V da = O::zero(), db = O::zero(), dc = O::zero();
                     in_batches<batch_of<LeafLoad<V>, 96>>(
-                        sw.live * r,
+                        sw.s.live() * r,
                         [&](int q) {
                             return LeafLoad<V>{O::load(gx, sw.offset(q, c)),
                                                O::load(x, sw.offset(q, c)),
@@ -382,7 +380,7 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
         with_parents(g.parent, sw.n0 + tid, n, threads, [](int v) { return v; }, [&](int v, int p) {
             V da = O::zero(), db = O::zero(), dc = O::zero();
             in_batches<batch_of<GradientLoad<V>, 96>>(
-                sw.live * r,
+                sw.s.live() * r,
                 [&](int q) {
                     return GradientLoad<V>{O::load(x, sw.offset(q, v)),
                                            O::load(x, sw.offset(q, p))};
