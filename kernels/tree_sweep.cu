@@ -264,12 +264,13 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
         }
     }
     __syncthreads();
-    // Above level 1: a thread per (lane, parent).
+    // Above level 1: a thread per (lane, parent), the lanes across a warp's threads (a parent's
+    // pivots one load for its lanes, their values an odd stride apart: in different banks).
+    const int l = threadIdx.x;
+    const bool live = sw.s.tree(l) >= 0;
     for (int k = 2; k < g.levels; ++k) {
-        const int p0 = g.level_start[k], np = g.level_start[k + 1] - p0;
-        for (int i = tid; i < lanes * np; i += threads) {
-            const int l = i / np, p = p0 + i % np;
-            if (sw.s.tree(l) < 0) continue;
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const V inv = sw.inv(c), dn = sw.dn(c);
                 for (int j = 0; j < r; ++j) {
@@ -282,16 +283,12 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
         __syncthreads();
     }
     const int root = n - 1;
-    for (int i = tid; i < lanes * r; i += threads) {
-        const int l = i / r, j = i % r;
-        if (sw.s.tree(l) >= 0) sw.at(l, root, j) = O::mul(sw.at(l, root, j), sw.inv(root));
-    }
+    for (int j = threadIdx.y; live && j < r; j += blockDim.y)
+        sw.at(l, root, j) = O::mul(sw.at(l, root, j), sw.inv(root));
     __syncthreads();
     for (int k = g.levels - 1; k >= 2; --k) {
-        const int p0 = g.level_start[k], np = g.level_start[k + 1] - p0;
-        for (int i = tid; i < lanes * np; i += threads) {
-            const int l = i / np, p = p0 + i % np;
-            if (sw.s.tree(l) < 0) continue;
+        for (int p = g.level_start[k] + threadIdx.y, p_end = g.level_start[k + 1];
+             live && p < p_end; p += blockDim.y) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const V bh = sw.bh(c);
                 for (int j = 0; j < r; ++j)
