@@ -16,12 +16,15 @@
 #include "values.cuh"
 
 // Threads per block of the scalar kernels, at most (the host takes a power of two from 64, a
-// thread per parent of the leaves), compiled for 2 resident blocks per SM (at most 64
-// registers): with no minimum, ptxas kept the sweeps to 32 registers and spilled on sm_70 and
-// sm_90.
+// thread per parent of the leaves): the backward and tree_pivots SWEEP_THREADS, the forward
+// SWEEP_FWD_THREADS, whose leaves' loads are most of a large tree's time and wait on memory
+// (Path-X's trees: a block per SM, by its shared memory). Compiled for 64 registers (2 blocks
+// of 512, 1 of 1,024): with no minimum, ptxas kept the sweeps to 32 registers and spilled on
+// sm_70 and sm_90. The forward in complex f64 takes 512 and 128 registers: at 64 it spilled.
 #define SWEEP_THREADS 512
-// The scalar forward in complex f64 is compiled for one: at two, it spilled on sm_70 and sm_90.
-template <typename O> constexpr int sweep_fwd_blocks = sizeof(typename O::V) > 8 ? 1 : 2;
+#define SWEEP_FWD_THREADS 1024
+template <typename O>
+constexpr int sweep_fwd_threads = sizeof(typename O::V) > 8 ? SWEEP_THREADS : SWEEP_FWD_THREADS;
 // The scalar backward is compiled for one (at most 128 registers): at 64, its leaves' gradient
 // terms spilled in f64 and complex f64 on sm_70.
 #define SWEEP_BWD_MIN_BLOCKS 1
@@ -634,7 +637,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
         tree_pivots<T, OPS>(coef, piv, g, sets, adjoint, status);                               \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, sweep_fwd_blocks<OPS>)          \
+    extern "C" __global__ void __launch_bounds__(sweep_fwd_threads<OPS>, 1)                    \
         tree_sweep_fwd_##SUFFIX(const T *u, const T *src, T *x, const int *level_start,         \
                                 const int *child_start, const int *parent, int levels,          \
                                 int nodes, int r, int batch, int heads, int shared_coef,        \

@@ -176,6 +176,11 @@ fn kernel_constants_match_the_plans() {
         ),
         (
             &read("tree_sweep.cu"),
+            "SWEEP_FWD_THREADS",
+            myosotis::ops::tree_solve::cuda::SWEEP_FWD_THREADS as usize,
+        ),
+        (
+            &read("tree_sweep.cu"),
             "SWEEP_BLOCK_THREADS",
             myosotis::ops::tree_solve::cuda::SWEEP_BLOCK_THREADS as usize,
         ),

@@ -123,14 +123,49 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
     // Where the tree is not small (Path-X's 32,767 nodes), shared coefficients take the sweep:
     // f32 and f64, the right-hand sides of the 16,383 nodes above the leaves in shared memory.
     // Two lanes would fit (131 KB) but give 64 blocks: one, 128 blocks of a thread per parent
-    // of the leaves, at most 512.
+    // of the leaves, at most 1,024 (the forward; complex f64 and the backward 512).
     let path_x = Tree::perfect(16384, 2).unwrap();
     let p = plan(16, 8, &path_x, true, DType::F32, auto, h100).unwrap();
     assert_eq!(
         (p.kernel.as_str(), p.shared_bytes),
         ("tree_sweep_fwd_f32", 16383 * 4)
     );
-    assert_eq!((p.grid, p.block), ([128, 1, 1], [1, 512, 1]));
+    assert_eq!((p.grid, p.block), ([128, 1, 1], [1, 1024, 1]));
+    let p = plan(16, 8, &path_x, true, DType::F64, auto, h100).unwrap();
+    assert_eq!(
+        (p.kernel.as_str(), p.block),
+        ("tree_sweep_fwd_f64", [1, 1024, 1])
+    );
+    // The backward, and the forward in complex f64 (here on 4,096 leaves), at most 512.
+    let z = |s: &[usize], dtype| Tensor::zeros(s, dtype, &Device::Cpu).unwrap();
+    let n = path_x.len();
+    let (coef, u) = (
+        z(&[8, n, 1, 1], DType::F32),
+        z(&[16, 8, n, 1, 1], DType::F32),
+    );
+    let o = TreeSolveOptions::default();
+    let p = backward_plans(&path_x, &coef, &coef, &coef, &u, o, h100).unwrap();
+    let p = p.last().unwrap();
+    assert_eq!(
+        (p.kernel.as_str(), p.block),
+        ("tree_sweep_bwd_f32", [1, 512, 1])
+    );
+    let binary = Tree::perfect(4096, 2).unwrap();
+    let n = binary.len();
+    let (coef, u) = (
+        z(&[8, n, 1, 1, 2], DType::F64),
+        z(&[16, 8, n, 1, 1, 2], DType::F64),
+    );
+    let o = TreeSolveOptions {
+        complex: true,
+        layout: TreeLayout::Sweep,
+    };
+    let p = forward_plans(&binary, &coef, &coef, &coef, &u, o, h100).unwrap();
+    let p = p.last().unwrap();
+    assert_eq!(
+        (p.kernel.as_str(), p.block),
+        ("tree_sweep_fwd_f64_c", [1, 512, 1])
+    );
     // Its pivots (3 · 32,767 values, 393 KB) do not fit beside them: tree_pivots apart (below).
     assert_eq!(p.args[12], KernelArg::I32(0), "staged");
     // 1,024 leaves, 4-ary, at (16, 256): 16 lanes would give 256 blocks, 8 give 512; a thread

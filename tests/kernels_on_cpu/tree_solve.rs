@@ -435,7 +435,8 @@ fn check_large_tree(
 }
 
 /// A 4,096-leaf binary tree's state fits in shared memory only with an opt-in above 48 KiB;
-/// Path-X's 16,384-leaf binary tree goes to the global workspace even on H100.
+/// Path-X's 16,384-leaf binary tree goes to the global workspace even on H100, and with shared
+/// coefficients takes the sweep.
 #[test]
 fn tree_kernels_on_large_trees_in_shared_and_global_memory() {
     let rng_of = ("tree kernels, large trees", 13);
@@ -446,6 +447,16 @@ fn tree_kernels_on_large_trees_in_shared_and_global_memory() {
         let tree = Tree::perfect(leaves, arity).unwrap();
         check_large_tree(name, &tree, (1, false), dtype, rng_of);
     }
+    // Coefficients shared by the batch: the sweep, in blocks of a thread per parent of the
+    // leaves (8,192 here: SWEEP_FWD_THREADS, several parents each), its pivots apart.
+    let path_x = Tree::perfect(16384, 2).unwrap();
+    check_large_tree(
+        "binary 16384, shared",
+        &path_x,
+        (1, true),
+        DType::F32,
+        rng_of,
+    );
     let quad = Tree::quad(28, 28).unwrap();
     check_large_tree("quad 28x28", &quad, (1, false), DType::F64, rng_of);
 }

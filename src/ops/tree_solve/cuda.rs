@@ -27,7 +27,8 @@
 //! tree, or for coefficients shared by the batch per several samples of one head (lanes,
 //! [`lane_choice`] again), which read its pivots together. Scalar blocks keep only the nodes
 //! above the leaves in shared memory and stream the leaves from global memory (up to
-//! [`SWEEP_THREADS`] threads, one per parent of the leaves); d × d blocks keep every node's
+//! [`SWEEP_FWD_THREADS`] threads forward, [`SWEEP_THREADS`] backward, one per parent of the
+//! leaves); d × d blocks keep every node's
 //! n·d·r right-hand sides ([`SWEEP_BLOCK_THREADS`]). A scalar block whose coefficient set's
 //! pivots (3n values) fit in shared memory beside its right-hand sides eliminates them there
 //! itself, and the sweep is one launch (`tree_sweep_fwd` on u and coef).
@@ -59,8 +60,12 @@ pub const SMALL_TREE_BYTES: usize = 48 * 1024;
 
 /// Threads per block of the lanes layout (LANE_THREADS in `kernels/tree_lanes.cu`).
 pub const LANE_THREADS: u32 = 256;
-/// Threads per block of the sweep layout's kernels (SWEEP_THREADS in `kernels/tree_sweep.cu`).
+/// Threads per block of `tree_pivots` and, at most, of the scalar sweep's backward
+/// (SWEEP_THREADS in `kernels/tree_sweep.cu`).
 pub const SWEEP_THREADS: u32 = 512;
+/// Threads per block of the scalar sweep's forward, at most (SWEEP_FWD_THREADS; complex f64's
+/// is [`SWEEP_THREADS`]).
+pub const SWEEP_FWD_THREADS: u32 = 1024;
 /// Threads per block of the sweep layout's d × d kernels (SWEEP_BLOCK_THREADS).
 pub const SWEEP_BLOCK_THREADS: u32 = 256;
 /// The largest blocks the sweep layout takes (SWEEP_MAX_D in the kernel).
@@ -194,7 +199,7 @@ impl TreeSolveOp {
         // Tree indices are ints in the kernel.
         int_arg(op, "batch × heads", batch * heads)?;
         let (stem, threads) = match d {
-            1 => ("tree_sweep", self.scalar_sweep_threads()),
+            1 => ("tree_sweep", self.scalar_sweep_threads(pass, dtype)),
             _ => {
                 args.push(KernelArg::I32(d as i32));
                 ("tree_sweep_block", SWEEP_BLOCK_THREADS)
