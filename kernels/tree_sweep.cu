@@ -16,22 +16,19 @@
 #include "values.cuh"
 
 // Threads per block of the scalar kernels, at most (the host takes a power of two from 64, a
-// thread per parent of the leaves): the backward and tree_pivots SWEEP_THREADS, the forward
-// SWEEP_FWD_THREADS, whose leaves' loads are most of a large tree's time and wait on memory
-// (Path-X's trees: a block per SM, by its shared memory). Compiled for 64 registers (2 blocks
-// of 512, 1 of 1,024): with no minimum, ptxas kept the sweeps to 32 registers and spilled on
-// sm_70 and sm_90. The forward in complex f64 takes 512 and 128 registers: at 64 it spilled.
+// thread per parent of the leaves): the backward SWEEP_THREADS; the forward, whose leaves' loads
+// wait on memory (Path-X's trees: a block per SM, by its shared memory), and tree_pivots, a
+// block per coefficient set (64 heads at Path-X's bench shape, fewer blocks than SMs),
+// SWEEP_WIDE_THREADS. Compiled for 64 registers (1 block of 1,024): with no minimum, ptxas kept
+// the sweeps to 32 registers and spilled on sm_70 and sm_90. In complex f64 they take 512 and
+// 128 registers: at 64 they spilled.
 #define SWEEP_THREADS 512
-#define SWEEP_FWD_THREADS 1024
+#define SWEEP_WIDE_THREADS 1024
 template <typename O>
-constexpr int sweep_fwd_threads = sizeof(typename O::V) > 8 ? SWEEP_THREADS : SWEEP_FWD_THREADS;
+constexpr int sweep_wide_threads = sizeof(typename O::V) > 8 ? SWEEP_THREADS : SWEEP_WIDE_THREADS;
 // The scalar backward is compiled for one (at most 128 registers): at 64, its leaves' gradient
 // terms spilled in f64 and complex f64 on sm_70.
 #define SWEEP_BWD_MIN_BLOCKS 1
-// `tree_pivots` runs a block per coefficient set (for coefficients shared by the batch a head's:
-// 64 blocks at Path-X's bench shape, fewer than the SMs), compiled for one resident block: at
-// two (64 registers), loading a child's three values together spilled in complex f64.
-#define SWEEP_PIVOTS_MIN_BLOCKS 1
 
 struct SweepTree {
     const int *level_start; // levels + 1
@@ -630,14 +627,14 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
 // The scalar sweeps take `stage` as a constant in each of two calls: with one call for both,
 // the two copies of the sweep (with_scalar_sweep) spilled complex f64 on sm_90.
 #define SWEEP_KERNELS(SUFFIX, T, OPS)                                                           \
-    extern "C" __global__ void __launch_bounds__(SWEEP_THREADS, SWEEP_PIVOTS_MIN_BLOCKS)        \
+    extern "C" __global__ void __launch_bounds__(sweep_wide_threads<OPS>, 1)                   \
         tree_pivots_##SUFFIX(const T *coef, T *piv, const int *level_start,                     \
                              const int *child_start, const int *parent, int levels, int nodes,  \
                              int sets, int adjoint, int *status) {                              \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
         tree_pivots<T, OPS>(coef, piv, g, sets, adjoint, status);                               \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(sweep_fwd_threads<OPS>, 1)                    \
+    extern "C" __global__ void __launch_bounds__(sweep_wide_threads<OPS>, 1)                   \
         tree_sweep_fwd_##SUFFIX(const T *u, const T *src, T *x, const int *level_start,         \
                                 const int *child_start, const int *parent, int levels,          \
                                 int nodes, int r, int batch, int heads, int shared_coef,        \

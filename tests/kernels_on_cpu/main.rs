@@ -176,8 +176,8 @@ fn kernel_constants_match_the_plans() {
         ),
         (
             &read("tree_sweep.cu"),
-            "SWEEP_FWD_THREADS",
-            myosotis::ops::tree_solve::cuda::SWEEP_FWD_THREADS as usize,
+            "SWEEP_WIDE_THREADS",
+            myosotis::ops::tree_solve::cuda::SWEEP_WIDE_THREADS as usize,
         ),
         (
             &read("tree_sweep.cu"),

@@ -191,9 +191,10 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
     )
     .unwrap()
     .remove(0);
+    // A block per head, a thread per parent of the leaves (at most 1,024, at least 512).
     assert_eq!(
-        (pivots.kernel.as_str(), pivots.grid),
-        ("tree_pivots_f32", [8, 1, 1])
+        (pivots.kernel.as_str(), pivots.grid, pivots.block),
+        ("tree_pivots_f32", [8, 1, 1], [1024, 1, 1])
     );
     assert_eq!(pivots.outputs, vec![3 * 8 * 32767]);
     // Not in f16 (the pivots are kept in the storage type), nor for per-sample coefficients,

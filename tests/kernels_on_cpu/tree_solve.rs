@@ -448,7 +448,7 @@ fn tree_kernels_on_large_trees_in_shared_and_global_memory() {
         check_large_tree(name, &tree, (1, false), dtype, rng_of);
     }
     // Coefficients shared by the batch: the sweep, in blocks of a thread per parent of the
-    // leaves (8,192 here: SWEEP_FWD_THREADS, several parents each), its pivots apart.
+    // leaves (8,192 here: SWEEP_WIDE_THREADS, several parents each), its pivots apart.
     let path_x = Tree::perfect(16384, 2).unwrap();
     check_large_tree(
         "binary 16384, shared",

@@ -27,7 +27,7 @@
 //! tree, or for coefficients shared by the batch per several samples of one head (lanes,
 //! [`lane_choice`] again), which read its pivots together. Scalar blocks keep only the nodes
 //! above the leaves in shared memory and stream the leaves from global memory (up to
-//! [`SWEEP_FWD_THREADS`] threads forward, [`SWEEP_THREADS`] backward, one per parent of the
+//! [`SWEEP_WIDE_THREADS`] threads forward, [`SWEEP_THREADS`] backward, one per parent of the
 //! leaves); d × d blocks keep every node's
 //! n·d·r right-hand sides ([`SWEEP_BLOCK_THREADS`]). A scalar block whose coefficient set's
 //! pivots (3n values) fit in shared memory beside its right-hand sides eliminates them there
@@ -60,12 +60,12 @@ pub const SMALL_TREE_BYTES: usize = 48 * 1024;
 
 /// Threads per block of the lanes layout (LANE_THREADS in `kernels/tree_lanes.cu`).
 pub const LANE_THREADS: u32 = 256;
-/// Threads per block of `tree_pivots` and, at most, of the scalar sweep's backward
-/// (SWEEP_THREADS in `kernels/tree_sweep.cu`).
+/// Threads per block of the scalar sweep's backward, at most (SWEEP_THREADS in
+/// `kernels/tree_sweep.cu`).
 pub const SWEEP_THREADS: u32 = 512;
-/// Threads per block of the scalar sweep's forward, at most (SWEEP_FWD_THREADS; complex f64's
-/// is [`SWEEP_THREADS`]).
-pub const SWEEP_FWD_THREADS: u32 = 1024;
+/// Threads per block of the scalar sweep's forward and of `tree_pivots`, at most
+/// (SWEEP_WIDE_THREADS; complex f64's is [`SWEEP_THREADS`]).
+pub const SWEEP_WIDE_THREADS: u32 = 1024;
 /// Threads per block of the sweep layout's d × d kernels (SWEEP_BLOCK_THREADS).
 pub const SWEEP_BLOCK_THREADS: u32 = 256;
 /// The largest blocks the sweep layout takes (SWEEP_MAX_D in the kernel).
@@ -151,7 +151,7 @@ impl TreeSolveOp {
         Ok(LaunchPlan {
             kernel: kernel_name(stem, dtype, self.opts.complex)?,
             grid: [sets as u32, 1, 1],
-            block: [self.sweep_threads(), 1, 1],
+            block: [self.pivots_threads(dtype), 1, 1],
             shared_bytes: 0,
             args,
             outputs: vec![3 * sets * nodes * d * d * w],
@@ -160,10 +160,11 @@ impl TreeSolveOp {
         })
     }
 
-    /// Threads per block of the sweep layout's kernels for this solve's block size.
-    fn sweep_threads(&self) -> u32 {
+    /// Threads per block of `tree_pivots`, as the sweep's forward but at least
+    /// [`SWEEP_THREADS`], or of `tree_block_pivots`.
+    fn pivots_threads(&self, dtype: DType) -> u32 {
         match self.dims.d {
-            1 => SWEEP_THREADS,
+            1 => self.scalar_sweep_threads("fwd", dtype).max(SWEEP_THREADS),
             _ => SWEEP_BLOCK_THREADS,
         }
     }

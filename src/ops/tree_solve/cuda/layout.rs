@@ -5,8 +5,8 @@ use candle_core::{bail, DType, Result};
 
 use super::super::{Dims, TreeLayout, TreeSolveOp};
 use super::{
-    lane_choice, lu_slots, LANE_MAX_D, SMALL_TREE_BYTES, SWEEP_FWD_THREADS, SWEEP_MAX_D,
-    SWEEP_THREADS,
+    lane_choice, lu_slots, LANE_MAX_D, SMALL_TREE_BYTES, SWEEP_MAX_D, SWEEP_THREADS,
+    SWEEP_WIDE_THREADS,
 };
 use crate::ops::plan::DeviceLimits;
 
@@ -150,7 +150,7 @@ impl TreeSolveOp {
     }
 
     /// Threads per block of the scalar sweep's `pass` ("fwd" or "bwd"): the parents above the
-    /// leaves, a power of two from 64 to [`SWEEP_FWD_THREADS`] forward (complex f64: to
+    /// leaves, a power of two from 64 to [`SWEEP_WIDE_THREADS`] forward (complex f64: to
     /// [`SWEEP_THREADS`], as backward).
     pub(super) fn scalar_sweep_threads(&self, pass: &str, dtype: DType) -> u32 {
         let parents = match self.tree.levels() {
@@ -158,7 +158,7 @@ impl TreeSolveOp {
             _ => self.tree.level(1).len(),
         };
         let most = match pass == "fwd" && self.value_bytes(dtype) <= 8 {
-            true => SWEEP_FWD_THREADS,
+            true => SWEEP_WIDE_THREADS,
             false => SWEEP_THREADS,
         };
         (parents.next_power_of_two() as u32).clamp(64, most)
