@@ -131,6 +131,9 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
         ("tree_sweep_fwd_f32", 16383 * 4)
     );
     assert_eq!((p.grid, p.block), ([128, 1, 1], [1, 1024, 1]));
+    // Its pivots (3 · 32,767 values, 393 KB) do not fit beside them: tree_pivots apart (below).
+    assert_eq!(p.args[12], KernelArg::I32(0), "staged");
+    // f64 likewise.
     let p = plan(16, 8, &path_x, true, DType::F64, auto, h100).unwrap();
     assert_eq!(
         (p.kernel.as_str(), p.block),
@@ -166,8 +169,6 @@ fn tree_plans_choose_the_layout_and_lane_width_per_launch() {
         (p.kernel.as_str(), p.block),
         ("tree_sweep_fwd_f64_c", [1, 512, 1])
     );
-    // Its pivots (3 · 32,767 values, 393 KB) do not fit beside them: tree_pivots apart (below).
-    assert_eq!(p.args[12], KernelArg::I32(0), "staged");
     // 1,024 leaves, 4-ary, at (16, 256): 16 lanes would give 256 blocks, 8 give 512; a thread
     // per parent of the leaves (256), each lane's 341 nodes above them at an odd stride, and
     // the head's pivots (3 · 1,365 values), which each block eliminates itself: one launch.

@@ -28,8 +28,7 @@
 //! [`lane_choice`] again), which read its pivots together. Scalar blocks keep only the nodes
 //! above the leaves in shared memory and stream the leaves from global memory (up to
 //! [`SWEEP_WIDE_THREADS`] threads forward, [`SWEEP_THREADS`] backward, one per parent of the
-//! leaves); d × d blocks keep every node's
-//! n·d·r right-hand sides ([`SWEEP_BLOCK_THREADS`]). A scalar block whose coefficient set's
+//! leaves); d × d blocks keep every node's n·d·r right-hand sides ([`SWEEP_BLOCK_THREADS`]). A scalar block whose coefficient set's
 //! pivots (3n values) fit in shared memory beside its right-hand sides eliminates them there
 //! itself, and the sweep is one launch (`tree_sweep_fwd` on u and coef).
 //!
