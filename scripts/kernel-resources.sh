@@ -7,6 +7,8 @@
 #
 #   scripts/kernel-resources.sh [sm_70] [sm_90]      (default: both)
 #
+# With MYO_KERNEL_BOUNDS=FILE the sm_70 pass also writes FILE: each kernel's most threads per
+# block, from the PTX, which the host harness (tests/kernels_on_cpu) then holds every launch to.
 # sm_90 (Hopper): nvcc from scripts/cuda-toolchain.sh (CUDA 13), as build.rs compiles.
 # sm_70 (V100): CUDA 13 no longer targets it, and PyPI has no CUDA 12 nvcc front end, so the
 # CUDA 12.6 wheels of NVRTC (C++ to PTX for compute_70), ptxas and the runtime headers are
@@ -79,6 +81,25 @@ PY
 )
 generic_accesses() { python3 -c "$generic_py" "$1"; }
 
+# A PTX file -> "KERNEL THREADS" per kernel: the most threads per block it is compiled for (its
+# .maxntid, from __launch_bounds__; else CUDA's 1,024).
+bounds_py=$(cat <<'PY'
+import re, sys
+cur = None
+for line in open(sys.argv[1]):
+    m = re.match(r"\s*(?:\.visible\s+)?\.entry\s+(\w+)", line)
+    if m:
+        cur, most = m.group(1), 1024
+        continue
+    m = re.match(r"\s*\.maxntid\s+(\d+),\s*(\d+),\s*(\d+)", line)
+    if m and cur:
+        most = int(m.group(1)) * int(m.group(2)) * int(m.group(3))
+    if line.strip().startswith("{") and cur:
+        print(cur, most)
+        cur = None
+PY
+)
+
 sm_90() {
   if ! command -v nvcc >/dev/null; then
     eval "$("$repo/scripts/cuda-toolchain.sh")"
@@ -106,6 +127,7 @@ sm_70() {
   local nv=$cache/nvidia ptx
   ptx=$(mktemp -d)
   echo "== sm_70: NVRTC and $("$nv"/cuda_nvcc/bin/ptxas --version | tail -1)"
+  [ -z "${MYO_KERNEL_BOUNDS:-}" ] || : >"$MYO_KERNEL_BOUNDS"
   for cu in "$repo"/kernels/*.cu; do
     python3 - "$nv/cuda_nvrtc/lib/libnvrtc.so.12" "$cu" "$ptx/$(basename "$cu").ptx" \
       --gpu-architecture=compute_70 "${flags[@]}" -I"$repo/kernels" \
@@ -132,6 +154,8 @@ nvrtc.nvrtcGetPTX(prog, ptx)
 open(out, "wb").write(ptx.value)
 PY
     generic_accesses "$ptx/$(basename "$cu").ptx"
+    [ -z "${MYO_KERNEL_BOUNDS:-}" ] ||
+      python3 -c "$bounds_py" "$ptx/$(basename "$cu").ptx" >>"$MYO_KERNEL_BOUNDS"
     "$nv"/cuda_nvcc/bin/ptxas -v --gpu-name sm_70 "$ptx/$(basename "$cu").ptx" -o /dev/null 2>&1
   done | report
   rm -rf "$ptx"

@@ -12,9 +12,11 @@
 //
 // Checked besides: the argument list against the kernel's signature, the CUDA limits on grid
 // and block sizes, threads that wait at different barriers or leave while others wait, and
-// writes past the launch's dynamic shared memory.
+// writes past the launch's dynamic shared memory; with MYO_KERNEL_BOUNDS, the block against the
+// most threads the kernel is compiled for (below).
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <memory>
 #include <numeric>
@@ -119,6 +122,45 @@ struct Failure {
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     throw Failure{buf};
+}
+
+// The most threads per block each kernel is compiled for (its __launch_bounds__, which the host
+// compile drops): lines "KERNEL THREADS" in the file MYO_KERNEL_BOUNDS names, made from the
+// kernels' PTX by scripts/kernel-resources.sh. Unset: not checked. Read once.
+struct LaunchBounds {
+    std::string error;
+    std::map<std::string, size_t> threads;
+};
+
+const LaunchBounds *compiled_bounds() {
+    static const LaunchBounds *bounds = []() -> const LaunchBounds * {
+        const char *path = getenv("MYO_KERNEL_BOUNDS");
+        if (!path || !*path) return nullptr;
+        auto *b = new LaunchBounds;
+        FILE *f = fopen(path, "r");
+        if (!f) {
+            b->error = std::string("MYO_KERNEL_BOUNDS: cannot read ") + path;
+            return b;
+        }
+        char name[256];
+        size_t n;
+        while (fscanf(f, "%255s %zu", name, &n) == 2) b->threads[name] = n;
+        fclose(f);
+        if (b->threads.empty()) b->error = std::string("MYO_KERNEL_BOUNDS: no kernels in ") + path;
+        return b;
+    }();
+    return bounds;
+}
+
+void check_bounds(const char *name, size_t threads) {
+    const LaunchBounds *b = compiled_bounds();
+    if (!b) return;
+    if (!b->error.empty()) fail("%s", b->error.c_str());
+    const auto it = b->threads.find(name);
+    if (it == b->threads.end()) fail("%s: not in MYO_KERNEL_BOUNDS", name);
+    if (threads > it->second)
+        fail("%s: a block of %zu threads, compiled for at most %zu (__launch_bounds__)", name,
+             threads, it->second);
 }
 
 void fiber_main() {
@@ -451,6 +493,7 @@ int kernels_on_cpu_launch(const char *name, const unsigned grid[3], const unsign
         const size_t threads = (size_t)bd.x * bd.y * bd.z;
         if (threads == 0 || threads > 1024 || bd.x > 1024 || bd.y > 1024 || bd.z > 64)
             fail("%s: block (%u, %u, %u) is outside CUDA's limits", name, bd.x, bd.y, bd.z);
+        check_bounds(name, threads);
         if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535)
             fail("%s: grid (%u, %u, %u) is outside CUDA's limits", name, g.x, g.y, g.z);
         if (shared_bytes + CANARY > SMEM_CAPACITY)
