@@ -30,44 +30,21 @@
 // The odd stride of a lane's array of n values.
 __device__ __forceinline__ int lane_stride(int n) { return n | 1; }
 
-struct LaneTrees {
+struct LaneTrees : BlockLanes {
     const int *level_start; // levels + 1
     const int *child_start; // nodes + 1
     const int *parent;      // nodes (the root is its own parent)
-    int levels, nodes, r, batch, heads, shared;
-    // Lane l's tree is first + l * step for l < lanes (those that have one come first): with
-    // shared coefficients (group, head) = (blockIdx.x / heads, blockIdx.x % heads) and
-    // first = (group * blockDim.x) * heads + head, else first = blockIdx.x * blockDim.x.
-    int first, step, lanes;
-    int head; // with shared coefficients: the block's head
+    int levels, nodes, r;
 
     __device__ LaneTrees(const int *level_start, const int *child_start, const int *parent,
                          int levels, int nodes, int r, int batch, int heads, int shared)
-        : level_start(level_start), child_start(child_start), parent(parent), levels(levels),
-          nodes(nodes), r(r), batch(batch), heads(heads), shared(shared) {
-        const int b0 = shared ? (int)(blockIdx.x / heads) * (int)blockDim.x
-                              : (int)(blockIdx.x * blockDim.x);
-        const int trees = shared ? batch : batch * heads;
-        first = shared ? b0 * heads + (int)(blockIdx.x % heads) : b0;
-        step = shared ? heads : 1;
-        head = shared ? (int)(blockIdx.x % heads) : 0;
-        lanes = trees - b0 < (int)blockDim.x ? trees - b0 : (int)blockDim.x;
-    }
+        : BlockLanes(batch, heads, shared), level_start(level_start), child_start(child_start),
+          parent(parent), levels(levels), nodes(nodes), r(r) {}
     // The same trees, each of n nodes (d x d blocks as rows of scalars).
     __device__ __forceinline__ LaneTrees with_nodes(int n) const {
         LaneTrees g = *this;
         g.nodes = n;
         return g;
-    }
-
-    // The tree of lane l in this block (b * heads + h), or -1 past the last one.
-    __device__ __forceinline__ int tree(int l) const { return l < lanes ? first + l * step : -1; }
-    // The coefficient set of lane l's tree (its head, or the tree itself).
-    __device__ __forceinline__ int coef_set(int t) const { return shared ? head : t; }
-    // How many of the `per` lanes from `l0` have a tree (they come first).
-    __device__ __forceinline__ int live(int l0, int per) const {
-        const int left = lanes - l0;
-        return left < 0 ? 0 : left < per ? left : per;
     }
     // Pivot lanes: one when the lanes share coefficients.
     __device__ __forceinline__ int pivot_lanes() const { return shared ? 1 : blockDim.x; }

@@ -285,6 +285,37 @@ __device__ __forceinline__ void with_parents(const int *parent, int begin, int e
     }
 }
 
+// The trees of a block's blockDim.x lanes (trees ordered sample-major, batch x heads): with
+// coefficients shared by the batch, samples of one head (block g * heads + h holds samples
+// g * blockDim.x, ... of head h), which share its pivots; else consecutive trees. Lane l's tree
+// is first + l * step for l < lanes: those that have one come first.
+struct BlockLanes {
+    int batch, heads, shared;
+    int first, step, lanes;
+    int head; // with shared coefficients: the block's head
+
+    __device__ BlockLanes(int batch, int heads, int shared)
+        : batch(batch), heads(heads), shared(shared) {
+        // With shared coefficients the block is (group, head) = (blockIdx.x / heads, the rest).
+        const int group = (int)blockIdx.x / heads, h = (int)blockIdx.x - group * heads;
+        const int b0 = (shared ? group : (int)blockIdx.x) * (int)blockDim.x;
+        const int trees = shared ? batch : batch * heads;
+        first = shared ? b0 * heads + h : b0;
+        step = shared ? heads : 1;
+        head = shared ? h : 0;
+        lanes = trees - b0 < (int)blockDim.x ? trees - b0 : (int)blockDim.x;
+    }
+    // The tree of lane l in this block (b * heads + h), or -1 past the last one.
+    __device__ __forceinline__ int tree(int l) const { return l < lanes ? first + l * step : -1; }
+    // The coefficient set of a tree of this block (its head, or the tree itself).
+    __device__ __forceinline__ int coef_set(int t) const { return shared ? head : t; }
+    // How many of the `per` lanes from `l0` have a tree.
+    __device__ __forceinline__ int live(int l0, int per) const {
+        const int left = lanes - l0;
+        return left < 0 ? 0 : left < per ? left : per;
+    }
+};
+
 // How many of first, first + stride, ... are below n.
 __device__ __forceinline__ int strided_count(int n, int first, int stride) {
     return n > first ? (n - 1 - first) / stride + 1 : 0;

@@ -114,31 +114,10 @@ __device__ void tree_pivots(const T *coef, T *piv, const SweepTree &g, int sets,
     eliminate_pivots<T, O, false>(coef, set, o, piv, set, o, g, adjoint, status);
 }
 
-// The trees of a block of the sweep, blockDim.x lanes x blockDim.y rows: with coefficients shared
-// by the batch the lanes are samples of one head (block g * heads + h holds samples g * lanes,
-// ...), which read that head's pivots together (threads of a warp the same addresses: one load
-// for all); with per-sample coefficients a block holds one tree.
-struct SweepLanes {
-    int batch, heads, shared;
-    // Lane l's tree is first + l * heads for l < lanes (lane 0 always has one): with shared
-    // coefficients (group, head) = (blockIdx.x / heads, blockIdx.x % heads) and
-    // first = (group * blockDim.x) * heads + head; else the block's one tree, blockIdx.x.
-    int first, lanes;
-
-    __device__ SweepLanes(int batch, int heads, int shared)
-        : batch(batch), heads(heads), shared(shared) {
-        const int b0 = (int)(blockIdx.x / heads) * (int)blockDim.x;
-        first = shared ? b0 * heads + (int)(blockIdx.x % heads) : (int)blockIdx.x;
-        lanes = !shared ? 1 : batch - b0 < (int)blockDim.x ? batch - b0 : (int)blockDim.x;
-    }
-
-    // The tree of lane l in this block, or -1 past the last sample.
-    __device__ __forceinline__ int tree(int l) const { return l < lanes ? first + l * heads : -1; }
-    // The coefficient set of tree t (its head, or the tree itself).
-    __device__ __forceinline__ int coef_set(int t) const { return shared ? t % heads : t; }
-    // The lanes 0, 1, ... that have a tree.
-    __device__ __forceinline__ int live() const { return lanes; }
-};
+// A block of the sweep is blockDim.x lanes (BlockLanes) x blockDim.y rows: with coefficients
+// shared by the batch the lanes are samples of one head, which read that head's pivots together
+// (threads of a warp the same addresses: one load for all); with per-sample coefficients a block
+// holds one tree (one lane).
 
 template <typename V> __device__ __forceinline__ V *sweep_workspace() {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -174,7 +153,7 @@ __device__ __forceinline__ int first_inner(const SweepTree &g) {
 template <typename T, typename O> struct ScalarSweep {
     typedef typename O::V V;
     SweepTree g;
-    SweepLanes s;
+    BlockLanes s;
     int r, n0, su;
     Divisor rhs; // by r, for q = l r + j over the lanes l and right-hand sides j
     const T *piv;
@@ -208,7 +187,7 @@ template <typename T, typename O> struct ScalarSweep {
 // trees). Two calls, so that in each the compiler knows where the pivots are: through a
 // pointer that may be either, every load of them is a generic one.
 template <typename T, typename O, typename Body>
-__device__ __forceinline__ void with_scalar_sweep(const SweepTree &g, const SweepLanes &s, int r,
+__device__ __forceinline__ void with_scalar_sweep(const SweepTree &g, const BlockLanes &s, int r,
                                                   const T *src, int stage, int adjoint,
                                                   int *status, Body body) {
     typedef typename O::V V;
@@ -254,7 +233,7 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
             for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                 const V inv = sw.inv(c), dn = sw.dn(c);
                 in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
-                    sw.s.live() * r,
+                    sw.s.lanes * r,
                     [&](int q) { return O::load(rhs, sw.offset(q, c)); },
                     [&](int q, V u) {
                         V &acc = sw.at(q, p);
@@ -302,7 +281,7 @@ __device__ void sweep_inner(const ScalarSweep<T, O> &sw, const T *rhs) {
 // x = T_G^-1 u for the block's trees; src: the coefficients or the pivots (`with_scalar_sweep`).
 template <typename T, typename O>
 __device__ __forceinline__ void tree_sweep_fwd(const T *u, const T *src, T *x, const SweepTree &g,
-                                               const SweepLanes &s, int r, int stage, int *status) {
+                                               const BlockLanes &s, int r, int stage, int *status) {
     typedef typename O::V V;
     with_scalar_sweep<T, O>(g, s, r, src, stage, 0, status, [&](const ScalarSweep<T, O> &sw) {
         sweep_inner<T, O>(sw, u);
@@ -316,7 +295,7 @@ __device__ __forceinline__ void tree_sweep_fwd(const T *u, const T *src, T *x, c
                 for (int c = g.child_start[p]; c < g.child_start[p + 1]; ++c) {
                     const V inv = sw.inv(c), bh = sw.bh(c);
                     in_batches<batch_of<V, sweep_leaf_bytes<V>>>(
-                        sw.s.live() * r, [&](int q) { return O::load(u, sw.offset(q, c)); },
+                        sw.s.lanes * r, [&](int q) { return O::load(u, sw.offset(q, c)); },
                         [&](int q, V uq) {
                             const V uc = O::mul(uq, inv);
                             O::store(x, sw.offset(q, c), O::add(uc, O::mul(bh, sw.at(q, p))));
@@ -337,7 +316,7 @@ __device__ __forceinline__ void tree_sweep_fwd(const T *u, const T *src, T *x, c
 // (3, groups, heads, nodes) with groups = ceil(batch / lanes), as tree_lanes.cu's.
 template <typename T, typename O>
 __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const T *x, T *du,
-                                               T *dcoef, const SweepTree &g, const SweepLanes &s,
+                                               T *dcoef, const SweepTree &g, const BlockLanes &s,
                                                int r, int stage, int *status) {
     typedef typename O::V V;
     with_scalar_sweep<T, O>(g, s, r, src, stage, 1, status, [&](const ScalarSweep<T, O> &sw) {
@@ -356,7 +335,7 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
                     const V inv = sw.inv(c), bh = sw.bh(c);
                     V da = O::zero(), db = O::zero(), dc = O::zero();
                     in_batches<batch_of<LeafLoad<V>, 96>>(
-                        sw.s.live() * r,
+                        sw.s.lanes * r,
                         [&](int q) {
                             return LeafLoad<V>{O::load(gx, sw.offset(q, c)),
                                                O::load(x, sw.offset(q, c)),
@@ -377,7 +356,7 @@ __device__ __forceinline__ void tree_sweep_bwd(const T *gx, const T *src, const 
         with_parents(g.parent, sw.n0 + tid, n, threads, [](int v) { return v; }, [&](int v, int p) {
             V da = O::zero(), db = O::zero(), dc = O::zero();
             in_batches<batch_of<GradientLoad<V>, 96>>(
-                sw.s.live() * r,
+                sw.s.lanes * r,
                 [&](int q) {
                     return GradientLoad<V>{O::load(x, sw.offset(q, v)),
                                            O::load(x, sw.offset(q, p))};
@@ -540,7 +519,7 @@ __device__ __forceinline__ void block_sweep(const SweepTree &g, int d_run, int r
 // with the pivots of its coefficient set (block_sweep for the d at hand, compiled in: see
 // tree_lanes.cu's lanes_block_solve_d; complex f64 excepted). Returns the workspace.
 template <typename T, typename O>
-__device__ typename O::V *lanes_sweep(const SweepTree &g, const SweepLanes &s, int d, int r,
+__device__ typename O::V *lanes_sweep(const SweepTree &g, const BlockLanes &s, int d, int r,
                                       const T *rhs, const T *piv) {
     typedef typename O::V V;
     V *ws = sweep_workspace<V>();
@@ -576,7 +555,7 @@ __device__ typename O::V *lanes_sweep(const SweepTree &g, const SweepLanes &s, i
 
 template <typename T, typename O>
 __device__ void tree_sweep_block_fwd(const T *u, const T *piv, T *x, const SweepTree &g,
-                                     const SweepLanes &s, int d, int r) {
+                                     const BlockLanes &s, int d, int r) {
     const typename O::V *ws = lanes_sweep<T, O>(g, s, d, r, u, piv);
     const int ndr = g.nodes * d * r;
     lanes_write<T, O>(ndr, ws, ndr | 1, [&](int l) { return s.tree(l); }, ndr, 0, x);
@@ -589,7 +568,7 @@ __device__ void tree_sweep_block_fwd(const T *u, const T *piv, T *x, const Sweep
 // (3, groups, heads, nodes, d, d) with groups = ceil(batch / lanes), as tree_lanes.cu's.
 template <typename T, typename O>
 __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *du, T *dcoef,
-                                     const SweepTree &g, const SweepLanes &s, int d, int r) {
+                                     const SweepTree &g, const BlockLanes &s, int d, int r) {
     typedef typename O::V V;
     const V *lam = lanes_sweep<T, O>(g, s, d, r, gx, piv);
     const int n = g.nodes, dd = d * d, ndr = n * d * r, su = ndr | 1, root = n - 1;
@@ -598,7 +577,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
     const i64 rows = s.shared ? (i64)(s.batch + blockDim.x - 1) / blockDim.x * s.heads
                               : (i64)s.batch * s.heads;
     const i64 dset = rows * n * dd;
-    const int live = s.live();
+    const int live = s.lanes;
     const Divisor rhs(r), by_block(dd), by_row(d);
     auto node = [&](int e) { return by_block.div(e); };
     with_parents(g.parent, tid, n * dd, threads, node, [&](int e, int p) {
@@ -640,7 +619,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
                                 int nodes, int r, int batch, int heads, int shared_coef,        \
                                 int stage, int *status) {                                       \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
-        const SweepLanes s{batch, heads, shared_coef};                                          \
+        const BlockLanes s{batch, heads, shared_coef};                                          \
         if (stage)                                                                              \
             tree_sweep_fwd<T, OPS>(u, src, x, g, s, r, 1, status);                              \
         else                                                                                    \
@@ -652,7 +631,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
                                 const int *parent, int levels, int nodes, int r, int batch,     \
                                 int heads, int shared_coef, int stage, int *status) {           \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
-        const SweepLanes s{batch, heads, shared_coef};                                          \
+        const BlockLanes s{batch, heads, shared_coef};                                          \
         if (stage)                                                                              \
             tree_sweep_bwd<T, OPS>(gx, src, x, du, dcoef, g, s, r, 1, status);                  \
         else                                                                                    \
@@ -671,7 +650,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
                                       int nodes, int d, int r, int batch, int heads,            \
                                       int shared_coef) {                                        \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
-        tree_sweep_block_fwd<T, OPS>(u, piv, x, g, SweepLanes{batch, heads, shared_coef}, d, r); \
+        tree_sweep_block_fwd<T, OPS>(u, piv, x, g, BlockLanes{batch, heads, shared_coef}, d, r); \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(SWEEP_BLOCK_THREADS, 2)                        \
         tree_sweep_block_bwd_##SUFFIX(const T *gx, const T *piv, const T *x, T *du, T *dcoef,   \
@@ -679,7 +658,7 @@ __device__ void tree_sweep_block_bwd(const T *gx, const T *piv, const T *x, T *d
                                       const int *parent, int levels, int nodes, int d, int r,   \
                                       int batch, int heads, int shared_coef) {                  \
         const SweepTree g{level_start, child_start, parent, levels, nodes};                     \
-        const SweepLanes s{batch, heads, shared_coef};                                          \
+        const BlockLanes s{batch, heads, shared_coef};                                          \
         tree_sweep_block_bwd<T, OPS>(gx, piv, x, du, dcoef, g, s, d, r);                        \
     }
 
